@@ -1,0 +1,148 @@
+//! `gpuprofctl`: command-line client of gpuprofd.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use gpuprofctl::{DEFAULT_API_SOCKET, connect, pb};
+
+#[derive(Parser)]
+#[command(name = "gpuprofctl", version, about = "Control and query gpuprofd")]
+struct Cli {
+    /// gpuprofd's API socket.
+    #[arg(long, global = true, env = "GPUPROF_API_SOCKET", default_value = DEFAULT_API_SOCKET)]
+    socket: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Daemon status: version, uptime, agents, records per kind, database size.
+    Status,
+}
+
+/// Exit codes: 0 ok, 1 the request failed, 2 usage error (clap), 3 daemon unreachable.
+const EXIT_FAILED: u8 = 1;
+const EXIT_UNREACHABLE: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<tonic::transport::Error>().is_some()
+                || format!("{e}").starts_with("cannot connect")
+            {
+                ExitCode::from(EXIT_UNREACHABLE)
+            } else {
+                ExitCode::from(EXIT_FAILED)
+            }
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let mut client = connect(&cli.socket).await?;
+    match cli.cmd {
+        Cmd::Status => {
+            let s = client
+                .get_status(pb::GetStatusRequest {})
+                .await?
+                .into_inner();
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
+            } else {
+                print_status(&s);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn status_json(s: &pb::GetStatusResponse) -> serde_json::Value {
+    let records: serde_json::Map<String, serde_json::Value> = s
+        .records
+        .iter()
+        .map(|r| {
+            (
+                r.kind.clone(),
+                serde_json::json!({"ingested": r.ingested, "dropped": r.dropped}),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "version": s.version,
+        "uptime_seconds": s.uptime_seconds,
+        "connected_agents": s.connected_agents,
+        "records": records,
+        "database_bytes": s.database_bytes,
+        "database_path": s.database_path,
+        "ingest_queue_depth": s.ingest_queue_depth,
+        "gpu_count": s.gpu_count,
+        "gpu_note": s.gpu_note,
+        "protocol_errors": s.protocol_errors,
+        "active_sessions": s.active_sessions,
+        "storage_error": s.storage_error,
+    })
+}
+
+fn print_status(s: &pb::GetStatusResponse) {
+    println!("gpuprofd {}  up {}s", s.version, s.uptime_seconds);
+    println!("agents connected   {}", s.connected_agents);
+    println!("active sessions    {}", s.active_sessions);
+    println!(
+        "database           {} ({})",
+        s.database_path,
+        human_bytes(s.database_bytes)
+    );
+    println!("ingest queue       {} records", s.ingest_queue_depth);
+    println!("protocol errors    {}", s.protocol_errors);
+    println!(
+        "GPUs               {}{}",
+        s.gpu_count,
+        if s.gpu_note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", s.gpu_note)
+        }
+    );
+    if !s.storage_error.is_empty() {
+        println!("STORAGE ERROR      {}", s.storage_error);
+    }
+    println!();
+    println!("{:<22} {:>14} {:>10}", "KIND", "INGESTED", "DROPPED");
+    for r in s.records.iter().filter(|r| r.ingested > 0 || r.dropped > 0) {
+        println!("{:<22} {:>14} {:>10}", r.kind, r.ingested, r.dropped);
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}

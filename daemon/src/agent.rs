@@ -1,0 +1,569 @@
+//! The agent socket: accepts injector and sampler connections, runs the handshake,
+//! enforces the protocol and hands records to the writer.
+//!
+//! Every protocol violation (oversized or truncated frame, undecodable bytes, wrong
+//! version, a message out of order, an undefined string id) closes that one connection
+//! with a logged reason; other connections are unaffected.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use gpuprof_proto::agent::{
+    self as wire, AgentKind, AgentMessage, DaemonMessage, PROTOCOL_VERSION, RecordBatch,
+    agent_message::Msg, daemon_message,
+};
+use gpuprof_proto::frame::encode_frame;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::Daemon;
+use crate::ingest::{ProcessInfo, WriterMsg};
+use crate::registry::{Agent, AgentEvent};
+use crate::stats::Kind;
+
+/// Binds the agent socket (replacing a stale file) with mode 0666: any user's CUDA
+/// process may connect; identity comes from SO_PEERCRED.
+pub fn bind(path: &Path) -> Result<UnixListener> {
+    bind_unix(path, 0o666)
+}
+
+/// Binds a Unix socket at `path` with `mode`, removing a stale socket file first.
+pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating socket directory {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("{} is in use by another running gpuprofd", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting mode of {}", path.display()))?;
+    Ok(l)
+}
+
+/// Accepts connections until `shutdown` fires.
+pub async fn serve(listener: UnixListener, d: Arc<Daemon>, shutdown: CancellationToken) {
+    let tracker = tokio_util::task::TaskTracker::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    let d = d.clone();
+                    let sd = shutdown.clone();
+                    tracker.spawn(async move { handle(stream, d, sd).await });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "agent accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Why a connection was closed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("connection closed by agent")]
+    Closed,
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("no frame for {0:?}: agent considered dead")]
+    Timeout(Duration),
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    #[error("daemon shutting down")]
+    Shutdown,
+}
+
+fn proto_err(msg: impl Into<String>) -> ConnError {
+    ConnError::Protocol(msg.into())
+}
+
+pub(crate) fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Reads one frame's payload into `buf`.
+async fn read_frame(
+    r: &mut BufReader<OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+    max: u32,
+) -> Result<(), ConnError> {
+    let mut len = [0u8; 4];
+    if r.read(&mut len[..1]).await? == 0 {
+        return Err(ConnError::Closed);
+    }
+    r.read_exact(&mut len[1..])
+        .await
+        .map_err(|e| truncated(e, "frame length"))?;
+    let n = u32::from_le_bytes(len);
+    if n > max {
+        return Err(proto_err(format!(
+            "frame of {n} bytes exceeds the maximum of {max} bytes"
+        )));
+    }
+    buf.clear();
+    buf.resize(n as usize, 0);
+    r.read_exact(buf)
+        .await
+        .map_err(|e| truncated(e, "frame body"))?;
+    Ok(())
+}
+
+fn truncated(e: io::Error, what: &str) -> ConnError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        proto_err(format!(
+            "truncated frame: connection ended inside the {what}"
+        ))
+    } else {
+        ConnError::Io(e)
+    }
+}
+
+async fn read_message(
+    r: &mut BufReader<OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+    max: u32,
+    timeout: Duration,
+    shutdown: &CancellationToken,
+) -> Result<AgentMessage, ConnError> {
+    tokio::select! {
+        _ = shutdown.cancelled() => Err(ConnError::Shutdown),
+        r = tokio::time::timeout(timeout, read_frame(r, buf, max)) => {
+            r.map_err(|_| ConnError::Timeout(timeout))??;
+            let m = AgentMessage::decode(buf.as_slice()).map_err(|e| proto_err(format!("malformed message: {e}")))?;
+            Ok(m)
+        }
+    }
+}
+
+/// Records in a batch, per kind (only non-zero kinds).
+pub fn batch_counts(b: &RecordBatch) -> impl Iterator<Item = (Kind, u64)> {
+    [
+        (Kind::Kernel, b.kernels.len()),
+        (Kind::Memcpy, b.memcpys.len()),
+        (Kind::Memset, b.memsets.len()),
+        (Kind::Api, b.api_calls.len()),
+        (Kind::Sync, b.syncs.len()),
+        (Kind::Overhead, b.overheads.len()),
+        (Kind::Marker, b.markers.len()),
+        (Kind::ExternalCorrelation, b.external_correlations.len()),
+        (Kind::Device, b.devices.len()),
+        (Kind::Context, b.contexts.len()),
+        (Kind::Stream, b.streams.len()),
+        (Kind::Graph, b.graphs.len()),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(k, n)| (k, n as u64))
+}
+
+/// Total records in a batch.
+pub fn batch_len(b: &RecordBatch) -> u64 {
+    batch_counts(b).map(|(_, n)| n).sum()
+}
+
+async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken) {
+    let cred = match stream.peer_cred() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "agent connection without peer credentials; closing");
+            return;
+        }
+    };
+    let pid = cred.pid().unwrap_or(0) as u32;
+    let (rd, wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(256 * 1024, rd);
+    let max = d.config.agent.max_frame_bytes;
+    let timeout = Duration::from_millis(d.config.agent.liveness_timeout_ms);
+    let mut buf = Vec::with_capacity(64 * 1024);
+
+    // Handshake.
+    let hello = match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
+        Ok(AgentMessage {
+            msg: Some(Msg::Hello(h)),
+        }) => h,
+        Ok(other) => {
+            let what = other
+                .msg
+                .as_ref()
+                .map(msg_name)
+                .unwrap_or("an empty message");
+            reject(
+                &d,
+                pid,
+                &format!("protocol error: first message must be Hello, got {what}"),
+            );
+            return;
+        }
+        Err(ConnError::Closed) | Err(ConnError::Shutdown) => return,
+        Err(e) => {
+            reject(&d, pid, &e.to_string());
+            return;
+        }
+    };
+    if hello.protocol_version != PROTOCOL_VERSION {
+        reject(
+            &d,
+            pid,
+            &format!(
+                "protocol error: unsupported protocol version {} (this gpuprofd speaks {PROTOCOL_VERSION})",
+                hello.protocol_version
+            ),
+        );
+        return;
+    }
+    let kind = match AgentKind::try_from(hello.kind) {
+        Ok(AgentKind::Injector) => "injector",
+        Ok(AgentKind::Sampler) => "sampler",
+        _ => {
+            reject(
+                &d,
+                pid,
+                &format!("protocol error: unknown agent kind {}", hello.kind),
+            );
+            return;
+        }
+    };
+    let base_ns = hello
+        .clock
+        .map(|c| c.realtime_ns)
+        .filter(|t| *t > 0)
+        .unwrap_or_else(now_ns);
+    let info = ProcessInfo {
+        pid,
+        uid: cred.uid(),
+        gid: cred.gid(),
+        agent_kind: kind,
+        exe: hello.exe.clone(),
+        cmdline: hello.cmdline.clone(),
+        cgroup: hello.cgroup.clone(),
+        cupti_version: hello.cupti_version,
+        base_ns,
+        devices: hello.devices.clone(),
+    };
+    let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
+    if d.writer
+        .send(WriterMsg::RegisterProcess(info, reply_tx))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let id = match reply_rx.await {
+        Ok(Ok(id)) => id,
+        Ok(Err(e)) => {
+            tracing::error!(pid, error = %e, "cannot register agent; closing its connection");
+            return;
+        }
+        Err(_) => return,
+    };
+
+    let (cmd_tx, cmd_rx) = mpsc::channel::<DaemonMessage>(256);
+    let welcome = DaemonMessage {
+        msg: Some(daemon_message::Msg::Welcome(wire::Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            process_id: id,
+            max_frame_bytes: max,
+            heartbeat_interval_ms: d.config.agent.heartbeat_interval_ms,
+        })),
+    };
+    let _ = cmd_tx.try_send(welcome);
+    let writer_task = tokio::spawn(write_commands(wr, cmd_rx));
+
+    let agent = Arc::new(Agent {
+        id,
+        pid,
+        uid: cred.uid(),
+        gid: cred.gid(),
+        kind,
+        exe: hello.exe,
+        cmdline: hello.cmdline,
+        cgroup: hello.cgroup,
+        cupti_version: hello.cupti_version,
+        sampler_device: hello.sampler_device,
+        connected_at_ns: now_ns(),
+        last_seen_ns: now_ns().into(),
+        trace_state: std::sync::Mutex::new("idle".into()),
+        commands: cmd_tx,
+    });
+    d.stats.connected_agents.fetch_add(1, Relaxed);
+    d.registry.insert(agent.clone());
+    tracing::info!(id, pid, uid = cred.uid(), kind, exe = %agent.exe, "agent connected");
+
+    let mut conn = Conn {
+        d: &d,
+        agent: &agent,
+        next_string: 1,
+        drops: HashMap::new(),
+    };
+    let result = loop {
+        match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
+            Ok(m) => match conn.dispatch(m).await {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(e) => break Err(e),
+            },
+            Err(e) => break Err(e),
+        }
+    };
+    let reason = match &result {
+        Ok(()) => "goodbye".to_string(),
+        Err(e) => e.to_string(),
+    };
+    match &result {
+        Ok(()) | Err(ConnError::Closed) | Err(ConnError::Shutdown) => {
+            tracing::info!(id, pid, reason = %reason, "agent disconnected")
+        }
+        Err(ConnError::Protocol(_)) => {
+            d.stats.protocol_errors.fetch_add(1, Relaxed);
+            tracing::warn!(id, pid, reason = %reason, "closing agent connection");
+        }
+        Err(_) => tracing::warn!(id, pid, reason = %reason, "agent connection lost"),
+    }
+    d.registry.remove(id, reason.clone());
+    d.stats.connected_agents.fetch_sub(1, Relaxed);
+    writer_task.abort();
+    let _ = d
+        .writer
+        .send(WriterMsg::ProcessClosed { proc: id, reason })
+        .await;
+}
+
+fn reject(d: &Daemon, pid: u32, reason: &str) {
+    d.stats.protocol_errors.fetch_add(1, Relaxed);
+    tracing::warn!(pid, reason, "rejecting agent connection");
+}
+
+async fn write_commands(
+    mut wr: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<DaemonMessage>,
+) {
+    let mut buf = Vec::new();
+    while let Some(m) = rx.recv().await {
+        buf.clear();
+        encode_frame(&m, &mut buf);
+        if wr.write_all(&buf).await.is_err() {
+            break;
+        }
+    }
+}
+
+fn msg_name(m: &Msg) -> &'static str {
+    match m {
+        Msg::Hello(_) => "Hello",
+        Msg::Strings(_) => "StringTable",
+        Msg::Records(_) => "RecordBatch",
+        Msg::Drops(_) => "DropReport",
+        Msg::TraceState(_) => "TraceState",
+        Msg::Heartbeat(_) => "Heartbeat",
+        Msg::PmSamples(_) => "PmSampleBatch",
+        Msg::PcSamples(_) => "PcSampleBatch",
+        Msg::SamplerState(_) => "SamplerState",
+        Msg::Goodbye(_) => "Goodbye",
+    }
+}
+
+struct Conn<'a> {
+    d: &'a Daemon,
+    agent: &'a Arc<Agent>,
+    /// The next string id the agent must define.
+    next_string: u32,
+    /// Last cumulative drop count per kind.
+    drops: HashMap<Kind, u64>,
+}
+
+impl Conn<'_> {
+    fn check_str(&self, id: u32, what: &str) -> Result<(), ConnError> {
+        if id >= self.next_string {
+            return Err(proto_err(format!(
+                "{what} refers to string id {id}, which was never defined"
+            )));
+        }
+        Ok(())
+    }
+
+    fn require_kind(&self, kind: &str, m: &Msg) -> Result<(), ConnError> {
+        if self.agent.kind != kind {
+            return Err(proto_err(format!(
+                "{} is not allowed from a {} agent",
+                msg_name(m),
+                self.agent.kind
+            )));
+        }
+        Ok(())
+    }
+
+    /// Handles one message; Ok(false) ends the connection cleanly.
+    async fn dispatch(&mut self, m: AgentMessage) -> Result<bool, ConnError> {
+        let d = self.d;
+        let id = self.agent.id;
+        d.registry.touch(self.agent, now_ns());
+        let Some(msg) = m.msg else {
+            return Err(proto_err("empty message"));
+        };
+        match msg {
+            Msg::Hello(_) => return Err(proto_err("Hello sent twice")),
+            Msg::Strings(t) => {
+                let mut values = Vec::with_capacity(t.strings.len());
+                for s in t.strings {
+                    if s.id != self.next_string {
+                        return Err(proto_err(format!(
+                            "string id {} defined out of order (expected {})",
+                            s.id, self.next_string
+                        )));
+                    }
+                    self.next_string += 1;
+                    values.push(s.value);
+                }
+                d.writer
+                    .send(WriterMsg::Strings { proc: id, values })
+                    .await
+                    .map_err(|_| ConnError::Shutdown)?;
+            }
+            Msg::Records(b) => {
+                self.require_kind("injector", &Msg::Records(RecordBatch::default()))?;
+                for k in &b.kernels {
+                    self.check_str(k.name_id, "a kernel record")?;
+                }
+                for m in &b.markers {
+                    self.check_str(m.name_id, "a marker record")?;
+                    self.check_str(m.domain_id, "a marker record")?;
+                }
+                let count = batch_len(&b);
+                if count == 0 {
+                    return Ok(true);
+                }
+                if b.session_id != 0 {
+                    d.count_session_records(b.session_id, count);
+                }
+                d.stats.queued_records.fetch_add(count, Relaxed);
+                d.writer
+                    .send(WriterMsg::Records {
+                        proc: id,
+                        batch: b,
+                        count,
+                    })
+                    .await
+                    .map_err(|_| ConnError::Shutdown)?;
+            }
+            Msg::Drops(r) => {
+                let mut counts = Vec::new();
+                for c in r.counts {
+                    let Some(k) = Kind::from_wire(c.kind) else {
+                        return Err(proto_err(format!(
+                            "drop report for unknown record kind {}",
+                            c.kind
+                        )));
+                    };
+                    let last = self.drops.entry(k).or_insert(0);
+                    if c.dropped < *last {
+                        return Err(proto_err(format!(
+                            "drop counter for {} went backwards ({} < {})",
+                            k.name(),
+                            c.dropped,
+                            last
+                        )));
+                    }
+                    d.stats
+                        .kind(k)
+                        .dropped_by_agents
+                        .fetch_add(c.dropped - *last, Relaxed);
+                    *last = c.dropped;
+                    counts.push((k, c.dropped));
+                }
+                d.writer
+                    .send(WriterMsg::Drops { proc: id, counts })
+                    .await
+                    .map_err(|_| ConnError::Shutdown)?;
+            }
+            Msg::TraceState(s) => {
+                let name = match wire::TraceStatus::try_from(s.status) {
+                    Ok(wire::TraceStatus::Idle) => "idle",
+                    Ok(wire::TraceStatus::Tracing) => "tracing",
+                    Ok(wire::TraceStatus::Displaced) => "displaced",
+                    Ok(wire::TraceStatus::Failed) => "failed",
+                    _ => return Err(proto_err(format!("unknown trace status {}", s.status))),
+                };
+                *self
+                    .agent
+                    .trace_state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = name.to_string();
+                if name == "displaced" || name == "failed" {
+                    tracing::warn!(id, pid = self.agent.pid, state = name, detail = %s.detail, "agent cannot trace");
+                }
+                d.registry.publish(AgentEvent::TraceState {
+                    id,
+                    status: s.status,
+                    session_id: s.session_id,
+                    detail: s.detail,
+                });
+            }
+            Msg::Heartbeat(_) => {}
+            Msg::PmSamples(b) => {
+                self.require_kind("sampler", &Msg::PmSamples(Default::default()))?;
+                if b.samples.iter().any(|s| s.values.len() != b.metrics.len()) {
+                    return Err(proto_err(
+                        "PM sample with a value count different from the metric count",
+                    ));
+                }
+                d.publish_pm(id, &b);
+                let n = (b.samples.len() * b.metrics.len()) as u64;
+                d.stats.queued_records.fetch_add(n, Relaxed);
+                d.writer
+                    .send(WriterMsg::PmSamples { proc: id, batch: b })
+                    .await
+                    .map_err(|_| ConnError::Shutdown)?;
+            }
+            Msg::PcSamples(b) => {
+                self.require_kind("injector", &Msg::PcSamples(Default::default()))?;
+                for s in &b.samples {
+                    self.check_str(s.function_name_id, "a PC sample")?;
+                    self.check_str(s.stall_reason_id, "a PC sample")?;
+                    self.check_str(s.module_id, "a PC sample")?;
+                }
+                d.stats
+                    .queued_records
+                    .fetch_add(b.samples.len() as u64, Relaxed);
+                d.writer
+                    .send(WriterMsg::PcSamples { proc: id, batch: b })
+                    .await
+                    .map_err(|_| ConnError::Shutdown)?;
+            }
+            Msg::SamplerState(s) => {
+                self.require_kind("sampler", &Msg::SamplerState(Default::default()))?;
+                d.registry.publish(AgentEvent::SamplerState {
+                    id,
+                    device: s.device_id,
+                    status: s.status,
+                    detail: s.detail,
+                });
+            }
+            Msg::Goodbye(_) => return Ok(false),
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,193 @@
+//! The gRPC API (`gpuprof.v1`) on the api Unix socket, and on TCP when configured.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use anyhow::Result;
+use gpuprof_proto::api::{self as pb, gpuprof_server::Gpuprof, gpuprof_server::GpuprofServer};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::Daemon;
+use crate::stats::Kind;
+
+/// Serves the API until `shutdown` fires.
+pub async fn serve(
+    listener: UnixListener,
+    d: Arc<Daemon>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<GpuprofServer<Api>>().await;
+    let svc = GpuprofServer::new(Api { d: d.clone() });
+    let tcp = d.config.api.tcp_listen.clone();
+    let uds = tonic::transport::Server::builder()
+        .add_service(health_service.clone())
+        .add_service(svc.clone())
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    if tcp.is_empty() {
+        uds.await?;
+    } else {
+        let addr: std::net::SocketAddr = tcp.parse()?;
+        tracing::warn!(%addr, "serving the API on TCP without TLS; restrict access with a firewall");
+        let tcp = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(svc)
+            .serve_with_shutdown(addr, shutdown.cancelled_owned());
+        tokio::try_join!(uds, tcp)?;
+    }
+    Ok(())
+}
+
+/// The service implementation.
+pub struct Api {
+    pub d: Arc<Daemon>,
+}
+
+type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!("{what} is not available in this gpuprofd build"))
+}
+
+#[tonic::async_trait]
+impl Gpuprof for Api {
+    async fn get_status(
+        &self,
+        _: Request<pb::GetStatusRequest>,
+    ) -> Result<Response<pb::GetStatusResponse>, Status> {
+        let s = &self.d.stats;
+        let records = Kind::ALL
+            .iter()
+            .map(|k| {
+                let c = s.kind(*k);
+                pb::RecordKindCount {
+                    kind: k.name().to_string(),
+                    ingested: c.ingested.load(Relaxed),
+                    dropped: c.dropped_by_agents.load(Relaxed) + c.dropped_by_daemon.load(Relaxed),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::GetStatusResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_seconds: s.started.elapsed().as_secs(),
+            connected_agents: s.connected_agents.load(Relaxed) as u32,
+            records,
+            database_bytes: crate::store::database_bytes(&self.d.db_path),
+            database_path: self.d.db_path.display().to_string(),
+            ingest_queue_depth: s.queued_records.load(Relaxed),
+            gpu_count: 0,
+            gpu_note: "no GPU samplers configured".to_string(),
+            protocol_errors: s.protocol_errors.load(Relaxed),
+            active_sessions: 0,
+            storage_error: s.storage_error(),
+        }))
+    }
+
+    async fn list_devices(
+        &self,
+        _: Request<pb::ListDevicesRequest>,
+    ) -> Result<Response<pb::ListDevicesResponse>, Status> {
+        Err(not_yet("ListDevices"))
+    }
+
+    async fn list_processes(
+        &self,
+        _: Request<pb::ListProcessesRequest>,
+    ) -> Result<Response<pb::ListProcessesResponse>, Status> {
+        Err(not_yet("ListProcesses"))
+    }
+
+    async fn start_session(
+        &self,
+        _: Request<pb::StartSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        Err(not_yet("StartSession"))
+    }
+
+    async fn stop_session(
+        &self,
+        _: Request<pb::StopSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        Err(not_yet("StopSession"))
+    }
+
+    async fn get_session(
+        &self,
+        _: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        Err(not_yet("GetSession"))
+    }
+
+    async fn list_sessions(
+        &self,
+        _: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        Err(not_yet("ListSessions"))
+    }
+
+    type QueryRecordsStream = Stream<pb::QueryRecordsResponse>;
+    async fn query_records(
+        &self,
+        _: Request<pb::QueryRecordsRequest>,
+    ) -> Result<Response<Self::QueryRecordsStream>, Status> {
+        Err(not_yet("QueryRecords"))
+    }
+
+    async fn get_summary(
+        &self,
+        _: Request<pb::GetSummaryRequest>,
+    ) -> Result<Response<pb::GetSummaryResponse>, Status> {
+        Err(not_yet("GetSummary"))
+    }
+
+    type ExportTraceStream = Stream<pb::ExportTraceResponse>;
+    async fn export_trace(
+        &self,
+        _: Request<pb::ExportTraceRequest>,
+    ) -> Result<Response<Self::ExportTraceStream>, Status> {
+        Err(not_yet("ExportTrace"))
+    }
+
+    type StreamPmSamplesStream = Stream<pb::StreamPmSamplesResponse>;
+    async fn stream_pm_samples(
+        &self,
+        _: Request<pb::StreamPmSamplesRequest>,
+    ) -> Result<Response<Self::StreamPmSamplesStream>, Status> {
+        Err(not_yet("StreamPmSamples"))
+    }
+
+    type StreamPcSamplesStream = Stream<pb::StreamPcSamplesResponse>;
+    async fn stream_pc_samples(
+        &self,
+        _: Request<pb::StreamPcSamplesRequest>,
+    ) -> Result<Response<Self::StreamPcSamplesStream>, Status> {
+        Err(not_yet("StreamPcSamples"))
+    }
+
+    async fn pause(
+        &self,
+        _: Request<pb::PauseRequest>,
+    ) -> Result<Response<pb::PauseResponse>, Status> {
+        Err(not_yet("Pause"))
+    }
+
+    async fn resume(
+        &self,
+        _: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::ResumeResponse>, Status> {
+        Err(not_yet("Resume"))
+    }
+
+    async fn list_reservations(
+        &self,
+        _: Request<pb::ListReservationsRequest>,
+    ) -> Result<Response<pb::ListReservationsResponse>, Status> {
+        Err(not_yet("ListReservations"))
+    }
+}

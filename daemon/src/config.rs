@@ -1,0 +1,234 @@
+//! Configuration: embedded defaults, an optional TOML file, then environment and flags.
+//!
+//! Unknown keys are errors (a typo must not silently fall back to a default), and every
+//! validation error names the key it is about.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+/// The built-in defaults, also the reference for every key.
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
+/// The whole daemon configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Directory of the database (`gpuprof.db`).
+    pub state_dir: PathBuf,
+    /// Agent socket path.
+    pub agent_socket: PathBuf,
+    /// API socket path.
+    pub api_socket: PathBuf,
+    /// Log filter.
+    pub log_level: String,
+    pub agent: AgentConfig,
+    pub ingest: IngestConfig,
+    pub storage: StorageConfig,
+    pub api: ApiConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    pub max_frame_bytes: u32,
+    pub heartbeat_interval_ms: u32,
+    pub liveness_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestConfig {
+    pub queue_messages: usize,
+    pub commit_max_records: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    pub cache_mib: u32,
+    pub wal_autocheckpoint_pages: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    pub tcp_listen: String,
+    pub admin_group: String,
+    pub socket_mode: u32,
+}
+
+/// Values from flags and environment that override the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// Put the database and both sockets in this directory.
+    pub state_dir: Option<PathBuf>,
+    pub log_level: Option<String>,
+    pub agent_socket: Option<PathBuf>,
+    pub api_socket: Option<PathBuf>,
+}
+
+impl Config {
+    /// Parses a TOML document layered over the defaults: keys missing from `text` keep
+    /// their default value.
+    pub fn from_toml(text: &str) -> Result<Config> {
+        let mut base: toml::Table = DEFAULT_TOML
+            .parse()
+            .expect("embedded defaults are valid TOML");
+        let overlay: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("{e}"))?;
+        merge(&mut base, overlay);
+        let cfg: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(base)).map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                if path == "." {
+                    anyhow::anyhow!("{}", inner.message())
+                } else {
+                    anyhow::anyhow!("{path}: {}", inner.message())
+                }
+            })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Loads the file (if any) and applies overrides.
+    pub fn load(file: Option<&Path>, ov: &Overrides) -> Result<Config> {
+        let mut cfg = match file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading config file {}", p.display()))?;
+                Config::from_toml(&text)
+                    .with_context(|| format!("invalid config file {}", p.display()))?
+            }
+            None => Config::from_toml("")?,
+        };
+        if let Some(dir) = &ov.state_dir {
+            cfg.state_dir = dir.clone();
+            cfg.agent_socket = dir.join("agent.sock");
+            cfg.api_socket = dir.join("api.sock");
+        }
+        if let Some(p) = &ov.agent_socket {
+            cfg.agent_socket = p.clone();
+        }
+        if let Some(p) = &ov.api_socket {
+            cfg.api_socket = p.clone();
+        }
+        if let Some(l) = &ov.log_level {
+            cfg.log_level = l.clone();
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Path of the SQLite database.
+    pub fn database_path(&self) -> PathBuf {
+        self.state_dir.join("gpuprof.db")
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.agent.max_frame_bytes < 1024 || self.agent.max_frame_bytes > 256 << 20 {
+            bail!(
+                "agent.max_frame_bytes must be between 1024 and 268435456, got {}",
+                self.agent.max_frame_bytes
+            );
+        }
+        if self.agent.heartbeat_interval_ms == 0 {
+            bail!("agent.heartbeat_interval_ms must be greater than 0");
+        }
+        if self.agent.liveness_timeout_ms < 2 * u64::from(self.agent.heartbeat_interval_ms) {
+            bail!(
+                "agent.liveness_timeout_ms ({}) must be at least twice agent.heartbeat_interval_ms ({})",
+                self.agent.liveness_timeout_ms,
+                self.agent.heartbeat_interval_ms
+            );
+        }
+        if self.ingest.queue_messages == 0 {
+            bail!("ingest.queue_messages must be greater than 0");
+        }
+        if self.ingest.commit_max_records == 0 {
+            bail!("ingest.commit_max_records must be greater than 0");
+        }
+        if self.storage.cache_mib == 0 {
+            bail!("storage.cache_mib must be greater than 0");
+        }
+        if self.api.socket_mode > 0o777 {
+            bail!(
+                "api.socket_mode must be a file mode like 0o660, got {:#o}",
+                self.api.socket_mode
+            );
+        }
+        if !self.api.tcp_listen.is_empty()
+            && self.api.tcp_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            bail!(
+                "api.tcp_listen must be an address like \"0.0.0.0:7461\", got {:?}",
+                self.api.tcp_listen
+            );
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            bail!("log_level {:?} is not a valid filter: {e}", self.log_level);
+        }
+        Ok(())
+    }
+}
+
+fn merge(base: &mut toml::Table, overlay: toml::Table) {
+    for (k, v) in overlay {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.agent.max_frame_bytes, 4 << 20);
+        assert_eq!(c.agent_socket, PathBuf::from("/run/gpuprof/agent.sock"));
+    }
+
+    #[test]
+    fn file_overrides_single_keys() {
+        let c = Config::from_toml("[ingest]\ncommit_max_records = 10\n").unwrap();
+        assert_eq!(c.ingest.commit_max_records, 10);
+        assert_eq!(c.ingest.queue_messages, 512);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = Config::from_toml("[ingest]\ncommit_max_recs = 10\n").unwrap_err();
+        assert!(format!("{e:#}").contains("commit_max_recs"), "{e:#}");
+        let e = Config::from_toml("bogus = 1\n").unwrap_err();
+        assert!(format!("{e:#}").contains("bogus"), "{e:#}");
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let e = Config::from_toml("[agent]\nmax_frame_bytes = 3\n").unwrap_err();
+        assert!(format!("{e:#}").contains("agent.max_frame_bytes"), "{e:#}");
+        let e = Config::from_toml("[agent]\nmax_frame_bytes = \"big\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("max_frame_bytes"), "{e:#}");
+    }
+
+    #[test]
+    fn state_dir_moves_everything() {
+        let ov = Overrides {
+            state_dir: Some("/tmp/x".into()),
+            ..Default::default()
+        };
+        let c = Config::load(None, &ov).unwrap();
+        assert_eq!(c.database_path(), PathBuf::from("/tmp/x/gpuprof.db"));
+        assert_eq!(c.agent_socket, PathBuf::from("/tmp/x/agent.sock"));
+        assert_eq!(c.api_socket, PathBuf::from("/tmp/x/api.sock"));
+    }
+}

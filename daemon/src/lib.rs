@@ -1,0 +1,140 @@
+//! gpuprofd: the gpuprof daemon.
+//!
+//! Agents (the injector inside CUDA processes, the per-GPU samplers) connect to the agent
+//! socket ([`agent`]); their records go through a bounded channel to one SQLite writer
+//! thread ([`ingest`], schema in [`store`]); clients use the gRPC API ([`api`]) on the api
+//! socket. See ARCHITECTURE.md for the whole picture.
+
+pub mod agent;
+pub mod api;
+pub mod config;
+pub mod ingest;
+pub mod registry;
+pub mod stats;
+pub mod store;
+pub mod systemd;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use anyhow::{Context, Result};
+use dashmap::DashMap;
+use gpuprof_proto::agent::PmSampleBatch;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::ingest::WriterHandle;
+use crate::registry::Registry;
+use crate::stats::Stats;
+
+/// Shared daemon state, one per process.
+pub struct Daemon {
+    pub config: Config,
+    pub db_path: PathBuf,
+    pub stats: Arc<Stats>,
+    pub registry: Registry,
+    pub writer: WriterHandle,
+    /// Records received per session (for record limits and progress).
+    pub session_records: DashMap<u64, AtomicU64>,
+    /// Live PM samples: (process id of the sampler, batch).
+    pub pm_samples: broadcast::Sender<Arc<(u64, PmSampleBatch)>>,
+    pub shutdown: CancellationToken,
+}
+
+impl Daemon {
+    pub fn count_session_records(&self, session: u64, n: u64) {
+        if let Some(c) = self.session_records.get(&session) {
+            c.fetch_add(n, Relaxed);
+            return;
+        }
+        self.session_records
+            .entry(session)
+            .or_default()
+            .fetch_add(n, Relaxed);
+    }
+
+    pub fn publish_pm(&self, proc: u64, b: &PmSampleBatch) {
+        if self.pm_samples.receiver_count() > 0 {
+            let _ = self.pm_samples.send(Arc::new((proc, b.clone())));
+        }
+    }
+}
+
+/// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves,
+/// then drains and commits everything queued before returning.
+pub async fn run(config: Config) -> Result<()> {
+    let db_path = config.database_path();
+    let stats = Arc::new(Stats::default());
+    let conn = store::open_writer(&db_path, &config.storage)?;
+    let (writer, writer_thread) = ingest::spawn(
+        conn,
+        config.ingest.queue_messages,
+        config.ingest.commit_max_records,
+        stats.clone(),
+    )?;
+    let agent_listener = agent::bind(&config.agent_socket)?;
+    let api_listener = agent::bind_unix(&config.api_socket, config.api.socket_mode)?;
+    let shutdown = CancellationToken::new();
+    let d = Arc::new(Daemon {
+        db_path: db_path.clone(),
+        stats,
+        registry: Registry::default(),
+        writer,
+        session_records: DashMap::new(),
+        pm_samples: broadcast::channel(1024).0,
+        shutdown: shutdown.clone(),
+        config,
+    });
+
+    let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
+    let api_task = tokio::spawn(api::serve(api_listener, d.clone(), shutdown.clone()));
+
+    tracing::info!(
+        database = %db_path.display(),
+        agent_socket = %d.config.agent_socket.display(),
+        api_socket = %d.config.api_socket.display(),
+        version = env!("CARGO_PKG_VERSION"),
+        "gpuprofd ready"
+    );
+    systemd::ready();
+
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections, draining queued records");
+    systemd::stopping();
+    shutdown.cancel();
+    let _ = agent_task.await;
+    let api_result = api_task.await;
+    let sock_paths = [d.config.agent_socket.clone(), d.config.api_socket.clone()];
+    // Dropping the last writer handle lets the writer drain its queue, commit and stop.
+    drop(d);
+    tokio::task::spawn_blocking(move || writer_thread.join())
+        .await
+        .context("joining writer")?
+        .map_err(|_| anyhow::anyhow!("database writer panicked"))?;
+    for p in sock_paths {
+        let _ = std::fs::remove_file(p);
+    }
+    if let Ok(Err(e)) = api_result {
+        return Err(e);
+    }
+    tracing::info!("gpuprofd stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

@@ -1,0 +1,101 @@
+//! `gpuprofd`: the gpuprof daemon.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use gpuprofd::config::{Config, Overrides};
+
+#[derive(Parser)]
+#[command(
+    name = "gpuprofd",
+    version,
+    about = "gpuprof daemon: always-on GPU profiling service"
+)]
+struct Cli {
+    /// TOML config file (defaults are built in; see `gpuprofd print-default-config`).
+    #[arg(long, env = "GPUPROF_CONFIG")]
+    config: Option<PathBuf>,
+    /// Put the database (DIR/gpuprof.db) and both sockets (DIR/agent.sock, DIR/api.sock) in DIR.
+    #[arg(long, env = "GPUPROF_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Agent socket path (overrides config and --state-dir).
+    #[arg(long, env = "GPUPROF_AGENT_SOCKET")]
+    agent_socket: Option<PathBuf>,
+    /// API socket path (overrides config and --state-dir).
+    #[arg(long, env = "GPUPROF_API_SOCKET")]
+    api_socket: Option<PathBuf>,
+    /// Log filter, e.g. "info" or "gpuprofd=debug".
+    #[arg(long, env = "GPUPROF_LOG")]
+    log: Option<String>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Validate a config file; errors name the bad key.
+    CheckConfig { file: PathBuf },
+    /// Print the built-in default configuration.
+    PrintDefaultConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::CheckConfig { file }) => {
+            return match Config::load(Some(&file), &Overrides::default()) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Some(Cmd::PrintDefaultConfig) => {
+            print!("{}", gpuprofd::config::DEFAULT_TOML);
+            return ExitCode::SUCCESS;
+        }
+        None => {}
+    }
+    let ov = Overrides {
+        state_dir: cli.state_dir,
+        log_level: cli.log,
+        agent_socket: cli.agent_socket,
+        api_socket: cli.api_socket,
+    };
+    let config = match Config::load(cli.config.as_deref(), &ov) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log_level))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("gpuprofd")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(gpuprofd::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Daemon-wide counters, updated lock-free and read by `GetStatus`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use gpuprof_proto::agent::RecordKind as WireKind;
+
+/// The record kinds gpuprof stores, one table each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Kernel,
+    Memcpy,
+    Memset,
+    Api,
+    Sync,
+    Overhead,
+    Marker,
+    ExternalCorrelation,
+    Device,
+    Context,
+    Stream,
+    Graph,
+    PmSample,
+    PcSample,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 14] = [
+        Kind::Kernel,
+        Kind::Memcpy,
+        Kind::Memset,
+        Kind::Api,
+        Kind::Sync,
+        Kind::Overhead,
+        Kind::Marker,
+        Kind::ExternalCorrelation,
+        Kind::Device,
+        Kind::Context,
+        Kind::Stream,
+        Kind::Graph,
+        Kind::PmSample,
+        Kind::PcSample,
+    ];
+
+    /// Name used in the API, in `drops.kind` and as the table name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Kernel => "kernel",
+            Kind::Memcpy => "memcpy",
+            Kind::Memset => "memset",
+            Kind::Api => "api",
+            Kind::Sync => "sync",
+            Kind::Overhead => "overhead",
+            Kind::Marker => "marker",
+            Kind::ExternalCorrelation => "external_correlation",
+            Kind::Device => "device",
+            Kind::Context => "context",
+            Kind::Stream => "stream",
+            Kind::Graph => "graph",
+            Kind::PmSample => "pm_sample",
+            Kind::PcSample => "pc_sample",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Maps the wire enum; `None` for UNSPECIFIED or unknown values.
+    pub fn from_wire(v: i32) -> Option<Kind> {
+        let w = WireKind::try_from(v).ok()?;
+        Some(match w {
+            WireKind::Unspecified => return None,
+            WireKind::Kernel => Kind::Kernel,
+            WireKind::Memcpy => Kind::Memcpy,
+            WireKind::Memset => Kind::Memset,
+            WireKind::Api => Kind::Api,
+            WireKind::Sync => Kind::Sync,
+            WireKind::Overhead => Kind::Overhead,
+            WireKind::Marker => Kind::Marker,
+            WireKind::ExternalCorrelation => Kind::ExternalCorrelation,
+            WireKind::Device => Kind::Device,
+            WireKind::Context => Kind::Context,
+            WireKind::Stream => Kind::Stream,
+            WireKind::Graph => Kind::Graph,
+            WireKind::PmSample => Kind::PmSample,
+            WireKind::PcSample => Kind::PcSample,
+        })
+    }
+}
+
+/// Per-kind record counters.
+#[derive(Default)]
+pub struct KindCounters {
+    /// Committed to the database.
+    pub ingested: AtomicU64,
+    /// Dropped by agents (sum of their cumulative reports).
+    pub dropped_by_agents: AtomicU64,
+    /// Dropped by the daemon (storage failures).
+    pub dropped_by_daemon: AtomicU64,
+}
+
+/// All daemon counters.
+pub struct Stats {
+    pub started: Instant,
+    pub kinds: [KindCounters; 14],
+    pub connected_agents: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    /// Records accepted from sockets but not yet committed.
+    pub queued_records: AtomicU64,
+    /// Last storage error, empty when healthy.
+    pub storage_error: std::sync::Mutex<String>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            started: Instant::now(),
+            kinds: Default::default(),
+            connected_agents: AtomicU64::new(0),
+            protocol_errors: AtomicU64::new(0),
+            queued_records: AtomicU64::new(0),
+            storage_error: std::sync::Mutex::new(String::new()),
+        }
+    }
+}
+
+impl Stats {
+    pub fn kind(&self, k: Kind) -> &KindCounters {
+        &self.kinds[k.index()]
+    }
+
+    pub fn add_ingested(&self, k: Kind, n: u64) {
+        self.kind(k).ingested.fetch_add(n, Relaxed);
+    }
+
+    pub fn set_storage_error(&self, msg: String) {
+        *self.storage_error.lock().unwrap_or_else(|e| e.into_inner()) = msg;
+    }
+
+    pub fn storage_error(&self) -> String {
+        self.storage_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}

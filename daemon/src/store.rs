@@ -1,0 +1,171 @@
+//! The SQLite database: opening, pragmas and schema migrations.
+//!
+//! The schema lives in `migrations/` as plain SQL files, applied in order at start inside
+//! one transaction each; `PRAGMA user_version` records how far a database has come.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use rusqlite::Connection;
+
+use crate::config::StorageConfig;
+
+/// Schema migrations, in order. Index + 1 is the `user_version` after applying it.
+pub const MIGRATIONS: &[(&str, &str)] = &[(
+    "0001_init.sql",
+    include_str!("../../migrations/0001_init.sql"),
+)];
+
+/// Opens (creating if needed) the database for writing and brings the schema up to date.
+pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating state directory {}", dir.display()))?;
+    }
+    let conn =
+        Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // WAL: readers never block the writer. synchronous=NORMAL: a crash of the process (or
+    // SIGKILL) loses nothing committed; only power loss can lose the last transactions.
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        bail!("database {} refused WAL mode (got {mode})", path.display());
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous=NORMAL;
+         PRAGMA foreign_keys=OFF;
+         PRAGMA temp_store=MEMORY;
+         PRAGMA cache_size=-{};
+         PRAGMA wal_autocheckpoint={};",
+        cfg.cache_mib * 1024,
+        cfg.wal_autocheckpoint_pages
+    ))?;
+    migrate(&conn)?;
+    Ok(conn)
+}
+
+/// Opens a read-only connection for queries.
+pub fn open_reader(path: &Path) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .with_context(|| format!("opening database {} for reading", path.display()))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(conn)
+}
+
+/// Applies the migrations this database has not seen yet.
+pub fn migrate(conn: &Connection) -> Result<()> {
+    let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let known = MIGRATIONS.len() as i64;
+    if current > known {
+        bail!(
+            "database schema version {current} is newer than this gpuprofd knows ({known}); \
+             run a newer gpuprofd or move the database aside"
+        );
+    }
+    for (i, (name, sql)) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = i as i64 + 1;
+        let tx = conn.unchecked_transaction()?;
+        tx.execute_batch(sql)
+            .with_context(|| format!("applying migration {name}"))?;
+        tx.execute_batch(&format!("PRAGMA user_version={version}"))?;
+        tx.commit()?;
+        tracing::info!(migration = name, version, "applied schema migration");
+    }
+    Ok(())
+}
+
+/// Size of the database and its WAL, in bytes.
+pub fn database_bytes(path: &Path) -> u64 {
+    let mut total = 0;
+    for suffix in ["", "-wal"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        if let Ok(m) = std::fs::metadata(&p) {
+            total += m.len();
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RECORD_TABLES: &[&str] = &[
+        "kernel",
+        "memcpy",
+        "memset",
+        "api",
+        "sync",
+        "overhead",
+        "marker",
+        "external_correlation",
+        "context",
+        "stream",
+        "graph",
+        "pm_sample",
+        "pc_sample",
+    ];
+
+    #[test]
+    fn migrations_apply_and_are_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let cfg = crate::config::Config::from_toml("").unwrap().storage;
+        drop(open_writer(&path, &cfg).unwrap());
+        let conn = open_writer(&path, &cfg).unwrap();
+        let v: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, MIGRATIONS.len() as i64);
+        let ok: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
+        let tables: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type IN ('table','view')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for t in RECORD_TABLES.iter().chain(&[
+            "strings",
+            "processes",
+            "devices",
+            "sessions",
+            "session_processes",
+            "leases",
+            "pauses",
+            "audit",
+        ]) {
+            assert!(
+                tables.iter().any(|x| x == t),
+                "table {t} missing from schema: {tables:?}"
+            );
+        }
+        // Record tables hold integers only except PM values: every column is INTEGER.
+        for t in RECORD_TABLES.iter().filter(|t| **t != "pm_sample") {
+            let types: Vec<String> = conn
+                .prepare(&format!("SELECT type FROM pragma_table_info('{t}')"))
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(!types.is_empty());
+            assert!(types.iter().all(|ty| ty == "INTEGER"), "{t}: {types:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_newer_schema() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("PRAGMA user_version=999").unwrap();
+        let e = migrate(&conn).unwrap_err();
+        assert!(e.to_string().contains("newer"), "{e}");
+    }
+}

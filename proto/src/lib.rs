@@ -1,0 +1,23 @@
+//! gpuprof's wire protocols.
+//!
+//! - [`agent`]: `gpuprof.agent.v1`, what the injector and the samplers exchange with
+//!   `gpuprofd` over the agent socket, plus the length-prefixed [`frame`] codec.
+//! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
+
+pub mod frame;
+
+/// The agent protocol, `gpuprof.agent.v1`.
+pub mod agent {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/gpuprof.agent.v1.rs"));
+
+    /// The protocol version this build speaks.
+    pub const PROTOCOL_VERSION: u32 = ProtocolVersion::Current as u32;
+}
+
+/// The public gRPC API, `gpuprof.v1`.
+#[cfg(feature = "api")]
+pub mod api {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/gpuprof.v1.rs"));
+}
