@@ -20,13 +20,9 @@ pub async fn connect(socket: &Path) -> Result<GpuprofClient<Channel>> {
     let channel = Endpoint::try_from("http://gpuprofd.local")?
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         }))
         .await
-        .with_context(|| {
-            format!("cannot connect to gpuprofd at {display} (is it running? use --socket PATH)")
-        })?;
+        .with_context(|| format!("cannot connect to gpuprofd at {display} (is it running? use --socket PATH)"))?;
     Ok(GpuprofClient::new(channel).max_decoding_message_size(64 << 20))
 }

@@ -32,10 +32,7 @@ const EXIT_UNREACHABLE: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: {e}");
@@ -46,9 +43,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<tonic::transport::Error>().is_some()
-                || format!("{e}").starts_with("cannot connect")
-            {
+            if e.downcast_ref::<tonic::transport::Error>().is_some() || format!("{e}").starts_with("cannot connect") {
                 ExitCode::from(EXIT_UNREACHABLE)
             } else {
                 ExitCode::from(EXIT_FAILED)
@@ -61,10 +56,7 @@ async fn run(cli: Cli) -> Result<()> {
     let mut client = connect(&cli.socket).await?;
     match cli.cmd {
         Cmd::Status => {
-            let s = client
-                .get_status(pb::GetStatusRequest {})
-                .await?
-                .into_inner();
+            let s = client.get_status(pb::GetStatusRequest {}).await?.into_inner();
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
             } else {
@@ -79,12 +71,7 @@ fn status_json(s: &pb::GetStatusResponse) -> serde_json::Value {
     let records: serde_json::Map<String, serde_json::Value> = s
         .records
         .iter()
-        .map(|r| {
-            (
-                r.kind.clone(),
-                serde_json::json!({"ingested": r.ingested, "dropped": r.dropped}),
-            )
-        })
+        .map(|r| (r.kind.clone(), serde_json::json!({"ingested": r.ingested, "dropped": r.dropped})))
         .collect();
     serde_json::json!({
         "version": s.version,
@@ -106,21 +93,13 @@ fn print_status(s: &pb::GetStatusResponse) {
     println!("gpuprofd {}  up {}s", s.version, s.uptime_seconds);
     println!("agents connected   {}", s.connected_agents);
     println!("active sessions    {}", s.active_sessions);
-    println!(
-        "database           {} ({})",
-        s.database_path,
-        human_bytes(s.database_bytes)
-    );
+    println!("database           {} ({})", s.database_path, human_bytes(s.database_bytes));
     println!("ingest queue       {} records", s.ingest_queue_depth);
     println!("protocol errors    {}", s.protocol_errors);
     println!(
         "GPUs               {}{}",
         s.gpu_count,
-        if s.gpu_note.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", s.gpu_note)
-        }
+        if s.gpu_note.is_empty() { String::new() } else { format!(" ({})", s.gpu_note) }
     );
     if !s.storage_error.is_empty() {
         println!("STORAGE ERROR      {}", s.storage_error);
@@ -140,9 +119,5 @@ fn human_bytes(b: u64) -> String {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
+    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
 }

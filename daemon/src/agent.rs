@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use gpuprof_proto::agent::{
-    self as wire, AgentKind, AgentMessage, DaemonMessage, PROTOCOL_VERSION, RecordBatch,
-    agent_message::Msg, daemon_message,
+    self as wire, AgentKind, AgentMessage, DaemonMessage, PROTOCOL_VERSION, RecordBatch, agent_message::Msg,
+    daemon_message,
 };
 use gpuprof_proto::frame::encode_frame;
 use prost::Message;
@@ -40,15 +40,13 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
 /// Binds a Unix socket at `path` with `mode`, removing a stale socket file first.
 pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating socket directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating socket directory {}", dir.display()))?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             anyhow::bail!("{} is in use by another running gpuprofd", path.display());
         }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
     }
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
@@ -99,44 +97,29 @@ fn proto_err(msg: impl Into<String>) -> ConnError {
 }
 
 pub(crate) fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 /// Reads one frame's payload into `buf`.
-async fn read_frame(
-    r: &mut BufReader<OwnedReadHalf>,
-    buf: &mut Vec<u8>,
-    max: u32,
-) -> Result<(), ConnError> {
+async fn read_frame(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>, max: u32) -> Result<(), ConnError> {
     let mut len = [0u8; 4];
     if r.read(&mut len[..1]).await? == 0 {
         return Err(ConnError::Closed);
     }
-    r.read_exact(&mut len[1..])
-        .await
-        .map_err(|e| truncated(e, "frame length"))?;
+    r.read_exact(&mut len[1..]).await.map_err(|e| truncated(e, "frame length"))?;
     let n = u32::from_le_bytes(len);
     if n > max {
-        return Err(proto_err(format!(
-            "frame of {n} bytes exceeds the maximum of {max} bytes"
-        )));
+        return Err(proto_err(format!("frame of {n} bytes exceeds the maximum of {max} bytes")));
     }
     buf.clear();
     buf.resize(n as usize, 0);
-    r.read_exact(buf)
-        .await
-        .map_err(|e| truncated(e, "frame body"))?;
+    r.read_exact(buf).await.map_err(|e| truncated(e, "frame body"))?;
     Ok(())
 }
 
 fn truncated(e: io::Error, what: &str) -> ConnError {
     if e.kind() == io::ErrorKind::UnexpectedEof {
-        proto_err(format!(
-            "truncated frame: connection ended inside the {what}"
-        ))
+        proto_err(format!("truncated frame: connection ended inside the {what}"))
     } else {
         ConnError::Io(e)
     }
@@ -202,20 +185,10 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
 
     // Handshake.
     let hello = match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
-        Ok(AgentMessage {
-            msg: Some(Msg::Hello(h)),
-        }) => h,
+        Ok(AgentMessage { msg: Some(Msg::Hello(h)) }) => h,
         Ok(other) => {
-            let what = other
-                .msg
-                .as_ref()
-                .map(msg_name)
-                .unwrap_or("an empty message");
-            reject(
-                &d,
-                pid,
-                &format!("protocol error: first message must be Hello, got {what}"),
-            );
+            let what = other.msg.as_ref().map(msg_name).unwrap_or("an empty message");
+            reject(&d, pid, &format!("protocol error: first message must be Hello, got {what}"));
             return;
         }
         Err(ConnError::Closed) | Err(ConnError::Shutdown) => return,
@@ -239,19 +212,11 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         Ok(AgentKind::Injector) => "injector",
         Ok(AgentKind::Sampler) => "sampler",
         _ => {
-            reject(
-                &d,
-                pid,
-                &format!("protocol error: unknown agent kind {}", hello.kind),
-            );
+            reject(&d, pid, &format!("protocol error: unknown agent kind {}", hello.kind));
             return;
         }
     };
-    let base_ns = hello
-        .clock
-        .map(|c| c.realtime_ns)
-        .filter(|t| *t > 0)
-        .unwrap_or_else(now_ns);
+    let base_ns = hello.clock.map(|c| c.realtime_ns).filter(|t| *t > 0).unwrap_or_else(now_ns);
     let info = ProcessInfo {
         pid,
         uid: cred.uid(),
@@ -265,11 +230,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         devices: hello.devices.clone(),
     };
     let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
-    if d.writer
-        .send(WriterMsg::RegisterProcess(info, reply_tx))
-        .await
-        .is_err()
-    {
+    if d.writer.send(WriterMsg::RegisterProcess(info, reply_tx)).await.is_err() {
         return;
     }
     let id = match reply_rx.await {
@@ -313,12 +274,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     d.registry.insert(agent.clone());
     tracing::info!(id, pid, uid = cred.uid(), kind, exe = %agent.exe, "agent connected");
 
-    let mut conn = Conn {
-        d: &d,
-        agent: &agent,
-        next_string: 1,
-        drops: HashMap::new(),
-    };
+    let mut conn = Conn { d: &d, agent: &agent, next_string: 1, drops: HashMap::new() };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
             Ok(m) => match conn.dispatch(m).await {
@@ -346,10 +302,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     d.registry.remove(id, reason.clone());
     d.stats.connected_agents.fetch_sub(1, Relaxed);
     writer_task.abort();
-    let _ = d
-        .writer
-        .send(WriterMsg::ProcessClosed { proc: id, reason })
-        .await;
+    let _ = d.writer.send(WriterMsg::ProcessClosed { proc: id, reason }).await;
 }
 
 fn reject(d: &Daemon, pid: u32, reason: &str) {
@@ -357,10 +310,7 @@ fn reject(d: &Daemon, pid: u32, reason: &str) {
     tracing::warn!(pid, reason, "rejecting agent connection");
 }
 
-async fn write_commands(
-    mut wr: tokio::net::unix::OwnedWriteHalf,
-    mut rx: mpsc::Receiver<DaemonMessage>,
-) {
+async fn write_commands(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::Receiver<DaemonMessage>) {
     let mut buf = Vec::new();
     while let Some(m) = rx.recv().await {
         buf.clear();
@@ -398,20 +348,14 @@ struct Conn<'a> {
 impl Conn<'_> {
     fn check_str(&self, id: u32, what: &str) -> Result<(), ConnError> {
         if id >= self.next_string {
-            return Err(proto_err(format!(
-                "{what} refers to string id {id}, which was never defined"
-            )));
+            return Err(proto_err(format!("{what} refers to string id {id}, which was never defined")));
         }
         Ok(())
     }
 
     fn require_kind(&self, kind: &str, m: &Msg) -> Result<(), ConnError> {
         if self.agent.kind != kind {
-            return Err(proto_err(format!(
-                "{} is not allowed from a {} agent",
-                msg_name(m),
-                self.agent.kind
-            )));
+            return Err(proto_err(format!("{} is not allowed from a {} agent", msg_name(m), self.agent.kind)));
         }
         Ok(())
     }
@@ -438,10 +382,7 @@ impl Conn<'_> {
                     self.next_string += 1;
                     values.push(s.value);
                 }
-                d.writer
-                    .send(WriterMsg::Strings { proc: id, values })
-                    .await
-                    .map_err(|_| ConnError::Shutdown)?;
+                d.writer.send(WriterMsg::Strings { proc: id, values }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::Records(b) => {
                 self.require_kind("injector", &Msg::Records(RecordBatch::default()))?;
@@ -461,11 +402,7 @@ impl Conn<'_> {
                 }
                 d.stats.queued_records.fetch_add(count, Relaxed);
                 d.writer
-                    .send(WriterMsg::Records {
-                        proc: id,
-                        batch: b,
-                        count,
-                    })
+                    .send(WriterMsg::Records { proc: id, batch: b, count })
                     .await
                     .map_err(|_| ConnError::Shutdown)?;
             }
@@ -473,10 +410,7 @@ impl Conn<'_> {
                 let mut counts = Vec::new();
                 for c in r.counts {
                     let Some(k) = Kind::from_wire(c.kind) else {
-                        return Err(proto_err(format!(
-                            "drop report for unknown record kind {}",
-                            c.kind
-                        )));
+                        return Err(proto_err(format!("drop report for unknown record kind {}", c.kind)));
                     };
                     let last = self.drops.entry(k).or_insert(0);
                     if c.dropped < *last {
@@ -487,17 +421,11 @@ impl Conn<'_> {
                             last
                         )));
                     }
-                    d.stats
-                        .kind(k)
-                        .dropped_by_agents
-                        .fetch_add(c.dropped - *last, Relaxed);
+                    d.stats.kind(k).dropped_by_agents.fetch_add(c.dropped - *last, Relaxed);
                     *last = c.dropped;
                     counts.push((k, c.dropped));
                 }
-                d.writer
-                    .send(WriterMsg::Drops { proc: id, counts })
-                    .await
-                    .map_err(|_| ConnError::Shutdown)?;
+                d.writer.send(WriterMsg::Drops { proc: id, counts }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::TraceState(s) => {
                 let name = match wire::TraceStatus::try_from(s.status) {
@@ -507,11 +435,7 @@ impl Conn<'_> {
                     Ok(wire::TraceStatus::Failed) => "failed",
                     _ => return Err(proto_err(format!("unknown trace status {}", s.status))),
                 };
-                *self
-                    .agent
-                    .trace_state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = name.to_string();
+                *self.agent.trace_state.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
                 if name == "displaced" || name == "failed" {
                     tracing::warn!(id, pid = self.agent.pid, state = name, detail = %s.detail, "agent cannot trace");
                 }
@@ -526,17 +450,12 @@ impl Conn<'_> {
             Msg::PmSamples(b) => {
                 self.require_kind("sampler", &Msg::PmSamples(Default::default()))?;
                 if b.samples.iter().any(|s| s.values.len() != b.metrics.len()) {
-                    return Err(proto_err(
-                        "PM sample with a value count different from the metric count",
-                    ));
+                    return Err(proto_err("PM sample with a value count different from the metric count"));
                 }
                 d.publish_pm(id, &b);
                 let n = (b.samples.len() * b.metrics.len()) as u64;
                 d.stats.queued_records.fetch_add(n, Relaxed);
-                d.writer
-                    .send(WriterMsg::PmSamples { proc: id, batch: b })
-                    .await
-                    .map_err(|_| ConnError::Shutdown)?;
+                d.writer.send(WriterMsg::PmSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::PcSamples(b) => {
                 self.require_kind("injector", &Msg::PcSamples(Default::default()))?;
@@ -545,13 +464,8 @@ impl Conn<'_> {
                     self.check_str(s.stall_reason_id, "a PC sample")?;
                     self.check_str(s.module_id, "a PC sample")?;
                 }
-                d.stats
-                    .queued_records
-                    .fetch_add(b.samples.len() as u64, Relaxed);
-                d.writer
-                    .send(WriterMsg::PcSamples { proc: id, batch: b })
-                    .await
-                    .map_err(|_| ConnError::Shutdown)?;
+                d.stats.queued_records.fetch_add(b.samples.len() as u64, Relaxed);
+                d.writer.send(WriterMsg::PcSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::SamplerState(s) => {
                 self.require_kind("sampler", &Msg::SamplerState(Default::default()))?;

@@ -14,11 +14,7 @@ use crate::Daemon;
 use crate::stats::Kind;
 
 /// Serves the API until `shutdown` fires.
-pub async fn serve(
-    listener: UnixListener,
-    d: Arc<Daemon>,
-    shutdown: CancellationToken,
-) -> Result<()> {
+pub async fn serve(listener: UnixListener, d: Arc<Daemon>, shutdown: CancellationToken) -> Result<()> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<GpuprofServer<Api>>().await;
     let svc = GpuprofServer::new(Api { d: d.clone() });
@@ -26,10 +22,7 @@ pub async fn serve(
     let uds = tonic::transport::Server::builder()
         .add_service(health_service.clone())
         .add_service(svc.clone())
-        .serve_with_incoming_shutdown(
-            UnixListenerStream::new(listener),
-            shutdown.clone().cancelled_owned(),
-        );
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.clone().cancelled_owned());
     if tcp.is_empty() {
         uds.await?;
     } else {
@@ -57,10 +50,7 @@ fn not_yet(what: &str) -> Status {
 
 #[tonic::async_trait]
 impl Gpuprof for Api {
-    async fn get_status(
-        &self,
-        _: Request<pb::GetStatusRequest>,
-    ) -> Result<Response<pb::GetStatusResponse>, Status> {
+    async fn get_status(&self, _: Request<pb::GetStatusRequest>) -> Result<Response<pb::GetStatusResponse>, Status> {
         let s = &self.d.stats;
         let records = Kind::ALL
             .iter()
@@ -103,24 +93,15 @@ impl Gpuprof for Api {
         Err(not_yet("ListProcesses"))
     }
 
-    async fn start_session(
-        &self,
-        _: Request<pb::StartSessionRequest>,
-    ) -> Result<Response<pb::Session>, Status> {
+    async fn start_session(&self, _: Request<pb::StartSessionRequest>) -> Result<Response<pb::Session>, Status> {
         Err(not_yet("StartSession"))
     }
 
-    async fn stop_session(
-        &self,
-        _: Request<pb::StopSessionRequest>,
-    ) -> Result<Response<pb::Session>, Status> {
+    async fn stop_session(&self, _: Request<pb::StopSessionRequest>) -> Result<Response<pb::Session>, Status> {
         Err(not_yet("StopSession"))
     }
 
-    async fn get_session(
-        &self,
-        _: Request<pb::GetSessionRequest>,
-    ) -> Result<Response<pb::Session>, Status> {
+    async fn get_session(&self, _: Request<pb::GetSessionRequest>) -> Result<Response<pb::Session>, Status> {
         Err(not_yet("GetSession"))
     }
 
@@ -139,10 +120,7 @@ impl Gpuprof for Api {
         Err(not_yet("QueryRecords"))
     }
 
-    async fn get_summary(
-        &self,
-        _: Request<pb::GetSummaryRequest>,
-    ) -> Result<Response<pb::GetSummaryResponse>, Status> {
+    async fn get_summary(&self, _: Request<pb::GetSummaryRequest>) -> Result<Response<pb::GetSummaryResponse>, Status> {
         Err(not_yet("GetSummary"))
     }
 
@@ -170,17 +148,11 @@ impl Gpuprof for Api {
         Err(not_yet("StreamPcSamples"))
     }
 
-    async fn pause(
-        &self,
-        _: Request<pb::PauseRequest>,
-    ) -> Result<Response<pb::PauseResponse>, Status> {
+    async fn pause(&self, _: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {
         Err(not_yet("Pause"))
     }
 
-    async fn resume(
-        &self,
-        _: Request<pb::ResumeRequest>,
-    ) -> Result<Response<pb::ResumeResponse>, Status> {
+    async fn resume(&self, _: Request<pb::ResumeRequest>) -> Result<Response<pb::ResumeResponse>, Status> {
         Err(not_yet("Resume"))
     }
 

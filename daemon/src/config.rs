@@ -73,23 +73,18 @@ impl Config {
     /// Parses a TOML document layered over the defaults: keys missing from `text` keep
     /// their default value.
     pub fn from_toml(text: &str) -> Result<Config> {
-        let mut base: toml::Table = DEFAULT_TOML
-            .parse()
-            .expect("embedded defaults are valid TOML");
-        let overlay: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("{e}"))?;
+        let mut base: toml::Table = DEFAULT_TOML.parse().expect("embedded defaults are valid TOML");
+        let overlay: toml::Table = text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{e}"))?;
         merge(&mut base, overlay);
-        let cfg: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(base)).map_err(|e| {
-                let path = e.path().to_string();
-                let inner = e.into_inner();
-                if path == "." {
-                    anyhow::anyhow!("{}", inner.message())
-                } else {
-                    anyhow::anyhow!("{path}: {}", inner.message())
-                }
-            })?;
+        let cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(base)).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                anyhow::anyhow!("{}", inner.message())
+            } else {
+                anyhow::anyhow!("{path}: {}", inner.message())
+            }
+        })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -98,10 +93,9 @@ impl Config {
     pub fn load(file: Option<&Path>, ov: &Overrides) -> Result<Config> {
         let mut cfg = match file {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("reading config file {}", p.display()))?;
-                Config::from_toml(&text)
-                    .with_context(|| format!("invalid config file {}", p.display()))?
+                let text =
+                    std::fs::read_to_string(p).with_context(|| format!("reading config file {}", p.display()))?;
+                Config::from_toml(&text).with_context(|| format!("invalid config file {}", p.display()))?
             }
             None => Config::from_toml("")?,
         };
@@ -130,10 +124,7 @@ impl Config {
 
     fn validate(&self) -> Result<()> {
         if self.agent.max_frame_bytes < 1024 || self.agent.max_frame_bytes > 256 << 20 {
-            bail!(
-                "agent.max_frame_bytes must be between 1024 and 268435456, got {}",
-                self.agent.max_frame_bytes
-            );
+            bail!("agent.max_frame_bytes must be between 1024 and 268435456, got {}", self.agent.max_frame_bytes);
         }
         if self.agent.heartbeat_interval_ms == 0 {
             bail!("agent.heartbeat_interval_ms must be greater than 0");
@@ -155,18 +146,10 @@ impl Config {
             bail!("storage.cache_mib must be greater than 0");
         }
         if self.api.socket_mode > 0o777 {
-            bail!(
-                "api.socket_mode must be a file mode like 0o660, got {:#o}",
-                self.api.socket_mode
-            );
+            bail!("api.socket_mode must be a file mode like 0o660, got {:#o}", self.api.socket_mode);
         }
-        if !self.api.tcp_listen.is_empty()
-            && self.api.tcp_listen.parse::<std::net::SocketAddr>().is_err()
-        {
-            bail!(
-                "api.tcp_listen must be an address like \"0.0.0.0:7461\", got {:?}",
-                self.api.tcp_listen
-            );
+        if !self.api.tcp_listen.is_empty() && self.api.tcp_listen.parse::<std::net::SocketAddr>().is_err() {
+            bail!("api.tcp_listen must be an address like \"0.0.0.0:7461\", got {:?}", self.api.tcp_listen);
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             bail!("log_level {:?} is not a valid filter: {e}", self.log_level);
@@ -222,10 +205,7 @@ mod tests {
 
     #[test]
     fn state_dir_moves_everything() {
-        let ov = Overrides {
-            state_dir: Some("/tmp/x".into()),
-            ..Default::default()
-        };
+        let ov = Overrides { state_dir: Some("/tmp/x".into()), ..Default::default() };
         let c = Config::load(None, &ov).unwrap();
         assert_eq!(c.database_path(), PathBuf::from("/tmp/x/gpuprof.db"));
         assert_eq!(c.agent_socket, PathBuf::from("/tmp/x/agent.sock"));

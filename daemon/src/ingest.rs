@@ -47,23 +47,13 @@ pub enum WriterMsg {
     /// Strings defined by a connection, in id order starting after the previous ones.
     Strings { proc: u64, values: Vec<String> },
     /// Activity records; `count` is the number of records in the batch.
-    Records {
-        proc: u64,
-        batch: RecordBatch,
-        count: u64,
-    },
+    Records { proc: u64, batch: RecordBatch, count: u64 },
     /// Cumulative drop counters of a connection.
     Drops { proc: u64, counts: Vec<(Kind, u64)> },
     /// PM samples from a sampler.
-    PmSamples {
-        proc: u64,
-        batch: wire::PmSampleBatch,
-    },
+    PmSamples { proc: u64, batch: wire::PmSampleBatch },
     /// PC samples (aggregated) from an injector.
-    PcSamples {
-        proc: u64,
-        batch: wire::PcSampleBatch,
-    },
+    PcSamples { proc: u64, batch: wire::PcSampleBatch },
     /// Run arbitrary writes in order (sessions, arbiter audit, ...).
     Call(WriterCall),
     /// Commit everything queued before this, then reply.
@@ -122,9 +112,7 @@ pub fn spawn(
 ) -> Result<(WriterHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel(queue);
     let mut w = Writer::new(conn, stats, commit_max_records)?;
-    let join = std::thread::Builder::new()
-        .name("gpuprof-writer".into())
-        .spawn(move || w.run(rx))?;
+    let join = std::thread::Builder::new().name("gpuprof-writer".into()).spawn(move || w.run(rx))?;
     Ok((WriterHandle { tx }, join))
 }
 
@@ -154,65 +142,25 @@ struct Table {
     cols: usize,
 }
 
-const KERNEL: Table = Table {
-    name: "kernel",
-    cols: 19,
-};
-const MEMCPY: Table = Table {
-    name: "memcpy",
-    cols: 16,
-};
-const MEMSET: Table = Table {
-    name: "memset",
-    cols: 12,
-};
-const API: Table = Table {
-    name: "api",
-    cols: 9,
-};
-const SYNC: Table = Table {
-    name: "sync",
-    cols: 9,
-};
-const OVERHEAD: Table = Table {
-    name: "overhead",
-    cols: 7,
-};
-const MARKER: Table = Table {
-    name: "marker",
-    cols: 9,
-};
-const EXTCORR: Table = Table {
-    name: "external_correlation",
-    cols: 5,
-};
-const CONTEXT: Table = Table {
-    name: "context",
-    cols: 5,
-};
-const STREAM: Table = Table {
-    name: "stream",
-    cols: 6,
-};
-const GRAPH: Table = Table {
-    name: "graph",
-    cols: 9,
-};
+const KERNEL: Table = Table { name: "kernel", cols: 19 };
+const MEMCPY: Table = Table { name: "memcpy", cols: 16 };
+const MEMSET: Table = Table { name: "memset", cols: 12 };
+const API: Table = Table { name: "api", cols: 9 };
+const SYNC: Table = Table { name: "sync", cols: 9 };
+const OVERHEAD: Table = Table { name: "overhead", cols: 7 };
+const MARKER: Table = Table { name: "marker", cols: 9 };
+const EXTCORR: Table = Table { name: "external_correlation", cols: 5 };
+const CONTEXT: Table = Table { name: "context", cols: 5 };
+const STREAM: Table = Table { name: "stream", cols: 6 };
+const GRAPH: Table = Table { name: "graph", cols: 9 };
 
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
-    format!(
-        "INSERT INTO {} VALUES {}",
-        t.name,
-        vec![one.as_str(); rows].join(",")
-    )
+    format!("INSERT INTO {} VALUES {}", t.name, vec![one.as_str(); rows].join(","))
 }
 
 fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
 }
 
 /// Inserts `rows` into `t`, `MULTI_ROWS` at a time, each row's values produced by `fill`.
@@ -324,9 +272,7 @@ impl Writer {
         let result = if let Some(err) = self.failed.take() {
             Err(err)
         } else if self.in_txn {
-            self.conn
-                .execute_batch("COMMIT")
-                .map_err(|e| format!("commit failed: {e}"))
+            self.conn.execute_batch("COMMIT").map_err(|e| format!("commit failed: {e}"))
         } else {
             Ok(())
         };
@@ -348,19 +294,13 @@ impl Writer {
                 }
                 let lost: u64 = pending.iter().sum();
                 for k in Kind::ALL {
-                    self.stats
-                        .kind(k)
-                        .dropped_by_daemon
-                        .fetch_add(pending[k.index()], Relaxed);
+                    self.stats.kind(k).dropped_by_daemon.fetch_add(pending[k.index()], Relaxed);
                 }
                 tracing::error!(error = %msg, lost_records = lost, "storage error: transaction rolled back");
-                self.stats
-                    .set_storage_error(format!("{msg} ({lost} records lost)"));
+                self.stats.set_storage_error(format!("{msg} ({lost} records lost)"));
             }
         }
-        self.stats
-            .queued_records
-            .fetch_sub(self.pending_total, Relaxed);
+        self.stats.queued_records.fetch_sub(self.pending_total, Relaxed);
         self.pending_total = 0;
         self.in_txn = false;
     }
@@ -371,8 +311,7 @@ impl Writer {
                 self.commit();
                 let r = self.register(&info).map_err(|e| e.to_string());
                 if let Err(e) = &r {
-                    self.stats
-                        .set_storage_error(format!("cannot register process: {e}"));
+                    self.stats.set_storage_error(format!("cannot register process: {e}"));
                 }
                 let _ = reply.send(r);
             }
@@ -487,13 +426,7 @@ impl Writer {
             upsert_device(&tx, id, d, now)?;
         }
         tx.commit()?;
-        self.procs.insert(
-            id,
-            ProcCtx {
-                base_ns: info.base_ns as i64,
-                strings: vec![0],
-            },
-        );
+        self.procs.insert(id, ProcCtx { base_ns: info.base_ns as i64, strings: vec![0] });
         Ok(id)
     }
 
@@ -501,9 +434,7 @@ impl Writer {
         if let Some(id) = self.strings.get(v) {
             return Ok(*id);
         }
-        self.conn
-            .prepare_cached("INSERT INTO strings(value) VALUES (?1)")?
-            .execute([v])?;
+        self.conn.prepare_cached("INSERT INTO strings(value) VALUES (?1)")?.execute([v])?;
         let id = self.conn.last_insert_rowid();
         self.strings.insert(v.into(), id);
         Ok(id)
@@ -511,9 +442,7 @@ impl Writer {
 
     fn insert_batch(&mut self, proc: u64, b: &RecordBatch) -> rusqlite::Result<()> {
         let Some(p) = self.procs.get(&proc) else {
-            return Err(rusqlite::Error::InvalidParameterName(format!(
-                "records from unregistered process {proc}"
-            )));
+            return Err(rusqlite::Error::InvalidParameterName(format!("records from unregistered process {proc}")));
         };
         let c = &self.conn;
         let s = b.session_id as i64;
@@ -632,32 +561,13 @@ impl Writer {
             ])
         })?;
         insert_rows(c, &EXTCORR, &b.external_correlations, |x, v| {
-            v.copy_from_slice(&[
-                s,
-                pr,
-                x.external_kind.into(),
-                x.external_id as i64,
-                x.correlation_id.into(),
-            ])
+            v.copy_from_slice(&[s, pr, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()])
         })?;
         insert_rows(c, &CONTEXT, &b.contexts, |x, v| {
-            v.copy_from_slice(&[
-                s,
-                pr,
-                x.context_id.into(),
-                x.device_id.into(),
-                x.null_stream_id.into(),
-            ])
+            v.copy_from_slice(&[s, pr, x.context_id.into(), x.device_id.into(), x.null_stream_id.into()])
         })?;
         insert_rows(c, &STREAM, &b.streams, |x, v| {
-            v.copy_from_slice(&[
-                s,
-                pr,
-                x.stream_id.into(),
-                x.context_id.into(),
-                x.priority.into(),
-                x.flags.into(),
-            ])
+            v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()])
         })?;
         insert_rows(c, &GRAPH, &b.graphs, |g, v| {
             v.copy_from_slice(&[
@@ -685,40 +595,26 @@ impl Writer {
         if let Some(id) = self.metrics.get(name) {
             return Ok(*id);
         }
-        self.conn
-            .prepare_cached("INSERT INTO pm_metrics(name) VALUES (?1)")?
-            .execute([name])?;
+        self.conn.prepare_cached("INSERT INTO pm_metrics(name) VALUES (?1)")?.execute([name])?;
         let id = self.conn.last_insert_rowid();
         self.metrics.insert(name.to_string(), id);
         Ok(id)
     }
 
     fn insert_pm(&mut self, proc: u64, b: &wire::PmSampleBatch) -> rusqlite::Result<()> {
-        let ids = b
-            .metrics
-            .iter()
-            .map(|m| self.metric_id(m))
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let ids = b.metrics.iter().map(|m| self.metric_id(m)).collect::<rusqlite::Result<Vec<_>>>()?;
         // The sampler's device ordinal maps to the global device row through process_devices.
         let device: i64 = self
             .conn
-            .prepare_cached(
-                "SELECT device FROM process_devices WHERE proc = ?1 AND device_id = ?2",
-            )?
+            .prepare_cached("SELECT device FROM process_devices WHERE proc = ?1 AND device_id = ?2")?
             .query_row(params![proc as i64, b.device_id], |r| r.get(0))
             .unwrap_or(b.device_id as i64);
-        let mut stmt = self.conn.prepare_cached(
-            "INSERT INTO pm_sample(device, ts, dur, metric, value) VALUES (?1,?2,?3,?4,?5)",
-        )?;
+        let mut stmt = self
+            .conn
+            .prepare_cached("INSERT INTO pm_sample(device, ts, dur, metric, value) VALUES (?1,?2,?3,?4,?5)")?;
         for s in &b.samples {
             for (id, v) in ids.iter().zip(&s.values) {
-                stmt.execute(params![
-                    device,
-                    s.end_ns as i64,
-                    s.end_ns.saturating_sub(s.start_ns) as i64,
-                    id,
-                    v
-                ])?;
+                stmt.execute(params![device, s.end_ns as i64, s.end_ns.saturating_sub(s.start_ns) as i64, id, v])?;
             }
         }
         Ok(())
@@ -769,12 +665,8 @@ fn upsert_device(c: &Connection, proc: u64, d: &wire::Device, now: i64) -> rusql
         d.pci_bus_id,
         now
     ])?;
-    let dev: i64 = c
-        .prepare_cached("SELECT id FROM devices WHERE uuid = ?1")?
-        .query_row([&d.uuid], |r| r.get(0))?;
-    c.prepare_cached(
-        "INSERT OR REPLACE INTO process_devices(proc, device_id, device) VALUES (?1,?2,?3)",
-    )?
-    .execute(params![proc as i64, d.id, dev])?;
+    let dev: i64 = c.prepare_cached("SELECT id FROM devices WHERE uuid = ?1")?.query_row([&d.uuid], |r| r.get(0))?;
+    c.prepare_cached("INSERT OR REPLACE INTO process_devices(proc, device_id, device) VALUES (?1,?2,?3)")?
+        .execute(params![proc as i64, d.id, dev])?;
     Ok(())
 }

@@ -49,10 +49,7 @@ impl Daemon {
             c.fetch_add(n, Relaxed);
             return;
         }
-        self.session_records
-            .entry(session)
-            .or_default()
-            .fetch_add(n, Relaxed);
+        self.session_records.entry(session).or_default().fetch_add(n, Relaxed);
     }
 
     pub fn publish_pm(&self, proc: u64, b: &PmSampleBatch) {
@@ -68,12 +65,8 @@ pub async fn run(config: Config) -> Result<()> {
     let db_path = config.database_path();
     let stats = Arc::new(Stats::default());
     let conn = store::open_writer(&db_path, &config.storage)?;
-    let (writer, writer_thread) = ingest::spawn(
-        conn,
-        config.ingest.queue_messages,
-        config.ingest.commit_max_records,
-        stats.clone(),
-    )?;
+    let (writer, writer_thread) =
+        ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
     let agent_listener = agent::bind(&config.agent_socket)?;
     let api_listener = agent::bind_unix(&config.api_socket, config.api.socket_mode)?;
     let shutdown = CancellationToken::new();
@@ -125,10 +118,7 @@ pub async fn run(config: Config) -> Result<()> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
         std::future::pending::<()>().await;
         return;

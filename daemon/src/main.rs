@@ -7,11 +7,7 @@ use clap::{Parser, Subcommand};
 use gpuprofd::config::{Config, Overrides};
 
 #[derive(Parser)]
-#[command(
-    name = "gpuprofd",
-    version,
-    about = "gpuprof daemon: always-on GPU profiling service"
-)]
+#[command(name = "gpuprofd", version, about = "gpuprof daemon: always-on GPU profiling service")]
 struct Cli {
     /// TOML config file (defaults are built in; see `gpuprofd print-default-config`).
     #[arg(long, env = "GPUPROF_CONFIG")]
@@ -79,11 +75,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("gpuprofd")
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("gpuprofd").build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start runtime: {e}");

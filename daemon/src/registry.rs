@@ -42,10 +42,7 @@ impl Agent {
     }
 
     pub fn trace_state(&self) -> String {
-        self.trace_state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.trace_state.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -81,10 +78,7 @@ pub struct Registry {
 
 impl Default for Registry {
     fn default() -> Self {
-        Registry {
-            agents: DashMap::new(),
-            events: broadcast::channel(4096).0,
-        }
+        Registry { agents: DashMap::new(), events: broadcast::channel(4096).0 }
     }
 }
 

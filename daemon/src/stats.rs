@@ -139,9 +139,6 @@ impl Stats {
     }
 
     pub fn storage_error(&self) -> String {
-        self.storage_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.storage_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

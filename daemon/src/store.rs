@@ -11,19 +11,14 @@ use rusqlite::Connection;
 use crate::config::StorageConfig;
 
 /// Schema migrations, in order. Index + 1 is the `user_version` after applying it.
-pub const MIGRATIONS: &[(&str, &str)] = &[(
-    "0001_init.sql",
-    include_str!("../../migrations/0001_init.sql"),
-)];
+pub const MIGRATIONS: &[(&str, &str)] = &[("0001_init.sql", include_str!("../../migrations/0001_init.sql"))];
 
 /// Opens (creating if needed) the database for writing and brings the schema up to date.
 pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating state directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating state directory {}", dir.display()))?;
     }
-    let conn =
-        Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
+    let conn = Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     // WAL: readers never block the writer. synchronous=NORMAL: a crash of the process (or
     // SIGKILL) loses nothing committed; only power loss can lose the last transactions.
@@ -68,8 +63,7 @@ pub fn migrate(conn: &Connection) -> Result<()> {
     for (i, (name, sql)) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let version = i as i64 + 1;
         let tx = conn.unchecked_transaction()?;
-        tx.execute_batch(sql)
-            .with_context(|| format!("applying migration {name}"))?;
+        tx.execute_batch(sql).with_context(|| format!("applying migration {name}"))?;
         tx.execute_batch(&format!("PRAGMA user_version={version}"))?;
         tx.commit()?;
         tracing::info!(migration = name, version, "applied schema migration");
@@ -117,13 +111,9 @@ mod tests {
         let cfg = crate::config::Config::from_toml("").unwrap().storage;
         drop(open_writer(&path, &cfg).unwrap());
         let conn = open_writer(&path, &cfg).unwrap();
-        let v: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
+        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
         assert_eq!(v, MIGRATIONS.len() as i64);
-        let ok: String = conn
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
+        let ok: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
         assert_eq!(ok, "ok");
         let tables: Vec<String> = conn
             .prepare("SELECT name FROM sqlite_master WHERE type IN ('table','view')")
@@ -142,10 +132,7 @@ mod tests {
             "pauses",
             "audit",
         ]) {
-            assert!(
-                tables.iter().any(|x| x == t),
-                "table {t} missing from schema: {tables:?}"
-            );
+            assert!(tables.iter().any(|x| x == t), "table {t} missing from schema: {tables:?}");
         }
         // Record tables hold integers only except PM values: every column is INTEGER.
         for t in RECORD_TABLES.iter().filter(|t| **t != "pm_sample") {

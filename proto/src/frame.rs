@@ -30,10 +30,7 @@ impl fmt::Display for FrameError {
         match self {
             FrameError::Closed => write!(f, "connection closed"),
             FrameError::Truncated { expected, got } => {
-                write!(
-                    f,
-                    "truncated frame: expected {expected} bytes, got {got} before end of stream"
-                )
+                write!(f, "truncated frame: expected {expected} bytes, got {got} before end of stream")
             }
             FrameError::Oversized { len, max } => {
                 write!(f, "frame of {len} bytes exceeds the maximum of {max} bytes")
@@ -76,10 +73,7 @@ pub fn read_frame_into<R: Read>(r: &mut R, buf: &mut Vec<u8>, max: u32) -> Resul
         return Err(FrameError::Closed);
     }
     if n < 4 {
-        return Err(FrameError::Truncated {
-            expected: 4,
-            got: n,
-        });
+        return Err(FrameError::Truncated { expected: 4, got: n });
     }
     let len = u32::from_le_bytes(len_bytes);
     if len > max {
@@ -89,10 +83,7 @@ pub fn read_frame_into<R: Read>(r: &mut R, buf: &mut Vec<u8>, max: u32) -> Resul
     buf.resize(len as usize, 0);
     let got = read_full(r, buf)?;
     if got < len as usize {
-        return Err(FrameError::Truncated {
-            expected: len as usize,
-            got,
-        });
+        return Err(FrameError::Truncated { expected: len as usize, got });
     }
     Ok(())
 }
@@ -123,13 +114,7 @@ mod tests {
     use crate::agent::{AgentMessage, Hello, agent_message::Msg};
 
     fn hello() -> AgentMessage {
-        AgentMessage {
-            msg: Some(Msg::Hello(Hello {
-                pid: 42,
-                exe: "/usr/bin/python3".into(),
-                ..Default::default()
-            })),
-        }
+        AgentMessage { msg: Some(Msg::Hello(Hello { pid: 42, exe: "/usr/bin/python3".into(), ..Default::default() })) }
     }
 
     #[test]
@@ -142,10 +127,7 @@ mod tests {
             let m: AgentMessage = read_message(&mut r, DEFAULT_MAX_FRAME_BYTES).unwrap();
             assert_eq!(m, hello());
         }
-        assert!(matches!(
-            read_message::<AgentMessage, _>(&mut r, 1024),
-            Err(FrameError::Closed)
-        ));
+        assert!(matches!(read_message::<AgentMessage, _>(&mut r, 1024), Err(FrameError::Closed)));
     }
 
     #[test]
@@ -157,16 +139,7 @@ mod tests {
         let err = read_message::<AgentMessage, _>(&mut &buf[..buf.len() - 1], 1024).unwrap_err();
         assert!(matches!(err, FrameError::Truncated { .. }), "{err}");
         let err = read_message::<AgentMessage, _>(&mut &buf[..2], 1024).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                FrameError::Truncated {
-                    expected: 4,
-                    got: 2
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, FrameError::Truncated { expected: 4, got: 2 }), "{err}");
         let garbage = [5u8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff];
         let err = read_message::<AgentMessage, _>(&mut &garbage[..], 1024).unwrap_err();
         assert!(matches!(err, FrameError::Decode(_)), "{err}");
