@@ -1,0 +1,74 @@
+//! Settings read from the environment once, when the library initialises.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default agent socket of the daemon.
+pub const DEFAULT_SOCKET: &str = "/run/gpuprof/agent.sock";
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `GPUPROF_AGENT_SOCKET`.
+    pub socket: PathBuf,
+    /// `GPUPROF_BUFFER_KB`: size of each activity buffer handed to CUPTI.
+    pub buffer_bytes: usize,
+    /// `GPUPROF_MAX_BUFFERS`: cap on buffers alive at once (CUPTI drops records past it).
+    pub max_buffers: usize,
+    /// Default flush period while tracing (`TraceConfig.flush_interval_ms` overrides).
+    pub flush_interval: Duration,
+    /// Longest wait at exit for the last records to reach the daemon.
+    pub exit_timeout: Duration,
+    /// Longest reconnect backoff.
+    pub max_backoff: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            buffer_bytes: 4 << 20,
+            max_buffers: 64,
+            flush_interval: Duration::from_millis(250),
+            exit_timeout: Duration::from_millis(800),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Config {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Config {
+        let mut c = Config::default();
+        if let Some(s) = get("GPUPROF_AGENT_SOCKET").filter(|s| !s.is_empty()) {
+            c.socket = PathBuf::from(s);
+        }
+        if let Some(kb) = get("GPUPROF_BUFFER_KB").and_then(|s| s.parse::<usize>().ok()) {
+            c.buffer_bytes = kb.clamp(64, 64 << 10) << 10;
+        }
+        if let Some(n) = get("GPUPROF_MAX_BUFFERS").and_then(|s| s.parse::<usize>().ok()) {
+            c.max_buffers = n.clamp(2, 4096);
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn env_overrides_and_clamps() {
+        let c = Config::from_lookup(|k| match k {
+            "GPUPROF_AGENT_SOCKET" => Some("/tmp/x.sock".into()),
+            "GPUPROF_BUFFER_KB" => Some("1".into()),
+            "GPUPROF_MAX_BUFFERS" => Some("bogus".into()),
+            _ => None,
+        });
+        assert_eq!(c.socket, PathBuf::from("/tmp/x.sock"));
+        assert_eq!(c.buffer_bytes, 64 << 10);
+        assert_eq!(c.max_buffers, Config::default().max_buffers);
+        assert_eq!(Config::from_lookup(|_| None).socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+}

@@ -1,0 +1,164 @@
+//! Process-wide lifecycle: one initialisation per process (uninitialised → running → exited,
+//! or disabled in a forked child), the background thread, `atexit` and `pthread_atfork`.
+// Safety: registration of atexit/atfork handlers and closing an inherited descriptor in the
+// fork child (close is async-signal-safe).
+#![allow(unsafe_code)]
+
+use std::panic::catch_unwind;
+use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::agent::{Agent, Control, Identity};
+use crate::config::Config;
+use crate::log::log;
+use crate::tracer::{Backend, CuptiBackend, Shared, StartOutcome};
+use crate::wake::Wake;
+
+const UNINIT: u8 = 0;
+const RUNNING: u8 = 1;
+const EXITED: u8 = 2;
+const DISABLED: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// The daemon socket's descriptor, closed in fork children so the daemon sees the parent's
+/// connection end when the parent does.
+pub static SOCKET_FD: AtomicI32 = AtomicI32::new(-1);
+
+struct Global {
+    pid: u32,
+    control: Arc<Control>,
+    wake: Arc<Wake>,
+    exit_timeout: Duration,
+}
+
+static GLOBAL: OnceLock<Global> = OnceLock::new();
+
+/// Starts the injector once per process. Returns at once: CUPTI loading, device discovery
+/// and the daemon connection all happen on the background thread, so `cuInit` is not delayed.
+pub fn initialize() {
+    if STATE.compare_exchange(UNINIT, RUNNING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return;
+    }
+    if std::env::var_os("GPUPROF_DISABLE").is_some_and(|v| !v.is_empty() && v != "0") {
+        STATE.store(DISABLED, Ordering::SeqCst);
+        return;
+    }
+    let cfg = Config::from_env();
+    let Ok(wake) = Wake::new() else {
+        STATE.store(DISABLED, Ordering::SeqCst);
+        return;
+    };
+    let global = GLOBAL.get_or_init(|| Global {
+        pid: std::process::id(),
+        control: Arc::new(Control::default()),
+        wake: Arc::new(wake),
+        exit_timeout: cfg.exit_timeout,
+    });
+    // Safety: registering plain `extern "C"` functions of this library, which stays loaded.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(in_fork_child));
+    }
+    let control = global.control.clone();
+    let wake = global.wake.clone();
+    let spawned = std::thread::Builder::new().name("gpuprof-agent".into()).spawn(move || {
+        let control2 = control.clone();
+        let r = catch_unwind(std::panic::AssertUnwindSafe(move || background(cfg, wake, control)));
+        if r.is_err() {
+            log!(Error, "background thread panicked; gpuprof is off in this process");
+            STATE.store(DISABLED, Ordering::SeqCst);
+            control2.connected.store(false, Ordering::SeqCst);
+        }
+    });
+    if spawned.is_err() {
+        STATE.store(DISABLED, Ordering::SeqCst);
+    }
+}
+
+fn background(cfg: Config, wake: Arc<Wake>, control: Arc<Control>) {
+    let (tx, rx) = crossbeam_channel::bounded(cfg.max_buffers + 8);
+    let devices = crate::devices::query(Duration::from_secs(3));
+    let ident = Identity::of_this_process(devices);
+    match crate::cupti::shared() {
+        Ok(cupti) => {
+            log!(Info, "libcupti {} (version {})", cupti.path(), cupti.version());
+            let shared = crate::tracer::install(Arc::new(Shared {
+                pid: std::process::id(),
+                cupti: cupti.clone(),
+                pool: crate::pool::Pool::new(cfg.buffer_bytes, cfg.max_buffers),
+                tx,
+                wake: wake.clone(),
+                last_callback_ms: Default::default(),
+                cupti_dropped: Default::default(),
+                queue_dropped: Default::default(),
+                buffers_completed: Default::default(),
+                foreign_buffers: Default::default(),
+            }));
+            Agent::new(cfg, ident, CuptiBackend::new(shared), rx, wake, control).run();
+        }
+        Err(f) => {
+            log!(Warn, "CUPTI unusable: {}", f.message);
+            let backend = NoCupti { version: f.version, why: f.message.clone() };
+            Agent::new(cfg, ident, backend, rx, wake, control).run();
+        }
+    }
+}
+
+/// Stands in when libcupti is missing or of an unknown version: the process still says hello
+/// (so the daemon can show why), and every trace start fails with the reason.
+struct NoCupti {
+    version: u32,
+    why: String,
+}
+
+impl Backend for NoCupti {
+    fn cupti_version(&self) -> u32 {
+        self.version
+    }
+    fn start(&mut self, _cfg: &gpuprof_proto::agent::TraceConfig) -> StartOutcome {
+        StartOutcome::Failed(self.why.clone())
+    }
+    fn stop(&mut self) {}
+    fn tick(&mut self) -> Option<String> {
+        None
+    }
+    fn external_drops(&self) -> ([u64; 16], u64) {
+        ([0; 16], 0)
+    }
+}
+
+extern "C" fn at_exit() {
+    let _ = catch_unwind(|| {
+        let Some(g) = GLOBAL.get() else { return };
+        if g.pid != std::process::id() {
+            return;
+        }
+        if STATE.compare_exchange(RUNNING, EXITED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            return;
+        }
+        let ok = g.control.request_exit(&g.wake, g.exit_timeout);
+        log!(Debug, "exit flush {}", if ok { "done" } else { "timed out" });
+    });
+}
+
+/// Runs in the child right after fork: only async-signal-safe work. The child has no
+/// background thread; it never traces and leaves the parent's connection alone.
+extern "C" fn in_fork_child() {
+    STATE.store(DISABLED, Ordering::SeqCst);
+    let fd = SOCKET_FD.swap(-1, Ordering::SeqCst);
+    if fd >= 0 {
+        // Safety: the child's copy of the parent's socket; closing it affects only the child.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// The lifecycle state, for tests and logs.
+pub fn state_name() -> &'static str {
+    match STATE.load(Ordering::SeqCst) {
+        UNINIT => "uninitialized",
+        RUNNING => "running",
+        EXITED => "exited",
+        _ => "disabled",
+    }
+}
