@@ -1,0 +1,682 @@
+//! Per-device performance-monitor arbiter.
+//!
+//! The GPU performance monitor is exclusive per device: PM sampling, PC sampling, Nsight
+//! Compute and DCGM profiling each need it. The arbiter owns gpuprof's claim on it and gives
+//! it back on request: leases with a holder (background sampler 100, a session's PC sampling
+//! 200, an operator's pause 300), a reason and an expiry; preemption by priority; a queue;
+//! leases that die with their agent connection; an audit row for everything; pauses that
+//! survive a restart; and an "held externally" mark with backoff retries when an outside tool
+//! has the hardware.
+//!
+//! [`core`] is the pure state machine (driven by a clock passed in, model-tested);
+//! [`persist`] writes and reads its rows; this module wraps both for the daemon: an
+//! [`Arbiter`] shared by the API, and a driver task ([`run`]) that turns the core's events into
+//! commands to samplers and injectors, audit rows and PM stream markers.
+
+pub mod core;
+pub mod persist;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gpuprof_proto::agent::{self as wire, DaemonMessage, daemon_message};
+use gpuprof_proto::api as pb;
+use tokio::sync::{Notify, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use self::core::{ArbiterError, Core, Event, Holder, Lease, LeaseId, Nanos, Timing};
+use crate::Daemon;
+use crate::registry::AgentEvent;
+
+/// Where the arbiter gets the time from; tests pass a fake one.
+pub trait Clock: Send + Sync {
+    /// Nanoseconds since the Unix epoch.
+    fn now_ns(&self) -> Nanos;
+}
+
+/// The system's wall clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ns(&self) -> Nanos {
+        crate::agent::now_ns()
+    }
+}
+
+/// Pause limits.
+#[derive(Debug, Clone)]
+pub struct PauseLimits {
+    /// Used when a pause asks for no duration.
+    pub default_ttl: Duration,
+    /// Longest pause accepted.
+    pub max_ttl: Duration,
+}
+
+/// The arbiter shared by the API and the driver task.
+pub struct Arbiter {
+    core: Mutex<Core>,
+    clock: Arc<dyn Clock>,
+    limits: PauseLimits,
+    events: mpsc::UnboundedSender<Vec<Event>>,
+    events_rx: Mutex<Option<mpsc::UnboundedReceiver<Vec<Event>>>>,
+    wake: Notify,
+    markers: broadcast::Sender<pb::PmPaused>,
+}
+
+impl From<ArbiterError> for tonic::Status {
+    fn from(e: ArbiterError) -> Self {
+        match e {
+            ArbiterError::UnknownDevice(_) | ArbiterError::UnknownLease(_) => tonic::Status::not_found(e.to_string()),
+            ArbiterError::Invalid(_) => tonic::Status::invalid_argument(e.to_string()),
+        }
+    }
+}
+
+impl Arbiter {
+    /// A new arbiter with restored pauses; `startup` events (pauses that expired while the
+    /// daemon was down) are queued for the driver like any other.
+    pub fn new(
+        clock: Arc<dyn Clock>,
+        timing: Timing,
+        limits: PauseLimits,
+        restored: Vec<core::RestoredPause>,
+        max_lease_id: LeaseId,
+    ) -> Arbiter {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut core = Core::new(timing, max_lease_id);
+        let now = clock.now_ns();
+        let ev = core.restore(restored, now);
+        if !ev.is_empty() {
+            let _ = tx.send(ev);
+        }
+        Arbiter {
+            core: Mutex::new(core),
+            clock,
+            limits,
+            events: tx,
+            events_rx: Mutex::new(Some(rx)),
+            wake: Notify::new(),
+            markers: broadcast::channel(256).0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.clock.now_ns()
+    }
+
+    /// Runs `f` on the core under its lock and hands the events to the driver in order.
+    fn with_core<T>(&self, f: impl FnOnce(&mut Core, Nanos) -> (T, Vec<Event>)) -> T {
+        let now = self.clock.now_ns();
+        let mut core = self.lock();
+        let (out, ev) = f(&mut core, now);
+        if !ev.is_empty() {
+            let _ = self.events.send(ev);
+        }
+        drop(core);
+        self.wake.notify_one();
+        out
+    }
+
+    /// Starts managing `device` (its sampler asks for the monitor).
+    pub fn add_device(&self, device: u32) {
+        self.with_core(|c, now| ((), c.add_device(device, now)));
+    }
+
+    /// Devices managed, in order.
+    pub fn devices(&self) -> Vec<u32> {
+        self.lock().devices().map(|(d, _)| d).collect()
+    }
+
+    /// Pauses devices (all when `devices` is empty and `all` is set).
+    pub fn pause(
+        &self,
+        devices: &[u32],
+        all: bool,
+        uid: u32,
+        reason: &str,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<pb::Reservation>, tonic::Status> {
+        let ttl = ttl.filter(|t| !t.is_zero()).unwrap_or(self.limits.default_ttl);
+        if ttl > self.limits.max_ttl {
+            return Err(tonic::Status::invalid_argument(format!(
+                "duration_seconds: {} s is longer than the maximum pause of {} s (arbiter.max_pause)",
+                ttl.as_secs(),
+                self.limits.max_ttl.as_secs()
+            )));
+        }
+        let devices = self.resolve(devices, all)?;
+        let reason = if reason.trim().is_empty() { "paused by operator".to_string() } else { reason.to_string() };
+        let leases = self.with_core(|c, now| match c.pause(&devices, uid, &reason, ttl.as_nanos() as Nanos, now) {
+            Ok((l, ev)) => (Ok(l), ev),
+            Err(e) => (Err(e), Vec::new()),
+        })?;
+        Ok(leases.iter().map(|l| reservation(l, false)).collect())
+    }
+
+    /// Ends pauses; returns the devices that were paused.
+    pub fn resume(&self, devices: &[u32], all: bool, uid: u32) -> Result<Vec<u32>, tonic::Status> {
+        let devices = self.resolve(devices, all)?;
+        Ok(self.with_core(|c, now| match c.resume(&devices, uid, now) {
+            Ok((d, ev)) => (Ok(d), ev),
+            Err(e) => (Err(e), Vec::new()),
+        })?)
+    }
+
+    fn resolve(&self, devices: &[u32], all: bool) -> Result<Vec<u32>, tonic::Status> {
+        let managed = self.devices();
+        if managed.is_empty() {
+            return Err(tonic::Status::failed_precondition(
+                "this gpuprofd manages no GPU (none found, or [sampler] disabled); nothing to pause or resume",
+            ));
+        }
+        if all {
+            return Ok(managed);
+        }
+        if devices.is_empty() {
+            return Err(tonic::Status::invalid_argument("devices: name at least one GPU, or set all"));
+        }
+        let mut out = Vec::new();
+        for d in devices {
+            if !managed.contains(d) {
+                return Err(tonic::Status::not_found(format!(
+                    "devices: GPU {d} is not managed by this gpuprofd (managed: {})",
+                    managed.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            if !out.contains(d) {
+                out.push(*d);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Asks for PC sampling on a device for a session's process; the lease dies with the
+    /// process's connection. The driver sends StartPcSampling when it is granted.
+    pub fn request_pc_sampling(
+        &self,
+        device: u32,
+        holder: Holder,
+        reason: String,
+        ttl: Option<Duration>,
+    ) -> Result<LeaseId, ArbiterError> {
+        let conn = match &holder {
+            Holder::PcSampling { proc, .. } => Some(*proc),
+            _ => return Err(ArbiterError::Invalid("request_pc_sampling needs a PcSampling holder".into())),
+        };
+        self.with_core(|c, now| {
+            match c.request(device, holder, reason, ttl.map(|t| t.as_nanos() as Nanos), conn, now) {
+                Ok((id, ev)) => (Ok(id), ev),
+                Err(e) => (Err(e), Vec::new()),
+            }
+        })
+    }
+
+    /// Ends a lease (e.g. a session's PC sampling when the session stops).
+    pub fn release(&self, lease: LeaseId, actor: &str, reason: &str) -> Result<(), ArbiterError> {
+        self.with_core(|c, now| match c.release(lease, actor, reason, now) {
+            Ok(ev) => (Ok(()), ev),
+            Err(e) => (Err(e), Vec::new()),
+        })
+    }
+
+    /// The holder of `device` (lease `lease` if known) got CUPTI_ERROR_HARDWARE_BUSY (or 999
+    /// at PC sampling GetData): an outside tool holds the monitor.
+    pub fn external_busy(&self, device: u32, lease: Option<LeaseId>) {
+        self.with_core(|c, now| ((), c.external_busy(device, lease, now)));
+    }
+
+    /// The holder of `device` has the hardware.
+    pub fn external_clear(&self, device: u32) {
+        self.with_core(|c, _| ((), c.external_clear(device)));
+    }
+
+    /// Who holds each device and who waits.
+    pub fn reservations(&self) -> Vec<pb::DeviceReservations> {
+        let core = self.lock();
+        core.devices()
+            .map(|(device, s)| pb::DeviceReservations {
+                device,
+                holder: s.holder.as_ref().map(|l| reservation(l, s.external.is_some())),
+                waiting: s.waiting.iter().map(|l| reservation(l, false)).collect(),
+                held_externally: s.external.is_some(),
+            })
+            .collect()
+    }
+
+    /// A short state of one device's monitor for people: "sampling", "paused by uid 0 until ...".
+    pub fn monitor_state(&self, device: u32) -> String {
+        let core = self.lock();
+        let Some(s) = core.device(device) else {
+            return "unmanaged".into();
+        };
+        if s.external.is_some() {
+            return "held by an outside tool".into();
+        }
+        match &s.holder {
+            None => "free".into(),
+            Some(l) => match &l.holder {
+                Holder::Sampler => "sampler".into(),
+                Holder::PcSampling { .. } => format!("pc sampling ({})", l.holder.describe()),
+                Holder::Pause { .. } => {
+                    let left = l.expires_at.unwrap_or(0).saturating_sub(self.clock.now_ns()) / 1_000_000_000;
+                    format!("paused by {} for {left} s more: {}", l.holder.describe(), l.reason)
+                }
+            },
+        }
+    }
+
+    /// Paused markers for PM streams.
+    pub fn markers(&self) -> broadcast::Receiver<pb::PmPaused> {
+        self.markers.subscribe()
+    }
+
+    /// The marker for each device whose sampling is stopped now (for a new subscriber).
+    pub fn current_markers(&self) -> Vec<pb::PmPaused> {
+        let core = self.lock();
+        core.devices().filter_map(|(d, s)| paused_marker(d, s)).collect()
+    }
+
+    fn holder_of(&self, device: u32) -> Option<Lease> {
+        self.lock().holder(device).cloned()
+    }
+
+    fn sampler_lease(&self, device: u32) -> Option<LeaseId> {
+        self.holder_of(device).filter(|l| l.holder == Holder::Sampler).map(|l| l.id)
+    }
+
+    fn tick(&self) {
+        self.with_core(|c, now| ((), c.tick(now)));
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        self.lock().next_deadline()
+    }
+}
+
+fn reservation(l: &Lease, external: bool) -> pb::Reservation {
+    pb::Reservation {
+        device: l.device,
+        holder_kind: if external { "external".into() } else { l.holder.kind().into() },
+        holder: if external {
+            format!("an outside tool (CUPTI_ERROR_HARDWARE_BUSY); gpuprof's holder: {}", l.holder.describe())
+        } else {
+            l.holder.describe()
+        },
+        priority: l.priority,
+        reason: l.reason.clone(),
+        granted_at_ns: l.granted_at.unwrap_or(0),
+        expires_at_ns: l.expires_at.unwrap_or(0),
+        lease_id: l.id,
+    }
+}
+
+/// The marker describing why sampling on a device is stopped, if it is.
+fn paused_marker(device: u32, s: &core::DeviceState) -> Option<pb::PmPaused> {
+    if s.external.is_some() {
+        return Some(pb::PmPaused {
+            device,
+            holder: "an outside tool".into(),
+            reason: "another profiler (Nsight Compute, DCGM) holds the performance monitor; retrying".into(),
+            resumed: false,
+        });
+    }
+    match &s.holder {
+        Some(l) if l.holder == Holder::Sampler => None,
+        Some(l) => Some(pb::PmPaused { device, holder: l.holder.describe(), reason: l.reason.clone(), resumed: false }),
+        None => Some(pb::PmPaused { device, holder: String::new(), reason: "no holder".into(), resumed: false }),
+    }
+}
+
+/// The uid this daemon runs as (a daemon started by a user for itself obeys that user).
+fn daemon_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+/// Pause and resume are for operators: root, the admin group, or the daemon's own user.
+pub fn require_operator(caller: &crate::access::Caller, what: &str) -> Result<u32, tonic::Status> {
+    if caller.admin || (caller.authenticated && Some(caller.uid) == daemon_uid()) {
+        return Ok(caller.uid);
+    }
+    if !caller.authenticated {
+        return Err(tonic::Status::permission_denied(format!(
+            "only operators may {what}; this connection carries no user identity (TCP): use the api Unix socket"
+        )));
+    }
+    Err(tonic::Status::permission_denied(format!(
+        "only operators may {what}: uid {} is neither root nor in the admin group (api.admin_group)",
+        caller.uid
+    )))
+}
+
+/// Restores the arbiter from the database (before the writer thread takes the connection).
+pub fn open(conn: &rusqlite::Connection, config: &crate::config::Config) -> anyhow::Result<Arc<Arbiter>> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (pauses, max_lease) = persist::load(conn, clock.now_ns())?;
+    if !pauses.is_empty() {
+        tracing::info!(pauses = pauses.len(), "restoring operator pauses of the previous run");
+    }
+    let a = &config.arbiter;
+    let timing = Timing {
+        retry_initial: a.external_retry_initial.0.as_nanos() as Nanos,
+        retry_max: a.external_retry_max.0.as_nanos() as Nanos,
+    };
+    let limits = PauseLimits { default_ttl: a.default_pause.0, max_ttl: a.max_pause.0 };
+    Ok(Arc::new(Arbiter::new(clock, timing, limits, pauses, max_lease)))
+}
+
+/// Starts everything PM-related: the arbiter's driver, one sampler supervisor per GPU,
+/// retention, and the Prometheus endpoint when configured. Call before agents connect.
+pub async fn start(d: &Arc<Daemon>, shutdown: &CancellationToken) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let agents = d.registry.subscribe();
+    for dev in d.gpus.managed() {
+        d.arbiter.add_device(dev);
+    }
+    let mut tasks = vec![tokio::spawn(run(d.clone(), agents, shutdown.clone()))];
+    tasks.extend(crate::sampler::spawn_all(d, shutdown));
+    tasks.push(tokio::spawn(crate::retention::run(d.clone(), shutdown.clone())));
+    if let Some(l) = crate::prometheus::bind(d).await? {
+        tasks.push(tokio::spawn(crate::pmstream::track_latest(d.clone(), shutdown.clone())));
+        tasks.push(tokio::spawn(crate::prometheus::serve(l, d.clone(), shutdown.clone())));
+    }
+    let (n, note) = d.gpus.summary(&d.arbiter);
+    tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");
+    Ok(tasks)
+}
+
+/// What the driver last told each device's sampler.
+#[derive(Default)]
+struct SamplerLink {
+    /// Agent connection of the device's sampler.
+    conn: Option<u64>,
+    /// Last command sent: Some(true) start, Some(false) stop.
+    sent: Option<bool>,
+    /// Stream subscribers were told sampling is stopped.
+    marked_paused: bool,
+}
+
+/// The arbiter's driver: applies events (commands to agents, audit rows, markers), expires
+/// leases on time, and follows agent connections and sampler states. Runs until `shutdown`.
+pub async fn run(d: Arc<Daemon>, mut agents: broadcast::Receiver<AgentEvent>, shutdown: CancellationToken) {
+    let arb = d.arbiter.clone();
+    let Some(mut events) = arb.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        tracing::error!("arbiter driver started twice");
+        return;
+    };
+    // Rows are written by their own task, in order, so a busy writer never delays a command.
+    let (db_tx, db_rx) = mpsc::unbounded_channel::<(Vec<Event>, Nanos)>();
+    let persister = tokio::spawn(persist_task(d.clone(), db_rx));
+    let mut links: BTreeMap<u32, SamplerLink> = BTreeMap::new();
+    for a in d.registry.all() {
+        if a.kind == "sampler" {
+            links.entry(a.sampler_device).or_default().conn = Some(a.id);
+        }
+    }
+    sync_all(&d, &mut links);
+    loop {
+        let sleep_for = arb
+            .next_deadline()
+            .map(|t| Duration::from_nanos(t.saturating_sub(arb.now())))
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(batch) = events.recv() => {
+                handle(&d, &mut links, &batch);
+                let _ = db_tx.send((batch, arb.now()));
+            }
+            ev = agents.recv() => match ev {
+                Ok(ev) => on_agent_event(&d, &mut links, ev),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "arbiter missed agent events; resynchronizing");
+                    resync(&d, &mut links);
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
+            _ = arb.wake.notified() => {}
+            _ = tokio::time::sleep(sleep_for) => arb.tick(),
+        }
+    }
+    // Rows of events already applied still get written.
+    while let Ok(batch) = events.try_recv() {
+        let _ = db_tx.send((batch, arb.now()));
+    }
+    drop(db_tx);
+    let _ = persister.await;
+}
+
+async fn persist_task(d: Arc<Daemon>, mut rx: mpsc::UnboundedReceiver<(Vec<Event>, Nanos)>) {
+    while let Some((batch, now)) = rx.recv().await {
+        match d.writer.call(move |c| persist::apply(c, &batch, now)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "cannot write arbiter audit rows"),
+            Err(_) => {
+                tracing::warn!("database writer gone; arbiter rows not written");
+                return;
+            }
+        }
+    }
+}
+
+fn resync(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
+    for l in links.values_mut() {
+        l.conn = None;
+        l.sent = None;
+    }
+    for a in d.registry.all() {
+        if a.kind == "sampler" {
+            links.entry(a.sampler_device).or_default().conn = Some(a.id);
+        }
+    }
+    sync_all(d, links);
+}
+
+fn on_agent_event(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentEvent) {
+    match ev {
+        AgentEvent::Connected(a) if a.kind == "sampler" => {
+            let device = a.sampler_device;
+            if !d.arbiter.lock().is_managed(device) {
+                tracing::info!(device, "sampler connected for a GPU not yet managed; managing it");
+                d.arbiter.add_device(device);
+            }
+            let link = links.entry(device).or_default();
+            link.conn = Some(a.id);
+            link.sent = None;
+            d.gpus.set_connected(device, true);
+            sync(d, device, link);
+        }
+        AgentEvent::Connected(_) => {}
+        AgentEvent::Disconnected { id, reason } => {
+            for (device, link) in links.iter_mut() {
+                if link.conn == Some(id) {
+                    link.conn = None;
+                    link.sent = None;
+                    d.gpus.set_connected(*device, false);
+                    d.gpus.set_state(*device, "disconnected", &reason);
+                }
+            }
+            d.arbiter.with_core(|c, now| ((), c.connection_closed(id, now)));
+        }
+        AgentEvent::SamplerState { id, device, status, detail } => {
+            let Some(link) = links.get(&device) else {
+                return;
+            };
+            if link.conn != Some(id) {
+                return;
+            }
+            match wire::SamplerStatus::try_from(status) {
+                Ok(wire::SamplerStatus::Sampling) => {
+                    d.gpus.set_state(device, "sampling", &detail);
+                    d.arbiter.external_clear(device);
+                }
+                Ok(wire::SamplerStatus::Stopped) => d.gpus.set_state(device, "stopped", &detail),
+                Ok(wire::SamplerStatus::HardwareBusy) => {
+                    d.gpus.set_state(device, "hardware busy", &detail);
+                    let lease = d.arbiter.sampler_lease(device);
+                    if lease.is_some() {
+                        d.arbiter.external_busy(device, lease);
+                    }
+                }
+                Ok(wire::SamplerStatus::Failed) => {
+                    tracing::warn!(device, detail = %detail, "PM sampler failed");
+                    d.gpus.set_state(device, "failed", &detail);
+                }
+                _ => {}
+            }
+        }
+        AgentEvent::TraceState { .. } => {}
+    }
+}
+
+fn sync_all(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
+    for device in d.arbiter.devices() {
+        let link = links.entry(device).or_default();
+        sync(d, device, link);
+    }
+}
+
+/// Brings a device's sampler and stream marker in line with the arbiter's state.
+fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
+    let (want, marker) = {
+        let core = d.arbiter.lock();
+        let Some(s) = core.device(device) else {
+            return;
+        };
+        (s.holder.as_ref().is_some_and(|l| l.holder == Holder::Sampler), paused_marker(device, s))
+    };
+    if link.sent != Some(want)
+        && let Some(conn) = link.conn
+    {
+        if send_sampler(d, conn, want, "performance monitor lease revoked") {
+            link.sent = Some(want);
+        }
+    }
+    match marker {
+        Some(m) if !link.marked_paused => {
+            link.marked_paused = true;
+            let _ = d.arbiter.markers.send(m);
+        }
+        None if link.marked_paused => {
+            link.marked_paused = false;
+            let _ = d.arbiter.markers.send(pb::PmPaused {
+                device,
+                holder: "gpuprofd sampler".into(),
+                reason: "sampling resumed".into(),
+                resumed: true,
+            });
+        }
+        _ => {}
+    }
+}
+
+fn send_sampler(d: &Daemon, conn: u64, start: bool, why: &str) -> bool {
+    let Some(agent) = d.registry.get(conn) else {
+        return false;
+    };
+    let cfg = &d.config.sampler;
+    let msg = if start {
+        daemon_message::Msg::StartPmSampling(wire::StartPmSampling {
+            metrics: cfg.metrics.clone(),
+            interval_ns: cfg.interval.0.as_nanos() as u64,
+        })
+    } else {
+        daemon_message::Msg::StopPmSampling(wire::StopPmSampling { reason: why.to_string() })
+    };
+    let ok = agent.send(DaemonMessage { msg: Some(msg) });
+    if !ok {
+        tracing::warn!(conn, start, "cannot send a command to the sampler (queue full or gone)");
+    }
+    ok
+}
+
+fn send_pc(d: &Daemon, l: &Lease, start: bool, reason: &str) {
+    let Holder::PcSampling { session, proc, agent_device, period_log2, .. } = l.holder else {
+        return;
+    };
+    let Some(agent) = d.registry.get(proc) else {
+        return;
+    };
+    let msg = if start {
+        daemon_message::Msg::StartPcSampling(wire::StartPcSampling {
+            session_id: session,
+            device_id: agent_device,
+            period_log2,
+        })
+    } else {
+        daemon_message::Msg::StopPcSampling(wire::StopPcSampling {
+            session_id: session,
+            device_id: agent_device,
+            reason: reason.to_string(),
+        })
+    };
+    if !agent.send(DaemonMessage { msg: Some(msg) }) {
+        tracing::warn!(proc, start, "cannot send a PC sampling command (queue full or gone)");
+    }
+}
+
+/// Applies one batch of events: commands to PC-sampling holders, sampler sync, markers.
+fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
+    let mut touched: HashMap<u32, ()> = HashMap::new();
+    for e in batch {
+        match e {
+            Event::Granted { lease } => {
+                tracing::info!(device = lease.device, lease = lease.id, holder = %lease.holder.describe(), reason = %lease.reason, "performance monitor granted");
+                send_pc(d, lease, true, "");
+                touched.insert(lease.device, ());
+            }
+            Event::Revoked { lease, by, reason } => {
+                tracing::info!(device = lease.device, lease = lease.id, by, reason = %reason, holder = %lease.holder.describe(), "performance monitor revoked");
+                send_pc(d, lease, false, &format!("preempted: {reason}"));
+                touched.insert(lease.device, ());
+            }
+            Event::Released { lease, was_holder, reason, .. } => {
+                if *was_holder {
+                    send_pc(d, lease, false, reason);
+                }
+                tracing::info!(device = lease.device, lease = lease.id, holder = %lease.holder.describe(), reason = %reason, "lease released");
+                touched.insert(lease.device, ());
+            }
+            Event::Expired { lease, was_holder } => {
+                if *was_holder {
+                    send_pc(d, lease, false, "lease expired");
+                }
+                tracing::info!(device = lease.device, lease = lease.id, holder = %lease.holder.describe(), "lease expired");
+                touched.insert(lease.device, ());
+            }
+            Event::Retry { device, lease } => {
+                match lease.holder {
+                    Holder::Sampler => {
+                        if let Some(conn) = links.get(device).and_then(|l| l.conn) {
+                            send_sampler(d, conn, true, "");
+                        }
+                    }
+                    Holder::PcSampling { .. } => send_pc(d, lease, true, ""),
+                    Holder::Pause { .. } => {}
+                }
+                touched.insert(*device, ());
+            }
+            Event::ExternalBusy { device, attempts, retry_at, .. } => {
+                if *attempts == 1 {
+                    tracing::warn!(device, "an outside tool holds the performance monitor; retrying with backoff");
+                }
+                tracing::debug!(device, attempts, retry_at, "hardware busy");
+                touched.insert(*device, ());
+            }
+            Event::ExternalCleared { device } => {
+                touched.insert(*device, ());
+            }
+            Event::Queued { lease } | Event::Extended { lease, .. } => {
+                touched.insert(lease.device, ());
+            }
+        }
+    }
+    for device in touched.into_keys() {
+        let link = links.entry(device).or_default();
+        sync(d, device, link);
+    }
+}

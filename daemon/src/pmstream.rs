@@ -1,0 +1,366 @@
+//! Live PM samples for `StreamPmSamples` subscribers.
+//!
+//! Sampler connections publish every batch on `Daemon::pm_samples` (a broadcast ring).
+//! Each subscriber has its own forwarding task that filters (devices, metrics), optionally
+//! averages over `downsample_ms`, and `try_send`s into the subscriber's bounded gRPC queue.
+//! A subscriber that falls behind (its queue full, or the ring overtaking it) is dropped:
+//! its stream ends with RESOURCE_EXHAUSTED, and nobody else waits for it. Paused markers
+//! from the arbiter are interleaved, so a pause is an explicit event, not a silent gap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use gpuprof_proto::agent::PmSampleBatch;
+use gpuprof_proto::api as pb;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use crate::Daemon;
+
+/// Messages a subscriber may have queued before it counts as too slow (about 4 s of one
+/// GPU at 1 kHz).
+pub const SUBSCRIBER_QUEUE: usize = 4096;
+/// Longest downsampling window accepted.
+const MAX_DOWNSAMPLE_MS: u32 = 3_600_000;
+
+/// Counters and the latest values, for status and the Prometheus endpoint.
+#[derive(Default)]
+pub struct PmHub {
+    /// Subscribers streaming now.
+    pub subscribers: AtomicU64,
+    /// Subscribers dropped for being too slow, since start.
+    pub dropped_subscribers: AtomicU64,
+    /// Messages queued to subscribers, since start.
+    pub messages_sent: AtomicU64,
+    latest: Mutex<BTreeMap<u32, Latest>>,
+}
+
+/// The last sample of one device.
+#[derive(Debug, Clone, Default)]
+pub struct Latest {
+    pub metrics: Vec<String>,
+    pub values: Vec<f64>,
+    pub end_ns: u64,
+    pub samples: u64,
+}
+
+impl PmHub {
+    /// Remembers the last sample of a batch.
+    pub fn record_latest(&self, b: &PmSampleBatch) {
+        let Some(s) = b.samples.last() else {
+            return;
+        };
+        let mut m = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        let l = m.entry(b.device_id).or_default();
+        if l.metrics != b.metrics {
+            l.metrics = b.metrics.clone();
+        }
+        l.values.clone_from(&s.values);
+        l.end_ns = s.end_ns;
+        l.samples += b.samples.len() as u64;
+    }
+
+    pub fn latest(&self) -> BTreeMap<u32, Latest> {
+        self.latest.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Keeps `PmHub::latest` current (only run when something reads it, e.g. Prometheus).
+pub async fn track_latest(d: Arc<Daemon>, shutdown: tokio_util::sync::CancellationToken) {
+    let mut rx = d.pm_samples.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = rx.recv() => match r {
+                Ok(b) => d.pm.record_latest(&b.1),
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}
+
+type Item = Result<pb::StreamPmSamplesResponse, Status>;
+
+/// Running averages of one device over one downsampling window.
+struct Window {
+    start_ns: u64,
+    end_ns: u64,
+    sums: Vec<f64>,
+    n: u64,
+}
+
+/// One subscriber's filter and state.
+struct Subscriber {
+    devices: Vec<u32>,
+    metrics: Vec<String>,
+    downsample_ns: u64,
+    /// Per metric list seen (by pointer-equal contents): indices of the wanted metrics.
+    index_cache: HashMap<Vec<String>, Vec<usize>>,
+    windows: HashMap<u32, Window>,
+    tx: mpsc::Sender<Item>,
+}
+
+/// Why a subscriber stopped.
+enum End {
+    /// The client went away.
+    Gone,
+    /// Too slow: dropped.
+    Slow(String),
+}
+
+impl Subscriber {
+    fn wants(&self, device: u32) -> bool {
+        self.devices.is_empty() || self.devices.contains(&device)
+    }
+
+    fn send(&self, hub: &PmHub, m: pb::StreamPmSamplesResponse) -> Result<(), End> {
+        // One slot stays free for the error that tells a dropped subscriber why.
+        if self.tx.capacity() <= 1 {
+            return Err(End::Slow(format!(
+                "subscriber fell {} messages behind; dropped (read faster or use downsample_ms)",
+                SUBSCRIBER_QUEUE - 1
+            )));
+        }
+        match self.tx.try_send(Ok(m)) {
+            Ok(()) => {
+                hub.messages_sent.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(End::Slow("subscriber queue full; dropped".into())),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(End::Gone),
+        }
+    }
+
+    fn indices(&mut self, metrics: &[String]) -> Vec<usize> {
+        if let Some(v) = self.index_cache.get(metrics) {
+            return v.clone();
+        }
+        let v: Vec<usize> = if self.metrics.is_empty() {
+            (0..metrics.len()).collect()
+        } else {
+            self.metrics.iter().filter_map(|w| metrics.iter().position(|m| m == w)).collect()
+        };
+        self.index_cache.insert(metrics.to_vec(), v.clone());
+        v
+    }
+
+    fn point(device: u32, start_ns: u64, end_ns: u64, metrics: &[String], idx: &[usize], vals: &[f64]) -> pb::StreamPmSamplesResponse {
+        pb::StreamPmSamplesResponse {
+            event: Some(pb::stream_pm_samples_response::Event::Sample(pb::PmSamplePoint {
+                device,
+                start_ns,
+                end_ns,
+                values: idx
+                    .iter()
+                    .map(|&i| pb::PmValue { metric: metrics[i].clone(), value: vals.get(i).copied().unwrap_or(0.0) })
+                    .collect(),
+            })),
+        }
+    }
+
+    fn on_batch(&mut self, hub: &PmHub, b: &PmSampleBatch) -> Result<(), End> {
+        if !self.wants(b.device_id) {
+            return Ok(());
+        }
+        let idx = self.indices(&b.metrics);
+        if idx.is_empty() {
+            return Ok(());
+        }
+        for s in &b.samples {
+            if self.downsample_ns == 0 {
+                self.send(hub, Self::point(b.device_id, s.start_ns, s.end_ns, &b.metrics, &idx, &s.values))?;
+                continue;
+            }
+            let w = self.windows.entry(b.device_id).or_insert_with(|| Window {
+                start_ns: s.start_ns,
+                end_ns: s.end_ns,
+                sums: vec![0.0; b.metrics.len()],
+                n: 0,
+            });
+            if w.sums.len() != b.metrics.len() {
+                *w = Window { start_ns: s.start_ns, end_ns: s.end_ns, sums: vec![0.0; b.metrics.len()], n: 0 };
+            }
+            for (acc, v) in w.sums.iter_mut().zip(&s.values) {
+                *acc += v;
+            }
+            w.n += 1;
+            w.end_ns = s.end_ns;
+            if w.end_ns.saturating_sub(w.start_ns) >= self.downsample_ns {
+                let avg: Vec<f64> = w.sums.iter().map(|x| x / w.n as f64).collect();
+                let m = Self::point(b.device_id, w.start_ns, w.end_ns, &b.metrics, &idx, &avg);
+                self.windows.remove(&b.device_id);
+                self.send(hub, m)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_marker(&mut self, hub: &PmHub, m: pb::PmPaused) -> Result<(), End> {
+        if !self.wants(m.device) {
+            return Ok(());
+        }
+        // A partial window must not average across a pause.
+        self.windows.remove(&m.device);
+        self.send(hub, pb::StreamPmSamplesResponse { event: Some(pb::stream_pm_samples_response::Event::Paused(m)) })
+    }
+}
+
+/// Starts a subscription; the returned stream yields samples and paused markers.
+pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<ReceiverStream<Item>, Status> {
+    if req.downsample_ms > MAX_DOWNSAMPLE_MS {
+        return Err(Status::invalid_argument(format!(
+            "downsample_ms: {} is more than the maximum {MAX_DOWNSAMPLE_MS}",
+            req.downsample_ms
+        )));
+    }
+    let managed = d.arbiter.devices();
+    if let Some(x) = req.devices.iter().find(|x| !managed.contains(x)) {
+        return Err(Status::not_found(format!(
+            "devices: GPU {x} is not managed by this gpuprofd (managed: {})",
+            if managed.is_empty() {
+                "none".to_string()
+            } else {
+                managed.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            }
+        )));
+    }
+    let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
+    // Subscribe before answering, so nothing published after the call returns is missed.
+    let mut samples = d.pm_samples.subscribe();
+    let mut markers = d.arbiter.markers();
+    let initial = d.arbiter.current_markers();
+    let mut sub = Subscriber {
+        devices: req.devices,
+        metrics: req.metrics,
+        downsample_ns: u64::from(req.downsample_ms) * 1_000_000,
+        index_cache: HashMap::new(),
+        windows: HashMap::new(),
+        tx,
+    };
+    let d = d.clone();
+    d.pm.subscribers.fetch_add(1, Relaxed);
+    tokio::spawn(async move {
+        let hub = &d.pm;
+        let closed = sub.tx.clone();
+        let mut end = Ok(());
+        for m in initial {
+            if let Err(e) = sub.on_marker(hub, m) {
+                end = Err(e);
+            }
+        }
+        while end.is_ok() {
+            tokio::select! {
+                _ = closed.closed() => end = Err(End::Gone),
+                _ = d.shutdown.cancelled() => {
+                    let _ = sub.tx.try_send(Err(Status::unavailable("gpuprofd is shutting down")));
+                    break;
+                }
+                r = samples.recv() => match r {
+                    Ok(b) => end = sub.on_batch(hub, &b.1),
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        end = Err(End::Slow(format!("subscriber fell {n} sample batches behind; dropped")));
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                m = markers.recv() => match m {
+                    Ok(m) => end = sub.on_marker(hub, m),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+        if let Err(End::Slow(why)) = end {
+            hub.dropped_subscribers.fetch_add(1, Relaxed);
+            tracing::info!(reason = %why, "dropping a slow PM stream subscriber");
+            let _ = sub.tx.try_send(Err(Status::resource_exhausted(why)));
+        }
+        hub.subscribers.fetch_sub(1, Relaxed);
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+/// `StreamPcSamples`: the session's aggregated PC samples, polled from the database once a
+/// second; each message carries the rows whose counts changed (counts are totals).
+pub fn pc_stream(
+    d: &Arc<Daemon>,
+    session_id: u64,
+    caller: &crate::access::Caller,
+) -> Result<ReceiverStream<Result<pb::StreamPcSamplesResponse, Status>>, Status> {
+    let reader = crate::store::open_reader(&d.db_path).map_err(|e| Status::unavailable(format!("{e:#}")))?;
+    let owner: Option<u32> = reader
+        .query_row("SELECT owner_uid FROM sessions WHERE id = ?1", [session_id as i64], |r| r.get(0))
+        .ok();
+    let Some(owner) = owner else {
+        return Err(Status::not_found(format!("session_id: no session {session_id}")));
+    };
+    if !caller.may_access(owner) {
+        return Err(Status::permission_denied(format!(
+            "session {session_id} belongs to uid {owner}; uid {} may only stream its own sessions",
+            caller.uid
+        )));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let shutdown = d.shutdown.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut seen: HashMap<(i64, i64, i64, i64), i64> = HashMap::new();
+        loop {
+            let rows = pc_rows(&reader, session_id);
+            let state: String = reader
+                .query_row("SELECT state FROM sessions WHERE id = ?1", [session_id as i64], |r| r.get(0))
+                .unwrap_or_default();
+            let rows = match rows {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(Status::internal(format!("reading PC samples: {e}"))));
+                    return;
+                }
+            };
+            let mut changed = Vec::new();
+            for (key, row) in rows {
+                if seen.get(&key) != Some(&(row.count as i64)) {
+                    seen.insert(key, row.count as i64);
+                    changed.push(row);
+                }
+            }
+            for chunk in changed.chunks(1000) {
+                if tx.blocking_send(Ok(pb::StreamPcSamplesResponse { samples: chunk.to_vec() })).is_err() {
+                    return;
+                }
+            }
+            let open = matches!(state.as_str(), "pending" | "active" | "stopping");
+            if !open || shutdown.is_cancelled() || tx.is_closed() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+type PcKey = (i64, i64, i64, i64);
+
+fn pc_rows(c: &rusqlite::Connection, session: u64) -> rusqlite::Result<Vec<(PcKey, pb::PcSampleRow)>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT p.proc, p.function, p.pc, p.stall, COALESCE(f.value, ''), COALESCE(s.value, ''), p.count
+         FROM pc_sample p LEFT JOIN strings f ON f.id = p.function LEFT JOIN strings s ON s.id = p.stall
+         WHERE p.session = ?1",
+    )?;
+    let rows = stmt.query_map([session as i64], |r| {
+        let key: PcKey = (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
+        Ok((
+            key,
+            pb::PcSampleRow {
+                process_id: key.0 as u64,
+                function_name: r.get(4)?,
+                pc_offset: key.2 as u64,
+                stall_reason: r.get(5)?,
+                count: r.get::<_, i64>(6)? as u64,
+            },
+        ))
+    })?;
+    rows.collect()
+}
