@@ -284,9 +284,6 @@ impl Writer {
                         self.stats.add_ingested(k, pending[k.index()]);
                     }
                 }
-                if self.in_txn && !self.stats.storage_error().is_empty() {
-                    self.stats.set_storage_error(String::new());
-                }
             }
             Err(msg) => {
                 if self.in_txn {
@@ -297,7 +294,8 @@ impl Writer {
                     self.stats.kind(k).dropped_by_daemon.fetch_add(pending[k.index()], Relaxed);
                 }
                 tracing::error!(error = %msg, lost_records = lost, "storage error: transaction rolled back");
-                self.stats.set_storage_error(format!("{msg} ({lost} records lost)"));
+                // Kept until restart (not cleared by a later successful commit): records were lost.
+                self.stats.set_storage_error(format!("{msg} ({lost} records lost at unix time {}s)", crate::agent::now_ns() / 1_000_000_000));
             }
         }
         self.stats.queued_records.fetch_sub(self.pending_total, Relaxed);

@@ -11,7 +11,10 @@ use rusqlite::Connection;
 use crate::config::StorageConfig;
 
 /// Schema migrations, in order. Index + 1 is the `user_version` after applying it.
-pub const MIGRATIONS: &[(&str, &str)] = &[("0001_init.sql", include_str!("../../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
+    ("0002_sessions.sql", include_str!("../../migrations/0002_sessions.sql")),
+];
 
 /// Opens (creating if needed) the database for writing and brings the schema up to date.
 pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
@@ -36,6 +39,11 @@ pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
         cfg.wal_autocheckpoint_pages
     ))?;
     migrate(&conn)?;
+    if cfg.max_database_mib > 0 {
+        let page: u64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        let pages = (cfg.max_database_mib << 20) / page.max(512);
+        let _: i64 = conn.query_row(&format!("PRAGMA max_page_count={pages}"), [], |r| r.get(0))?;
+    }
     Ok(conn)
 }
 

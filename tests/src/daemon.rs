@@ -51,6 +51,11 @@ impl TestDaemon {
 
     /// Like [`start`](Self::start) with extra command-line arguments.
     pub fn start_with(state_dir: &Path, args: &[&str]) -> Result<TestDaemon> {
+        Self::start_opts(state_dir, args, &[])
+    }
+
+    /// Like [`start`](Self::start) with extra arguments and environment variables.
+    pub fn start_opts(state_dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<TestDaemon> {
         std::fs::create_dir_all(state_dir)?;
         let log = state_dir.join("gpuprofd.log");
         let logf = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
@@ -58,6 +63,7 @@ impl TestDaemon {
             .arg("--state-dir")
             .arg(state_dir)
             .args(args)
+            .envs(envs.iter().copied())
             .env("GPUPROF_LOG", std::env::var("GPUPROF_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -210,3 +210,91 @@ fn check_config_names_the_bad_key() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn agent_drop_reports_show_in_status_and_database() {
+    use gpuprof_proto::agent::{DropCount, DropReport, RecordKind};
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let mut a = FakeAgent::connect(&d.agent_socket, 3, Mix::default()).unwrap();
+    let report = |k: &[(RecordKind, u64)]| {
+        Msg::Drops(DropReport {
+            counts: k.iter().map(|(kind, n)| DropCount { kind: *kind as i32, dropped: *n }).collect(),
+        })
+    };
+    a.send(report(&[(RecordKind::Kernel, 5), (RecordKind::Api, 3)])).unwrap();
+    a.send(report(&[(RecordKind::Kernel, 12)])).unwrap();
+    let proc = a.process_id;
+    a.flush().unwrap();
+    let t = Instant::now();
+    loop {
+        let st = d.status().unwrap();
+        if st["records"]["kernel"]["dropped"] == 12 && st["records"]["api"]["dropped"] == 3 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "drops not reported: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.goodbye().unwrap();
+    let db_path = d.db_path();
+    assert_eq!(d.terminate().unwrap(), 0);
+    let db = rusqlite::Connection::open(db_path).unwrap();
+    let n: i64 = db
+        .query_row("SELECT dropped FROM drops WHERE proc = ?1 AND kind = 'kernel'", [proc as i64], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 12);
+}
+
+#[test]
+fn full_database_is_reported_not_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("small.toml");
+    std::fs::write(&cfg, "[storage]\nmax_database_mib = 1\n").unwrap();
+    let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap()]).unwrap();
+    let mut a = FakeAgent::connect(&d.agent_socket, 5, Mix::default()).unwrap();
+    a.send_records(200_000, 1000, 0.0, 0).unwrap();
+    let t = Instant::now();
+    let st = loop {
+        let st = d.status().unwrap();
+        let total: u64 = st["records"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v["ingested"].as_u64().unwrap() + v["dropped"].as_u64().unwrap())
+            .sum();
+        if total >= 200_000 {
+            break st;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "records neither stored nor counted as dropped: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = st["storage_error"].as_str().unwrap();
+    assert!(err.contains("full"), "storage error is shown: {st}");
+    let dropped: u64 = st["records"].as_object().unwrap().values().map(|v| v["dropped"].as_u64().unwrap()).sum();
+    assert!(dropped > 0, "{st}");
+    // The connection and the daemon survive: more records are accepted (and counted).
+    a.send_records(1000, 1000, 0.0, 0).unwrap();
+    a.goodbye().unwrap();
+    let out = d.ctl(&["status"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("STORAGE ERROR"));
+    assert_eq!(d.terminate().unwrap(), 0);
+}
+
+#[test]
+fn systemd_readiness_and_stopping_are_notified() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let d = TestDaemon::start_opts(&dir.path().join("state"), &[], &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())])
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = notify.recv(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("READY=1"));
+    // Ready means the sockets are up and the schema is applied.
+    assert!(d.status().is_ok());
+    let code = d.terminate().unwrap();
+    let n = notify.recv(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
+    assert_eq!(code, 0);
+}
