@@ -210,11 +210,8 @@ pub async fn pm(client: &mut GpuprofClient<Channel>, cmd: PmCmd, json: bool) -> 
                         println!("{:<24} {:>3}  {}", "TIME", "GPU", names.join("  "));
                         header = Some(names);
                     }
-                    let vals: Vec<String> = s
-                        .values
-                        .iter()
-                        .map(|v| format!("{:>w$.2}", v.value, w = v.metric.len()))
-                        .collect();
+                    let vals: Vec<String> =
+                        s.values.iter().map(|v| format!("{:>w$.2}", v.value, w = v.metric.len())).collect();
                     println!("{:<24} {:>3}  {}", time_of(s.end_ns), s.device, vals.join("  "));
                 }
                 if a.count > 0 && seen >= a.count {

@@ -20,9 +20,6 @@ use tonic::Status;
 
 use crate::Daemon;
 
-/// Messages a subscriber may have queued before it counts as too slow (about 4 s of one
-/// GPU at 1 kHz).
-pub const SUBSCRIBER_QUEUE: usize = 4096;
 /// Longest downsampling window accepted.
 const MAX_DOWNSAMPLE_MS: u32 = 3_600_000;
 
@@ -102,6 +99,7 @@ struct Subscriber {
     index_cache: HashMap<Vec<String>, Vec<usize>>,
     windows: HashMap<u32, Window>,
     tx: mpsc::Sender<Item>,
+    queue: usize,
 }
 
 /// Why a subscriber stopped.
@@ -122,7 +120,7 @@ impl Subscriber {
         if self.tx.capacity() <= 1 {
             return Err(End::Slow(format!(
                 "subscriber fell {} messages behind; dropped (read faster or use downsample_ms)",
-                SUBSCRIBER_QUEUE - 1
+                self.queue - 1
             )));
         }
         match self.tx.try_send(Ok(m)) {
@@ -148,7 +146,14 @@ impl Subscriber {
         v
     }
 
-    fn point(device: u32, start_ns: u64, end_ns: u64, metrics: &[String], idx: &[usize], vals: &[f64]) -> pb::StreamPmSamplesResponse {
+    fn point(
+        device: u32,
+        start_ns: u64,
+        end_ns: u64,
+        metrics: &[String],
+        idx: &[usize],
+        vals: &[f64],
+    ) -> pb::StreamPmSamplesResponse {
         pb::StreamPmSamplesResponse {
             event: Some(pb::stream_pm_samples_response::Event::Sample(pb::PmSamplePoint {
                 device,
@@ -228,7 +233,8 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
             }
         )));
     }
-    let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
+    let queue = d.config.sampler.stream_queue;
+    let (tx, rx) = mpsc::channel(queue);
     // Subscribe before answering, so nothing published after the call returns is missed.
     let mut samples = d.pm_samples.subscribe();
     let mut markers = d.arbiter.markers();
@@ -240,6 +246,7 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
         index_cache: HashMap::new(),
         windows: HashMap::new(),
         tx,
+        queue,
     };
     let d = d.clone();
     d.pm.subscribers.fetch_add(1, Relaxed);
@@ -291,9 +298,8 @@ pub fn pc_stream(
     caller: &crate::access::Caller,
 ) -> Result<ReceiverStream<Result<pb::StreamPcSamplesResponse, Status>>, Status> {
     let reader = crate::store::open_reader(&d.db_path).map_err(|e| Status::unavailable(format!("{e:#}")))?;
-    let owner: Option<u32> = reader
-        .query_row("SELECT owner_uid FROM sessions WHERE id = ?1", [session_id as i64], |r| r.get(0))
-        .ok();
+    let owner: Option<u32> =
+        reader.query_row("SELECT owner_uid FROM sessions WHERE id = ?1", [session_id as i64], |r| r.get(0)).ok();
     let Some(owner) = owner else {
         return Err(Status::not_found(format!("session_id: no session {session_id}")));
     };

@@ -107,7 +107,12 @@ pub fn render(d: &Daemon) -> String {
         let paused = r.holder.as_ref().is_some_and(|h| h.holder_kind == "pause");
         let _ = writeln!(o, "gpuprof_gpu_paused{{gpu=\"{}\"}} {}", r.device, u8::from(paused));
     }
-    family(&mut o, "gpuprof_gpu_held_externally", "gauge", "1 while an outside tool holds the GPU's performance monitor.");
+    family(
+        &mut o,
+        "gpuprof_gpu_held_externally",
+        "gauge",
+        "1 while an outside tool holds the GPU's performance monitor.",
+    );
     for r in &res {
         let _ = writeln!(o, "gpuprof_gpu_held_externally{{gpu=\"{}\"}} {}", r.device, u8::from(r.held_externally));
     }
@@ -121,7 +126,8 @@ pub fn render(d: &Daemon) -> String {
     let _ = writeln!(o, "gpuprof_connected_agents {}", s.connected_agents.load(Relaxed));
     family(&mut o, "gpuprof_records_ingested_total", "counter", "Records committed to the database, per kind.");
     for k in Kind::ALL {
-        let _ = writeln!(o, "gpuprof_records_ingested_total{{kind=\"{}\"}} {}", k.name(), s.kind(k).ingested.load(Relaxed));
+        let _ =
+            writeln!(o, "gpuprof_records_ingested_total{{kind=\"{}\"}} {}", k.name(), s.kind(k).ingested.load(Relaxed));
     }
     family(&mut o, "gpuprof_records_dropped_total", "counter", "Records lost (by agents and by the daemon), per kind.");
     for k in Kind::ALL {

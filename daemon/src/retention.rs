@@ -21,12 +21,11 @@ const STEP_NS: i64 = 10_000_000_000;
 pub fn rollup_step(c: &mut Connection, cutoff: i64, width: i64) -> rusqlite::Result<bool> {
     let width = width.max(1);
     let tx = c.transaction()?;
-    let mut device: Option<i64> = tx.query_row("SELECT MIN(device) FROM pm_sample", [], |r| r.get(0)).optional()?.flatten();
+    let mut device: Option<i64> =
+        tx.query_row("SELECT MIN(device) FROM pm_sample", [], |r| r.get(0)).optional()?.flatten();
     while let Some(dev) = device {
-        let lo: Option<i64> = tx
-            .query_row("SELECT MIN(ts) FROM pm_sample WHERE device = ?1", [dev], |r| r.get(0))
-            .optional()?
-            .flatten();
+        let lo: Option<i64> =
+            tx.query_row("SELECT MIN(ts) FROM pm_sample WHERE device = ?1", [dev], |r| r.get(0)).optional()?.flatten();
         if let Some(lo) = lo.filter(|lo| *lo < cutoff) {
             let lo = lo - lo.rem_euclid(width);
             let step = STEP_NS.max(width) / width * width;

@@ -81,10 +81,7 @@ struct Model {
 
 impl Model {
     fn holder(&self, device: u32) -> Option<&MLease> {
-        self.leases
-            .iter()
-            .filter(|l| l.device == device)
-            .min_by_key(|l| (std::cmp::Reverse(l.prio), l.requested, l.id))
+        self.leases.iter().filter(|l| l.device == device).min_by_key(|l| (std::cmp::Reverse(l.prio), l.requested, l.id))
     }
 
     fn waiting(&self, device: u32) -> Vec<LeaseId> {
@@ -185,8 +182,12 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
-        let mut h =
-            Harness { core: Core::new(timing(), 0), model: Model { now: T0, ..Default::default() }, obs: Observer::default(), db: db() };
+        let mut h = Harness {
+            core: Core::new(timing(), 0),
+            model: Model { now: T0, ..Default::default() },
+            obs: Observer::default(),
+            db: db(),
+        };
         for d in DEVICES {
             let ev = h.core.add_device(d, T0);
             h.model.learn(&ev);
@@ -267,7 +268,8 @@ impl Harness {
             }
             Op::Release { pick } => {
                 // Release a non-sampler lease (the sampler's lives as long as the daemon).
-                let candidates: Vec<LeaseId> = self.model.leases.iter().filter(|l| l.prio != 100).map(|l| l.id).collect();
+                let candidates: Vec<LeaseId> =
+                    self.model.leases.iter().filter(|l| l.prio != 100).map(|l| l.id).collect();
                 if candidates.is_empty() {
                     return;
                 }
@@ -365,8 +367,14 @@ impl Harness {
         assert_eq!(count("expire"), self.obs.expiries);
         assert_eq!(count("release") + count("resume"), self.obs.releases);
         // Open pause rows are exactly the live pauses.
-        let mut open: Vec<i64> =
-            self.db.prepare("SELECT id FROM pauses WHERE ended_ns IS NULL").unwrap().query_map([], |r| r.get(0)).unwrap().map(|r| r.unwrap()).collect();
+        let mut open: Vec<i64> = self
+            .db
+            .prepare("SELECT id FROM pauses WHERE ended_ns IS NULL")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
         open.sort();
         let mut live: Vec<i64> = self.model.leases.iter().filter(|l| l.pause).map(|l| l.id as i64).collect();
         live.sort();
@@ -402,7 +410,9 @@ fn preemption_queue_and_comeback() {
     };
     // A session's PC sampling preempts the sampler, which waits.
     let (pc1, ev) = c.request(0, pc(1), "session 7".into(), None, Some(1), T0).unwrap();
-    assert!(matches!(&ev[..], [Event::Revoked { lease, by, .. }, Event::Granted { lease: g }] if lease.id == sampler && *by == pc1 && g.id == pc1));
+    assert!(
+        matches!(&ev[..], [Event::Revoked { lease, by, .. }, Event::Granted { lease: g }] if lease.id == sampler && *by == pc1 && g.id == pc1)
+    );
     // A second session of equal priority queues behind the first.
     let (pc2, ev) = c.request(0, pc(2), "session 8".into(), None, Some(2), T0 + 1).unwrap();
     assert!(matches!(&ev[..], [Event::Queued { lease }] if lease.id == pc2));
@@ -429,7 +439,9 @@ fn pause_expires_by_itself() {
     assert_eq!(c.next_deadline(), Some(T0 + 5 * S));
     assert!(c.tick(T0 + 5 * S - 1).is_empty());
     let ev = c.tick(T0 + 5 * S);
-    assert!(matches!(&ev[..], [Event::Expired { was_holder: true, .. }, Event::Granted { lease }] if lease.holder == Holder::Sampler));
+    assert!(
+        matches!(&ev[..], [Event::Expired { was_holder: true, .. }, Event::Granted { lease }] if lease.holder == Holder::Sampler)
+    );
 }
 
 #[test]

@@ -408,8 +408,7 @@ impl Core {
             return Err(ArbiterError::UnknownLease(id));
         };
         let device = lease.device;
-        let mut ev =
-            vec![Event::Released { lease, was_holder, actor: actor.to_string(), reason: reason.to_string() }];
+        let mut ev = vec![Event::Released { lease, was_holder, actor: actor.to_string(), reason: reason.to_string() }];
         self.promote(device, now, &mut ev);
         Ok(ev)
     }

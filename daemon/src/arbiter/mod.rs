@@ -551,10 +551,9 @@ fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
     };
     if link.sent != Some(want)
         && let Some(conn) = link.conn
+        && send_sampler(d, conn, want, "performance monitor lease revoked")
     {
-        if send_sampler(d, conn, want, "performance monitor lease revoked") {
-            link.sent = Some(want);
-        }
+        link.sent = Some(want);
     }
     match marker {
         Some(m) if !link.marked_paused => {

@@ -40,7 +40,15 @@ fn end_lease(c: &Connection, l: &Lease, now: Nanos, why: &str) -> rusqlite::Resu
     Ok(())
 }
 
-fn audit(c: &Connection, now: Nanos, device: u32, event: &str, lease: Option<LeaseId>, actor: &str, detail: &str) -> rusqlite::Result<()> {
+fn audit(
+    c: &Connection,
+    now: Nanos,
+    device: u32,
+    event: &str,
+    lease: Option<LeaseId>,
+    actor: &str,
+    detail: &str,
+) -> rusqlite::Result<()> {
     c.prepare_cached("INSERT INTO audit(ts_ns, device, event, lease, actor, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
         .execute(params![now as i64, device, event, lease.map(|l| l as i64), actor, detail])?;
     Ok(())
@@ -57,12 +65,15 @@ pub fn apply(conn: &mut Connection, events: &[Event], now: Nanos) -> rusqlite::R
         match e {
             Event::Queued { lease } => {
                 upsert_lease(&tx, lease)?;
-                audit(&tx, now, lease.device, "queue", Some(lease.id), &lease.holder.describe(), &format!(
-                    "{} waits (priority {}): {}",
-                    who(lease),
-                    lease.priority,
-                    lease.reason
-                ))?;
+                audit(
+                    &tx,
+                    now,
+                    lease.device,
+                    "queue",
+                    Some(lease.id),
+                    &lease.holder.describe(),
+                    &format!("{} waits (priority {}): {}", who(lease), lease.priority, lease.reason),
+                )?;
             }
             Event::Granted { lease } => {
                 upsert_lease(&tx, lease)?;
@@ -79,18 +90,25 @@ pub fn apply(conn: &mut Connection, events: &[Event], now: Nanos) -> rusqlite::R
                         now as i64,
                         lease.expires_at.unwrap_or(0) as i64
                     ])?;
-                    audit(&tx, now, lease.device, "pause", Some(lease.id), &lease.holder.describe(), &format!(
-                        "paused until {} ns: {}",
-                        lease.expires_at.unwrap_or(0),
-                        lease.reason
-                    ))?;
+                    audit(
+                        &tx,
+                        now,
+                        lease.device,
+                        "pause",
+                        Some(lease.id),
+                        &lease.holder.describe(),
+                        &format!("paused until {} ns: {}", lease.expires_at.unwrap_or(0), lease.reason),
+                    )?;
                 }
-                audit(&tx, now, lease.device, "grant", Some(lease.id), "gpuprofd", &format!(
-                    "granted to {} (priority {}): {}",
-                    who(lease),
-                    lease.priority,
-                    lease.reason
-                ))?;
+                audit(
+                    &tx,
+                    now,
+                    lease.device,
+                    "grant",
+                    Some(lease.id),
+                    "gpuprofd",
+                    &format!("granted to {} (priority {}): {}", who(lease), lease.priority, lease.reason),
+                )?;
             }
             Event::Extended { lease, actor } => {
                 upsert_lease(&tx, lease)?;
@@ -99,17 +117,26 @@ pub fn apply(conn: &mut Connection, events: &[Event], now: Nanos) -> rusqlite::R
                     lease.reason,
                     lease.id as i64
                 ])?;
-                audit(&tx, now, lease.device, "pause", Some(lease.id), actor, &format!(
-                    "pause extended until {} ns: {}",
-                    lease.expires_at.unwrap_or(0),
-                    lease.reason
-                ))?;
+                audit(
+                    &tx,
+                    now,
+                    lease.device,
+                    "pause",
+                    Some(lease.id),
+                    actor,
+                    &format!("pause extended until {} ns: {}", lease.expires_at.unwrap_or(0), lease.reason),
+                )?;
             }
             Event::Revoked { lease, by, reason } => {
-                audit(&tx, now, lease.device, "revoke", Some(lease.id), "gpuprofd", &format!(
-                    "revoked from {}: preempted by lease {by} ({reason}); queued to come back",
-                    who(lease)
-                ))?;
+                audit(
+                    &tx,
+                    now,
+                    lease.device,
+                    "revoke",
+                    Some(lease.id),
+                    "gpuprofd",
+                    &format!("revoked from {}: preempted by lease {by} ({reason}); queued to come back", who(lease)),
+                )?;
             }
             Event::Released { lease, actor, reason, .. } => {
                 end_lease(&tx, lease, now, reason)?;
@@ -122,18 +149,30 @@ pub fn apply(conn: &mut Connection, events: &[Event], now: Nanos) -> rusqlite::R
             }
             Event::Expired { lease, .. } => {
                 end_lease(&tx, lease, now, "expired")?;
-                audit(&tx, now, lease.device, "expire", Some(lease.id), "gpuprofd", &format!(
-                    "{} expired: {}",
-                    who(lease),
-                    lease.reason
-                ))?;
+                audit(
+                    &tx,
+                    now,
+                    lease.device,
+                    "expire",
+                    Some(lease.id),
+                    "gpuprofd",
+                    &format!("{} expired: {}", who(lease), lease.reason),
+                )?;
             }
             Event::ExternalBusy { device, lease, attempts, retry_at } => {
                 if *attempts == 1 {
-                    audit(&tx, now, *device, "external", Some(lease.id), "gpuprofd", &format!(
-                        "an outside tool holds the performance monitor (CUPTI_ERROR_HARDWARE_BUSY for {}); retrying at {retry_at} ns",
-                        who(lease)
-                    ))?;
+                    audit(
+                        &tx,
+                        now,
+                        *device,
+                        "external",
+                        Some(lease.id),
+                        "gpuprofd",
+                        &format!(
+                            "an outside tool holds the performance monitor (CUPTI_ERROR_HARDWARE_BUSY for {}); retrying at {retry_at} ns",
+                            who(lease)
+                        ),
+                    )?;
                 }
             }
             Event::ExternalCleared { device } => {

@@ -451,7 +451,8 @@ fn run(args: &SamplerArgs, socket: &std::path::Path) -> anyhow::Result<()> {
     let (driver, cupti) = match (driver, cupti) {
         (Ok(d), Ok(c)) => (d, c),
         (Err(e), _) | (_, Err(e)) => {
-            let st = wire::SamplerState { device_id: args.device, status: SamplerStatus::Failed as i32, detail: e.clone() };
+            let st =
+                wire::SamplerState { device_id: args.device, status: SamplerStatus::Failed as i32, detail: e.clone() };
             let _ = out_tx.send(AgentMessage { msg: Some(Msg::SamplerState(st)) });
             drop(out_tx);
             let _ = writer.join();
@@ -468,11 +469,12 @@ fn run(args: &SamplerArgs, socket: &std::path::Path) -> anyhow::Result<()> {
     let sink_tx = out_tx.clone();
     let result = std::thread::scope(|s| -> anyhow::Result<()> {
         let cupti_ref = &cupti;
-        let cupti_thread = std::thread::Builder::new().name("gpuprof-sampler-cupti".into()).spawn_scoped(s, move || {
-            let mut sink = ChannelSink { tx: sink_tx, device, dropped: 0 };
-            let sampler = Sampler { cupti: cupti_ref, device, hw_buffer };
-            sampler.run(cmd_rx, &mut sink);
-        })?;
+        let cupti_thread =
+            std::thread::Builder::new().name("gpuprof-sampler-cupti".into()).spawn_scoped(s, move || {
+                let mut sink = ChannelSink { tx: sink_tx, device, dropped: 0 };
+                let sampler = Sampler { cupti: cupti_ref, device, hw_buffer };
+                sampler.run(cmd_rx, &mut sink);
+            })?;
         // Main thread: commands from the daemon.
         let r = loop {
             let m: DaemonMessage = match read_message(&mut reader, DEFAULT_MAX_FRAME_BYTES) {
@@ -481,7 +483,9 @@ fn run(args: &SamplerArgs, socket: &std::path::Path) -> anyhow::Result<()> {
                 Err(e) => break Err(anyhow::anyhow!("reading commands: {e}")),
             };
             let cmd = match m.msg {
-                Some(daemon_message::Msg::StartPmSampling(s)) => Cmd::Start { metrics: s.metrics, interval_ns: s.interval_ns },
+                Some(daemon_message::Msg::StartPmSampling(s)) => {
+                    Cmd::Start { metrics: s.metrics, interval_ns: s.interval_ns }
+                }
                 Some(daemon_message::Msg::StopPmSampling(s)) => Cmd::Stop { reason: s.reason },
                 _ => continue,
             };
@@ -552,11 +556,8 @@ fn print_main(args: &SamplerArgs, secs: f64) -> ExitCode {
         }
     };
     let interval = humantime::parse_duration(&args.interval).map(|d| d.as_nanos() as u64).unwrap_or(1_000_000);
-    let sampler = Sampler {
-        cupti: &cupti,
-        device: args.device,
-        hw_buffer: args.hardware_buffer_mib as usize * 1024 * 1024,
-    };
+    let sampler =
+        Sampler { cupti: &cupti, device: args.device, hw_buffer: args.hardware_buffer_mib as usize * 1024 * 1024 };
     let (tx, rx) = mpsc::channel();
     let _ = tx.send(Cmd::Start { metrics: args.metrics.clone(), interval_ns: interval });
     let mut sink = Print(0);

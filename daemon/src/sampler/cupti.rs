@@ -478,7 +478,8 @@ impl Driver {
     /// Loads libcuda.so.1 and calls cuInit(0).
     pub fn load() -> std::result::Result<Driver, String> {
         // Safety: loading the driver library runs its initializers only.
-        let lib = unsafe { cuda::CudaDriver::new("libcuda.so.1") }.map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
+        let lib =
+            unsafe { cuda::CudaDriver::new("libcuda.so.1") }.map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
         // Safety: cuInit takes a flags word.
         let r = unsafe { lib.cuInit(0) };
         if r != cuda::CUDA_SUCCESS {

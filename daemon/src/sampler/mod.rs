@@ -89,7 +89,10 @@ impl Gpus {
         let found = discover(dir);
         let s = &cfg.sampler;
         let (managed, note) = if !s.enabled {
-            (Vec::new(), format!("PM sampling disabled in config ([sampler] enabled = false); {} GPU(s) present", found.len()))
+            (
+                Vec::new(),
+                format!("PM sampling disabled in config ([sampler] enabled = false); {} GPU(s) present", found.len()),
+            )
         } else if !s.devices.is_empty() {
             (s.devices.clone(), String::new())
         } else if found.is_empty() {
@@ -286,7 +289,9 @@ mod tests {
             std::fs::create_dir_all(&p).unwrap();
             std::fs::write(
                 p.join("information"),
-                format!("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 17\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"),
+                format!(
+                    "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 17\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"
+                ),
             )
             .unwrap();
         }

@@ -1,0 +1,285 @@
+//! PM streams and the arbiter end to end: a real `gpuprofd`, fake samplers on the real agent
+//! protocol, gRPC subscribers and the `gpuprofctl` CLI.
+
+#[path = "../src/fake_sampler.rs"]
+mod fake_sampler;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use fake_sampler::{Command, FakeSampler, METRICS, value};
+use gpuprof_testkit::TestDaemon;
+use gpuprofctl::pb;
+use pb::stream_pm_samples_response::Event;
+
+/// A daemon that manages GPUs 0 and 1 without starting sampler children.
+fn start_daemon(dir: &Path, extra: &str) -> Result<TestDaemon> {
+    let cfg = dir.join("gpuprofd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[sampler]\nspawn = false\ndevices = [0, 1]\ninterval = \"1ms\"\nstream_queue = 2000\n\
+             [arbiter]\nexternal_retry_initial = \"1s\"\nexternal_retry_max = \"8s\"\n{extra}"
+        ),
+    )?;
+    TestDaemon::start_with(&dir.join("state"), &["--config", cfg.to_str().unwrap_or_default()])
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+fn ctl_ok(d: &TestDaemon, args: &[&str]) -> String {
+    let out = d.ctl(args);
+    assert!(
+        out.status.success(),
+        "gpuprofctl {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn reservations(d: &TestDaemon) -> serde_json::Value {
+    serde_json::from_str(&ctl_ok(d, &["--json", "profile", "--status"])).expect("json")
+}
+
+#[test]
+fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = start_daemon(dir.path(), "")?;
+    let s = FakeSampler::connect(&d.agent_socket, 0)?;
+    assert!(matches!(s.command(Duration::from_secs(5))?, Command::Start { interval_ns: 1_000_000, .. }));
+    s.wait_sampling(true, Duration::from_secs(2))?;
+
+    const N: u64 = 4000;
+    let rt = rt();
+    let sock = d.api_socket.clone();
+    let (readers, slow) = rt.block_on(async {
+        let mut readers = Vec::new();
+        for i in 0..100 {
+            // Each subscriber on its own connection, like separate clients.
+            let mut c = gpuprofctl::connect(&sock).await?;
+            let metrics = if i % 2 == 0 { vec![] } else { vec![METRICS[1].to_string()] };
+            let mut stream = c
+                .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics, downsample_ms: 0 })
+                .await?
+                .into_inner();
+            readers.push(tokio::spawn(async move {
+                let mut k = 0u64;
+                while k < N {
+                    let Some(m) = stream.message().await? else { anyhow::bail!("stream ended after {k} samples") };
+                    let Some(Event::Sample(p)) = m.event else { continue };
+                    // Every sample, in order, with the right values.
+                    let (idx, want) = if i % 2 == 0 { (0, METRICS.len()) } else { (1, 1) };
+                    anyhow::ensure!(p.values.len() == want, "subscriber {i}: {} values", p.values.len());
+                    anyhow::ensure!(
+                        p.values[0].value == value(idx, k),
+                        "subscriber {i}: sample {k} has {:?}",
+                        p.values[0]
+                    );
+                    k += 1;
+                }
+                Ok::<_, anyhow::Error>(k)
+            }));
+        }
+        // The slow one never reads.
+        let mut c = gpuprofctl::connect(&sock).await?;
+        let slow = c
+            .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![], metrics: vec![], downsample_ms: 0 })
+            .await?
+            .into_inner();
+        Ok::<_, anyhow::Error>((readers, (c, slow)))
+    })?;
+
+    let t = Instant::now();
+    s.stream(N, 50, 1000.0)?;
+    let sent_in = t.elapsed();
+    let counts = rt.block_on(async {
+        let mut v = Vec::new();
+        for r in readers {
+            v.push(tokio::time::timeout(Duration::from_secs(30), r).await??);
+        }
+        Ok::<_, anyhow::Error>(v)
+    })?;
+    for (i, c) in counts.into_iter().enumerate() {
+        assert_eq!(c?, N, "subscriber {i}");
+    }
+    // The slow subscriber got what fit in its queue, then an explicit RESOURCE_EXHAUSTED.
+    let (_c, mut slow) = slow;
+    let (got, err) = rt.block_on(async {
+        let mut got = 0u64;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), slow.message()).await {
+                Ok(Ok(Some(_))) => got += 1,
+                Ok(Ok(None)) => return (got, None),
+                Ok(Err(e)) => return (got, Some(e)),
+                Err(_) => return (got, None),
+            }
+        }
+    });
+    let err = err.expect("the slow subscriber's stream must end with an error");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert!(got < N, "slow subscriber got {got} of {N}");
+    assert!(d.log_text().contains("dropping a slow PM stream subscriber"));
+    // The daemon still serves.
+    let st = d.status()?;
+    assert_eq!(st["gpu_count"], 2);
+    eprintln!("100 subscribers got all {N} samples sent in {sent_in:?}; the slow one got {got} then {}", err.message());
+    s.goodbye()?;
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
+
+#[test]
+fn pause_resume_expiry_markers_and_persistence() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = start_daemon(dir.path(), "")?;
+    let s0 = FakeSampler::connect(&d.agent_socket, 0)?;
+    let s1 = FakeSampler::connect(&d.agent_socket, 1)?;
+    assert!(matches!(s0.command(Duration::from_secs(5))?, Command::Start { .. }));
+    assert!(matches!(s1.command(Duration::from_secs(5))?, Command::Start { .. }));
+
+    let rt = rt();
+    let sock = d.api_socket.clone();
+    let mut sub = rt.block_on(async {
+        let mut c = gpuprofctl::connect(&sock).await?;
+        let s = c
+            .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics: vec![], downsample_ms: 0 })
+            .await?
+            .into_inner();
+        Ok::<_, anyhow::Error>((c, s))
+    })?;
+    s0.send_samples(10)?;
+
+    // Pause GPU 0: its sampler is stopped within a second, GPU 1 keeps sampling.
+    let t = Instant::now();
+    let out = ctl_ok(&d, &["profile", "--pause", "--gpu", "0", "--for", "2s", "--reason", "ncu run"]);
+    assert!(out.contains("GPU 0 paused"), "{out}");
+    assert!(matches!(s0.command(Duration::from_secs(1))?, Command::Stop { .. }));
+    let stop_latency = t.elapsed();
+    assert!(s1.commands_within(Duration::from_millis(200)).is_empty());
+    let r = reservations(&d);
+    assert_eq!(r[0]["holder"]["holder_kind"], "pause");
+    assert_eq!(r[0]["holder"]["reason"], "ncu run");
+    assert_eq!(r[0]["waiting"][0]["holder_kind"], "sampler");
+    assert_eq!(r[1]["holder"]["holder_kind"], "sampler");
+
+    // Subscribers see the samples, then an explicit paused marker, then (after the 2 s
+    // expiry) a resumed marker.
+    let events = rt.block_on(async {
+        let (_c, s) = &mut sub;
+        let mut ev = Vec::new();
+        while ev.len() < 12 {
+            match tokio::time::timeout(Duration::from_secs(5), s.message()).await {
+                Ok(Ok(Some(m))) => ev.push(m.event),
+                _ => break,
+            }
+        }
+        ev
+    });
+    let samples = events.iter().filter(|e| matches!(e, Some(Event::Sample(_)))).count();
+    assert_eq!(samples, 10);
+    let markers: Vec<&pb::PmPaused> =
+        events.iter().filter_map(|e| if let Some(Event::Paused(p)) = e { Some(p) } else { None }).collect();
+    assert_eq!(markers.len(), 2, "{events:?}");
+    assert!(!markers[0].resumed && markers[0].reason == "ncu run" && markers[0].holder.starts_with("uid "));
+    assert!(markers[1].resumed);
+    // Expiry gave the hardware back to the sampler.
+    assert!(matches!(s0.command(Duration::from_secs(1))?, Command::Start { .. }));
+    let expire_after = t.elapsed();
+    assert!(expire_after >= Duration::from_secs(2) && expire_after < Duration::from_secs(4), "{expire_after:?}");
+
+    // Pause both, resume both with the CLI.
+    ctl_ok(&d, &["profile", "--pause", "--all"]);
+    assert!(matches!(s0.command(Duration::from_secs(1))?, Command::Stop { .. }));
+    assert!(matches!(s1.command(Duration::from_secs(1))?, Command::Stop { .. }));
+    let r = reservations(&d);
+    let left = r[0]["holder"]["expires_at_ns"].as_u64().unwrap_or(0) / 1_000_000_000;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    assert!((295..=301).contains(&(left - now)), "default pause is 300 s, got {}", left - now);
+    let out = ctl_ok(&d, &["profile", "--resume"]);
+    assert!(out.contains("resumed GPU 0, 1"), "{out}");
+    assert!(matches!(s0.command(Duration::from_secs(1))?, Command::Start { .. }));
+    assert!(matches!(s1.command(Duration::from_secs(1))?, Command::Start { .. }));
+
+    // A pause survives a restart: the reconnecting sampler is not started.
+    ctl_ok(&d, &["profile", "--pause", "--gpu", "1", "--for", "10m", "--reason", "maintenance"]);
+    assert!(matches!(s1.command(Duration::from_secs(1))?, Command::Stop { .. }));
+    let lease = reservations(&d)[1]["holder"]["lease_id"].clone();
+    drop(sub);
+    drop((s0, s1));
+    assert_eq!(d.terminate()?, 0);
+    let d = start_daemon(dir.path(), "")?;
+    let s0 = FakeSampler::connect(&d.agent_socket, 0)?;
+    let s1 = FakeSampler::connect(&d.agent_socket, 1)?;
+    assert!(matches!(s0.command(Duration::from_secs(5))?, Command::Start { .. }));
+    assert!(s1.commands_within(Duration::from_millis(1500)).is_empty(), "paused GPU 1 was started after a restart");
+    let r = reservations(&d);
+    assert_eq!(r[1]["holder"]["holder_kind"], "pause");
+    assert_eq!(r[1]["holder"]["lease_id"], lease);
+    assert_eq!(r[1]["holder"]["reason"], "maintenance");
+    let st = d.status()?;
+    assert!(st["gpu_note"].as_str().unwrap_or_default().contains("paused"), "{st}");
+    ctl_ok(&d, &["profile", "--resume", "--gpu", "1"]);
+    assert!(matches!(s1.command(Duration::from_secs(1))?, Command::Start { .. }));
+
+    // Every grant, revoke, expiry, pause and resume is in the audit table.
+    let db = rusqlite::Connection::open(d.db_path())?;
+    let count = |e: &str| -> i64 {
+        db.query_row("SELECT COUNT(*) FROM audit WHERE event = ?1", [e], |r| r.get(0)).unwrap_or(0)
+    };
+    assert!(count("pause") >= 4 && count("resume") >= 3 && count("expire") >= 1, "audit rows");
+    assert!(count("grant") >= 8 && count("revoke") >= 4);
+    eprintln!("pause → sampler stopped in {stop_latency:?}; --for 2s expired after {expire_after:?}");
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
+
+#[test]
+fn outside_holder_is_retried_with_backoff() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = start_daemon(dir.path(), "")?;
+    let s = FakeSampler::connect(&d.agent_socket, 0)?;
+    s.set_busy(true);
+    let t = Instant::now();
+    assert!(matches!(s.command(Duration::from_secs(5))?, Command::Start { .. }));
+    std::thread::sleep(Duration::from_millis(300));
+    let r = reservations(&d);
+    assert_eq!(r[0]["held_externally"], true, "{r}");
+    assert_eq!(r[0]["holder"]["holder_kind"], "external");
+    // Retries at about 1 s and 3 s (1 + 2): no spinning.
+    let cmds = s.commands_within(Duration::from_millis(3600).saturating_sub(t.elapsed()));
+    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    // The outside tool goes away: the next retry (4 s later) succeeds.
+    s.set_busy(false);
+    assert!(matches!(s.command(Duration::from_secs(6))?, Command::Start { .. }));
+    s.wait_sampling(true, Duration::from_secs(1))?;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(reservations(&d)[0]["held_externally"], false);
+    let db = rusqlite::Connection::open(d.db_path())?;
+    let ext: i64 = db.query_row("SELECT COUNT(*) FROM audit WHERE event = 'external'", [], |r| r.get(0))?;
+    assert_eq!(ext, 2, "one row when marked, one when cleared");
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
+
+#[test]
+fn no_gpu_daemon_says_so_and_refuses_pause() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[sampler]\nspawn = false\n")?;
+    let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap_or_default()])?;
+    let st = d.status()?;
+    // This CI machine has no NVIDIA driver.
+    if !Path::new("/proc/driver/nvidia/gpus").exists() {
+        assert_eq!(st["gpu_count"], 0);
+        assert!(st["gpu_note"].as_str().unwrap_or_default().contains("no NVIDIA GPU"), "{st}");
+        let out = d.ctl(&["profile", "--pause"]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("manages no GPU"));
+    }
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
