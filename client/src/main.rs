@@ -1,10 +1,14 @@
 //! `gpuprofctl`: command-line client of gpuprofd.
 
+mod output;
+mod records;
+mod sessions;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use gpuprofctl::{DEFAULT_API_SOCKET, connect, pb};
 
 #[derive(Parser)]
@@ -24,14 +28,35 @@ struct Cli {
 enum Cmd {
     /// Daemon status: version, uptime, agents, records per kind, database size.
     Status,
+    /// GPUs known to gpuprofd.
+    Devices,
+    /// Processes connected to gpuprofd (yours only, unless root or in the admin group).
+    Procs(sessions::ProcsArgs),
+    /// Profiling sessions: start, stop, list, show.
+    #[command(subcommand)]
+    Session(sessions::SessionCmd),
+    /// Trace processes (--pid, --exe, --all, ...) for --duration, then print the top kernels.
+    Trace(sessions::TraceArgs),
+    /// A session's summary: top kernels, device busy time, copies, API calls.
+    Top(records::TopArgs),
+    /// A session's records, filtered.
+    Query(records::QueryArgs),
+    /// Write a session to a Chrome trace JSON (Perfetto UI) or SQLite file.
+    Export(records::ExportArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
 }
 
-/// Exit codes: 0 ok, 1 the request failed, 2 usage error (clap), 3 daemon unreachable.
-const EXIT_FAILED: u8 = 1;
-const EXIT_UNREACHABLE: u8 = 3;
+/// Exit codes: see [`output::exit_code`] (0 ok, 1 failed, 2 usage, 3 unreachable, 4 not found,
+/// 5 permission denied, 6 wrong state).
+const EXIT_FAILED: u8 = output::EXIT_FAILED;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Completions { shell } = &cli.cmd {
+        clap_complete::generate(*shell, &mut Cli::command(), "gpuprofctl", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -43,11 +68,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<tonic::transport::Error>().is_some() || format!("{e}").starts_with("cannot connect") {
-                ExitCode::from(EXIT_UNREACHABLE)
-            } else {
-                ExitCode::from(EXIT_FAILED)
-            }
+            ExitCode::from(output::exit_code(&e))
         }
     }
 }
@@ -63,6 +84,14 @@ async fn run(cli: Cli) -> Result<()> {
                 print_status(&s);
             }
         }
+        Cmd::Devices => sessions::devices(&mut client, cli.json).await?,
+        Cmd::Procs(a) => sessions::procs(&mut client, a, cli.json).await?,
+        Cmd::Session(c) => sessions::session(&mut client, c, cli.json).await?,
+        Cmd::Trace(a) => sessions::trace(&mut client, a, cli.json).await?,
+        Cmd::Top(a) => records::top(&mut client, a, cli.json).await?,
+        Cmd::Query(a) => records::query(&mut client, a, cli.json).await?,
+        Cmd::Export(a) => records::export(&mut client, a, cli.json).await?,
+        Cmd::Completions { .. } => {}
     }
     Ok(())
 }

@@ -42,6 +42,13 @@ pub struct Api {
     pub d: Arc<Daemon>,
 }
 
+impl Api {
+    /// Who is calling (SO_PEERCRED of the api socket connection).
+    fn caller<T>(&self, req: &Request<T>) -> crate::access::Caller {
+        crate::access::Caller::of(req, &self.d.config.api.admin_group)
+    }
+}
+
 type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
 
 fn not_yet(what: &str) -> Status {
@@ -83,45 +90,56 @@ impl Gpuprof for Api {
         &self,
         _: Request<pb::ListDevicesRequest>,
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
-        Err(not_yet("ListDevices"))
+        Ok(Response::new(crate::query::list_devices(&self.d).await?))
     }
 
     async fn list_processes(
         &self,
-        _: Request<pb::ListProcessesRequest>,
+        req: Request<pb::ListProcessesRequest>,
     ) -> Result<Response<pb::ListProcessesResponse>, Status> {
-        Err(not_yet("ListProcesses"))
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::query::list_processes(&self.d, &caller, req.into_inner()).await?))
     }
 
-    async fn start_session(&self, _: Request<pb::StartSessionRequest>) -> Result<Response<pb::Session>, Status> {
-        Err(not_yet("StartSession"))
+    async fn start_session(&self, req: Request<pb::StartSessionRequest>) -> Result<Response<pb::Session>, Status> {
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::sessions::start(&self.d, &caller, req.into_inner()).await?))
     }
 
-    async fn stop_session(&self, _: Request<pb::StopSessionRequest>) -> Result<Response<pb::Session>, Status> {
-        Err(not_yet("StopSession"))
+    async fn stop_session(&self, req: Request<pb::StopSessionRequest>) -> Result<Response<pb::Session>, Status> {
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::sessions::stop(&self.d, &caller, req.into_inner().session_id).await?))
     }
 
-    async fn get_session(&self, _: Request<pb::GetSessionRequest>) -> Result<Response<pb::Session>, Status> {
-        Err(not_yet("GetSession"))
+    async fn get_session(&self, req: Request<pb::GetSessionRequest>) -> Result<Response<pb::Session>, Status> {
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::sessions::get(&self.d, &caller, req.into_inner().session_id).await?))
     }
 
     async fn list_sessions(
         &self,
-        _: Request<pb::ListSessionsRequest>,
+        req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        Err(not_yet("ListSessions"))
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::sessions::list(&self.d, &caller, req.into_inner()).await?))
     }
 
     type QueryRecordsStream = Stream<pb::QueryRecordsResponse>;
     async fn query_records(
         &self,
-        _: Request<pb::QueryRecordsRequest>,
+        req: Request<pb::QueryRecordsRequest>,
     ) -> Result<Response<Self::QueryRecordsStream>, Status> {
-        Err(not_yet("QueryRecords"))
+        let caller = self.caller(&req);
+        let rx = crate::query::query_records(&self.d, &caller, req.into_inner()).await?;
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
-    async fn get_summary(&self, _: Request<pb::GetSummaryRequest>) -> Result<Response<pb::GetSummaryResponse>, Status> {
-        Err(not_yet("GetSummary"))
+    async fn get_summary(
+        &self,
+        req: Request<pb::GetSummaryRequest>,
+    ) -> Result<Response<pb::GetSummaryResponse>, Status> {
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::query::get_summary(&self.d, &caller, req.into_inner()).await?))
     }
 
     type ExportTraceStream = Stream<pb::ExportTraceResponse>;

@@ -5,11 +5,18 @@
 //! thread ([`ingest`], schema in [`store`]); clients use the gRPC API ([`api`]) on the api
 //! socket. See ARCHITECTURE.md for the whole picture.
 
+pub mod access;
 pub mod agent;
 pub mod api;
+pub mod cbid;
 pub mod config;
+pub mod error;
+pub mod glob;
 pub mod ingest;
+pub mod query;
 pub mod registry;
+pub mod rollup;
+pub mod sessions;
 pub mod stats;
 pub mod store;
 pub mod systemd;
@@ -41,6 +48,10 @@ pub struct Daemon {
     /// Live PM samples: (process id of the sampler, batch).
     pub pm_samples: broadcast::Sender<Arc<(u64, PmSampleBatch)>>,
     pub shutdown: CancellationToken,
+    /// Profiling sessions (see [`sessions`]).
+    pub sessions: sessions::Sessions,
+    /// Per-session rollups behind the writer (see [`rollup`]).
+    pub rollup: rollup::Rollup,
 }
 
 impl Daemon {
@@ -65,6 +76,7 @@ pub async fn run(config: Config) -> Result<()> {
     let db_path = config.database_path();
     let stats = Arc::new(Stats::default());
     let conn = store::open_writer(&db_path, &config.storage)?;
+    sessions::recover(&conn).context("marking sessions of the previous run interrupted")?;
     let (writer, writer_thread) =
         ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
     let agent_listener = agent::bind(&config.agent_socket)?;
@@ -74,12 +86,15 @@ pub async fn run(config: Config) -> Result<()> {
         db_path: db_path.clone(),
         stats,
         registry: Registry::default(),
-        writer,
         session_records: DashMap::new(),
         pm_samples: broadcast::channel(1024).0,
         shutdown: shutdown.clone(),
+        sessions: sessions::Sessions::new(writer.clone()),
+        rollup: rollup::Rollup::default(),
+        writer,
         config,
     });
+    let sessions_task = sessions::spawn(d.clone());
 
     let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
     let api_task = tokio::spawn(api::serve(api_listener, d.clone(), shutdown.clone()));
@@ -99,6 +114,7 @@ pub async fn run(config: Config) -> Result<()> {
     shutdown.cancel();
     let _ = agent_task.await;
     let api_result = api_task.await;
+    let _ = sessions_task.await;
     let sock_paths = [d.config.agent_socket.clone(), d.config.api_socket.clone()];
     // Dropping the last writer handle lets the writer drain its queue, commit and stop.
     drop(d);

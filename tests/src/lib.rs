@@ -4,6 +4,7 @@
 pub mod daemon;
 pub mod fake_agent;
 pub mod records;
+pub mod traced_agent;
 
 pub use daemon::{TestDaemon, bin_path};
 pub use fake_agent::{FakeAgent, Sent};

@@ -1,0 +1,305 @@
+//! Output helpers shared by the session, query and export commands: tables, units,
+//! times, JSON forms of API messages, and exit codes.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gpuprofctl::pb;
+use serde_json::{Value, json};
+
+/// Exit codes (also in `gpuprofctl --help`): 0 ok, 1 the request failed, 2 bad usage or
+/// arguments, 3 daemon unreachable or shutting down, 4 not found, 5 permission denied,
+/// 6 not possible in the current state (e.g. stopping a finished session).
+pub const EXIT_FAILED: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
+pub const EXIT_UNREACHABLE: u8 = 3;
+pub const EXIT_NOT_FOUND: u8 = 4;
+pub const EXIT_DENIED: u8 = 5;
+pub const EXIT_STATE: u8 = 6;
+
+/// The exit code for an error, from the gRPC status it carries (if any).
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if let Some(s) = e.downcast_ref::<tonic::Status>() {
+        return match s.code() {
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => EXIT_USAGE,
+            tonic::Code::Unavailable => EXIT_UNREACHABLE,
+            tonic::Code::NotFound => EXIT_NOT_FOUND,
+            tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => EXIT_DENIED,
+            tonic::Code::FailedPrecondition => EXIT_STATE,
+            _ => EXIT_FAILED,
+        };
+    }
+    if e.downcast_ref::<tonic::transport::Error>().is_some() || format!("{e}").starts_with("cannot connect") {
+        return EXIT_UNREACHABLE;
+    }
+    if e.downcast_ref::<Usage>().is_some() {
+        return EXIT_USAGE;
+    }
+    EXIT_FAILED
+}
+
+/// A usage error found after parsing (exit code 2).
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Nanoseconds as a short human duration ("812 ns", "3.25 ms", "1.50 s").
+pub fn human_ns(ns: u64) -> String {
+    let v = ns as f64;
+    if ns < 1_000 {
+        format!("{ns} ns")
+    } else if ns < 1_000_000 {
+        format!("{:.2} us", v / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.2} ms", v / 1e6)
+    } else {
+        format!("{:.2} s", v / 1e9)
+    }
+}
+
+/// Bytes with a binary unit.
+pub fn human_bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
+}
+
+/// ns since the Unix epoch as UTC "YYYY-MM-DD HH:MM:SS.mmm" ("-" for 0).
+pub fn wall(ns: u64) -> String {
+    if ns == 0 {
+        return "-".into();
+    }
+    let secs = (ns / 1_000_000_000) as i64;
+    let ms = (ns / 1_000_000) % 1000;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{ms:03}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+pub fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Prints rows under a header, each column as wide as its widest cell; columns whose
+/// header starts with '>' are right-aligned.
+pub fn table(header: &[&str], rows: &[Vec<String>]) {
+    let n = header.len();
+    let mut w: Vec<usize> = header.iter().map(|h| h.trim_start_matches('>').chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(n) {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let right: Vec<bool> = header.iter().map(|h| h.starts_with('>')).collect();
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let pad = w[i].saturating_sub(c.chars().count());
+            if i > 0 {
+                s.push_str("  ");
+            }
+            if right[i] {
+                s.push_str(&" ".repeat(pad));
+                s.push_str(c);
+            } else {
+                s.push_str(c);
+                if i + 1 < cells.len() {
+                    s.push_str(&" ".repeat(pad));
+                }
+            }
+        }
+        println!("{s}");
+    };
+    line(header.iter().map(|h| h.trim_start_matches('>')).collect());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+/// Shortens a long (mangled) name to `max` characters, keeping its start and end.
+pub fn shorten(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max || max < 5 {
+        return s.to_string();
+    }
+    let head = (max - 1) * 2 / 3;
+    let tail = max - 1 - head;
+    let start: String = s.chars().take(head).collect();
+    let end: String = s.chars().skip(n - tail).collect();
+    format!("{start}…{end}")
+}
+
+pub fn state_name(s: i32) -> String {
+    pb::SessionState::try_from(s)
+        .map(|s| s.as_str_name().trim_start_matches("SESSION_STATE_").to_lowercase())
+        .unwrap_or_else(|_| format!("state{s}"))
+}
+
+pub fn target_text(t: &pb::Target) -> String {
+    use pb::target::Target as T;
+    match &t.target {
+        Some(T::Pid(p)) => format!("pid={p}"),
+        Some(T::ExeName(n)) => format!("exe={n}"),
+        Some(T::ExePattern(p)) => format!("pattern={p}"),
+        Some(T::Cgroup(c)) => format!("cgroup={c}"),
+        Some(T::All(_)) => "all".into(),
+        None => "?".into(),
+    }
+}
+
+pub fn session_json(s: &pb::Session) -> Value {
+    let c = s.collect.clone().unwrap_or_default();
+    json!({
+        "id": s.id,
+        "name": s.name,
+        "state": state_name(s.state),
+        "targets": s.targets.iter().map(target_text).collect::<Vec<_>>(),
+        "collect": {
+            "preset": c.preset,
+            "pc_sampling": c.pc_sampling,
+            "pc_sampling_period_log2": c.pc_sampling_period_log2,
+            "pm_metrics": c.pm_metrics,
+        },
+        "owner_uid": s.owner_uid,
+        "created_at_ns": s.created_at_ns,
+        "start_at_ns": s.start_at_ns,
+        "started_at_ns": s.started_at_ns,
+        "stopped_at_ns": s.stopped_at_ns,
+        "duration_ms": s.duration_ms,
+        "max_records": s.max_records,
+        "stop_reason": s.stop_reason,
+        "records": s.records,
+        "processes": s.processes.iter().map(|p| json!({
+            "process_id": p.process_id,
+            "pid": p.pid,
+            "exe": p.exe,
+            "records": p.records,
+            "dropped": p.dropped,
+            "displaced": p.displaced,
+            "state": p.state,
+            "joined_at_ns": p.joined_at_ns,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn summary_json(s: &pb::GetSummaryResponse) -> Value {
+    json!({
+        "kernel_count": s.kernel_count,
+        "top_kernels": s.top_kernels.iter().map(|k| json!({
+            "name": k.name, "count": k.count, "total_ns": k.total_ns, "mean_ns": k.mean_ns,
+            "p50_ns": k.p50_ns, "p95_ns": k.p95_ns, "min_ns": k.min_ns, "max_ns": k.max_ns,
+        })).collect::<Vec<_>>(),
+        "device_busy": s.device_busy.iter().map(|d| json!({
+            "device_id": d.device_id, "busy_ns": d.busy_ns, "span_ns": d.span_ns,
+        })).collect::<Vec<_>>(),
+        "copies": s.copies.iter().map(|c| json!({
+            "direction": c.direction, "count": c.count, "bytes": c.bytes, "total_ns": c.total_ns,
+            "bandwidth_gbps": c.bandwidth_gbps,
+        })).collect::<Vec<_>>(),
+        "api_calls": s.api_calls.iter().map(|a| json!({
+            "name": a.name, "domain": a.domain, "count": a.count, "total_ns": a.total_ns, "max_ns": a.max_ns,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints a summary as tables.
+pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize) {
+    let total: u64 = s.top_kernels.iter().map(|k| k.total_ns).sum();
+    println!("kernels: {}", s.kernel_count);
+    if !s.top_kernels.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = s
+            .top_kernels
+            .iter()
+            .map(|k| {
+                vec![
+                    human_ns(k.total_ns),
+                    format!("{:.1}%", if total > 0 { k.total_ns as f64 * 100.0 / total as f64 } else { 0.0 }),
+                    k.count.to_string(),
+                    human_ns(k.mean_ns),
+                    human_ns(k.p50_ns),
+                    human_ns(k.p95_ns),
+                    human_ns(k.max_ns),
+                    shorten(&k.name, name_width),
+                ]
+            })
+            .collect();
+        table(&[">TOTAL", ">SHARE", ">COUNT", ">MEAN", ">P50", ">P95", ">MAX", "KERNEL"], &rows);
+    }
+    if !s.device_busy.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = s
+            .device_busy
+            .iter()
+            .map(|d| {
+                let pct = if d.span_ns > 0 { d.busy_ns as f64 * 100.0 / d.span_ns as f64 } else { 0.0 };
+                vec![d.device_id.to_string(), human_ns(d.busy_ns), human_ns(d.span_ns), format!("{pct:.1}%")]
+            })
+            .collect();
+        table(&[">DEVICE", ">BUSY", ">SPAN", ">UTIL"], &rows);
+    }
+    if !s.copies.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = s
+            .copies
+            .iter()
+            .map(|c| {
+                vec![
+                    c.direction.clone(),
+                    c.count.to_string(),
+                    human_bytes(c.bytes),
+                    human_ns(c.total_ns),
+                    format!("{:.2} GB/s", c.bandwidth_gbps),
+                ]
+            })
+            .collect();
+        table(&["COPY", ">COUNT", ">BYTES", ">TIME", ">BANDWIDTH"], &rows);
+    }
+    if !s.api_calls.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = s
+            .api_calls
+            .iter()
+            .map(|a| {
+                vec![human_ns(a.total_ns), a.count.to_string(), human_ns(a.max_ns), a.domain.clone(), a.name.clone()]
+            })
+            .collect();
+        table(&[">TOTAL", ">COUNT", ">MAX", "DOMAIN", "API CALL"], &rows);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(wall(0), "-");
+        assert_eq!(wall(1_700_000_000_123_000_000), "2023-11-14 22:13:20.123");
+        assert_eq!(human_ns(999), "999 ns");
+        assert_eq!(human_ns(1_500_000), "1.50 ms");
+        assert_eq!(shorten("abcdefghijklmnopqrstuvwxyz", 10), "abcdef…xyz");
+        assert_eq!(state_name(pb::SessionState::Interrupted as i32), "interrupted");
+    }
+}

@@ -1,0 +1,379 @@
+//! `gpuprofctl top`, `query` and `export`.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use gpuprofctl::pb;
+
+use crate::output::{Usage, human_ns, print_summary, shorten, summary_json, wall};
+use crate::sessions::Client;
+
+/// Which records of a session.
+#[derive(Args, Debug, Clone, Default)]
+pub struct FilterArgs {
+    /// Only this process (daemon process id from `session show`; repeatable).
+    #[arg(long = "process", value_name = "ID")]
+    pub processes: Vec<u64>,
+    /// Only this device (repeatable).
+    #[arg(long = "device", value_name = "N")]
+    pub devices: Vec<u32>,
+    /// Only this stream (repeatable).
+    #[arg(long = "stream", value_name = "N")]
+    pub streams: Vec<u32>,
+    /// Kernel names matching this glob, e.g. '*gemm*'.
+    #[arg(long = "name", value_name = "GLOB")]
+    pub name: Option<String>,
+    /// From this time: ns since the Unix epoch or RFC 3339 UTC.
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// Until this time (exclusive): ns since the Unix epoch or RFC 3339 UTC.
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<String>,
+}
+
+fn parse_time(flag: &str, s: &str) -> Result<u64> {
+    if let Ok(ns) = s.parse::<u64>() {
+        return Ok(ns);
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| Usage(format!("{flag} {s}: {e} (use ns since the epoch or RFC 3339 UTC)")))?;
+    Ok(t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0))
+}
+
+impl FilterArgs {
+    pub fn to_pb(&self) -> Result<pb::RecordFilter> {
+        let from = self.from.as_deref().map(|s| parse_time("--from", s)).transpose()?.unwrap_or(0);
+        let to = self.to.as_deref().map(|s| parse_time("--to", s)).transpose()?.unwrap_or(0);
+        Ok(pb::RecordFilter {
+            process_ids: self.processes.clone(),
+            device_ids: self.devices.clone(),
+            stream_ids: self.streams.clone(),
+            name_pattern: self.name.clone().unwrap_or_default(),
+            time_range: (from > 0 || to > 0).then_some(pb::TimeRange { start_ns: from, end_ns: to }),
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Session id.
+    pub session: u64,
+    /// Rows of the kernel and API tables.
+    #[arg(long, default_value_t = 20)]
+    pub top: u32,
+    /// Show kernel names in full.
+    #[arg(long)]
+    pub wide: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+pub async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
+    let s = c
+        .get_summary(pb::GetSummaryRequest { session_id: a.session, filter: Some(a.filter.to_pb()?), top: a.top })
+        .await?
+        .into_inner();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary_json(&s))?);
+    } else {
+        print_summary(&s, if a.wide { usize::MAX } else { 80 });
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct QueryArgs {
+    /// Session id.
+    pub session: u64,
+    /// Record kinds, comma-separated: kernel, memcpy, memset, api, sync, marker.
+    #[arg(long, value_delimiter = ',', default_value = "kernel")]
+    pub kind: Vec<String>,
+    /// At most this many records (0: all).
+    #[arg(long, default_value_t = 100)]
+    pub limit: u64,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// Prints records as they stream: a table per message, or one JSON object per line.
+pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
+    let mut stream = c
+        .query_records(pb::QueryRecordsRequest {
+            session_id: a.session,
+            kinds: a.kind.clone(),
+            filter: Some(a.filter.to_pb()?),
+            limit: a.limit,
+        })
+        .await?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    let mut header_done = false;
+    while let Some(m) = stream.message().await? {
+        if json {
+            for k in &m.kernels {
+                let v = serde_json::json!({"kind": "kernel", "process_id": k.process_id, "start_ns": k.start_ns,
+                    "end_ns": k.end_ns, "device_id": k.device_id, "stream_id": k.stream_id,
+                    "correlation_id": k.correlation_id, "name": k.name,
+                    "grid": [k.grid_x, k.grid_y, k.grid_z], "block": [k.block_x, k.block_y, k.block_z],
+                    "registers_per_thread": k.registers_per_thread, "static_shared_bytes": k.static_shared_bytes,
+                    "dynamic_shared_bytes": k.dynamic_shared_bytes});
+                writeln!(out, "{v}")?;
+            }
+            for r in &m.memcpys {
+                let v = serde_json::json!({"kind": "memcpy", "process_id": r.process_id, "start_ns": r.start_ns,
+                    "end_ns": r.end_ns, "device_id": r.device_id, "stream_id": r.stream_id,
+                    "correlation_id": r.correlation_id, "bytes": r.bytes, "direction": r.direction});
+                writeln!(out, "{v}")?;
+            }
+            for r in &m.memsets {
+                let v = serde_json::json!({"kind": "memset", "process_id": r.process_id, "start_ns": r.start_ns,
+                    "end_ns": r.end_ns, "device_id": r.device_id, "stream_id": r.stream_id,
+                    "correlation_id": r.correlation_id, "bytes": r.bytes});
+                writeln!(out, "{v}")?;
+            }
+            for r in &m.api_calls {
+                let v = serde_json::json!({"kind": "api", "process_id": r.process_id, "start_ns": r.start_ns,
+                    "end_ns": r.end_ns, "thread_id": r.thread_id, "correlation_id": r.correlation_id,
+                    "domain": r.domain, "name": r.name, "cbid": r.cbid});
+                writeln!(out, "{v}")?;
+            }
+            for r in &m.syncs {
+                let v = serde_json::json!({"kind": "sync", "process_id": r.process_id, "start_ns": r.start_ns,
+                    "end_ns": r.end_ns, "stream_id": r.stream_id, "correlation_id": r.correlation_id,
+                    "sync_type": r.sync_type});
+                writeln!(out, "{v}")?;
+            }
+            for r in &m.markers {
+                let v = serde_json::json!({"kind": "marker", "process_id": r.process_id, "start_ns": r.start_ns,
+                    "end_ns": r.end_ns, "thread_id": r.thread_id, "name": r.name, "domain": r.domain,
+                    "is_mark": r.is_mark});
+                writeln!(out, "{v}")?;
+            }
+            continue;
+        }
+        // Table: one line per record, one layout for all kinds.
+        if !header_done {
+            writeln!(
+                out,
+                "{:<7} {:>6} {:<23} {:>12} {:>4} {:>6} {:>8}  WHAT",
+                "KIND", "PROC", "START (UTC)", "DURATION", "DEV", "STREAM", "CORR"
+            )?;
+            header_done = true;
+        }
+        let line = |out: &mut std::io::StdoutLock<'_>,
+                    kind: &str,
+                    proc: u64,
+                    s: u64,
+                    e: u64,
+                    dev: String,
+                    stream: String,
+                    corr: u32,
+                    what: String| {
+            writeln!(
+                out,
+                "{kind:<7} {proc:>6} {:<23} {:>12} {dev:>4} {stream:>6} {corr:>8}  {what}",
+                wall(s),
+                human_ns(e.saturating_sub(s))
+            )
+        };
+        for k in &m.kernels {
+            line(
+                &mut out,
+                "kernel",
+                k.process_id,
+                k.start_ns,
+                k.end_ns,
+                k.device_id.to_string(),
+                k.stream_id.to_string(),
+                k.correlation_id,
+                shorten(&k.name, 90),
+            )?;
+        }
+        for r in &m.memcpys {
+            line(
+                &mut out,
+                "memcpy",
+                r.process_id,
+                r.start_ns,
+                r.end_ns,
+                r.device_id.to_string(),
+                r.stream_id.to_string(),
+                r.correlation_id,
+                format!("{} {}", r.direction, crate::output::human_bytes(r.bytes)),
+            )?;
+        }
+        for r in &m.memsets {
+            line(
+                &mut out,
+                "memset",
+                r.process_id,
+                r.start_ns,
+                r.end_ns,
+                r.device_id.to_string(),
+                r.stream_id.to_string(),
+                r.correlation_id,
+                crate::output::human_bytes(r.bytes),
+            )?;
+        }
+        for r in &m.api_calls {
+            line(
+                &mut out,
+                "api",
+                r.process_id,
+                r.start_ns,
+                r.end_ns,
+                "-".into(),
+                "-".into(),
+                r.correlation_id,
+                format!("{} (tid {})", r.name, r.thread_id),
+            )?;
+        }
+        for r in &m.syncs {
+            line(
+                &mut out,
+                "sync",
+                r.process_id,
+                r.start_ns,
+                r.end_ns,
+                "-".into(),
+                r.stream_id.to_string(),
+                r.correlation_id,
+                r.sync_type.clone(),
+            )?;
+        }
+        for r in &m.markers {
+            let what = if r.domain.is_empty() { r.name.clone() } else { format!("{}: {}", r.domain, r.name) };
+            line(&mut out, "marker", r.process_id, r.start_ns, r.end_ns, "-".into(), "-".into(), 0, what)?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub enum Format {
+    /// Chrome trace JSON (Perfetto UI, chrome://tracing).
+    Chrome,
+    /// A standalone SQLite database.
+    Sqlite,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Session id.
+    pub session: u64,
+    /// Output file (written next to it under a temporary name, then renamed).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// File format (default: from the file name: .db/.sqlite → sqlite, else chrome).
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
+    let format = a.format.unwrap_or_else(|| match a.output.extension().and_then(|e| e.to_str()) {
+        Some("db" | "sqlite" | "sqlite3") => Format::Sqlite,
+        _ => Format::Chrome,
+    });
+    let pf = match format {
+        Format::Chrome => pb::ExportFormat::ChromeJson,
+        Format::Sqlite => pb::ExportFormat::Sqlite,
+    };
+    let mut stream = c
+        .export_trace(pb::ExportTraceRequest {
+            session_id: a.session,
+            format: pf as i32,
+            filter: Some(a.filter.to_pb()?),
+        })
+        .await?
+        .into_inner();
+    let dir = a.output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile_in(dir, &a.output)?;
+    let show = !a.quiet && !json && std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let (mut bytes, mut events, mut total) = (0u64, 0u64, 0u64);
+    let mut last_draw = Instant::now();
+    while let Some(m) = stream.message().await? {
+        tmp.1.write_all(&m.data).context("writing the export")?;
+        bytes += m.data.len() as u64;
+        events = m.events_written.max(events);
+        total = m.events_total.max(total);
+        if show && last_draw.elapsed().as_millis() >= 100 {
+            draw_progress(events, total, bytes, started);
+            last_draw = Instant::now();
+        }
+    }
+    tmp.1.flush()?;
+    drop(tmp.1);
+    std::fs::rename(&tmp.0, &a.output).with_context(|| format!("renaming into {}", a.output.display()))?;
+    if show {
+        draw_progress(events, total.max(events), bytes, started);
+        eprintln!();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"session": a.session, "file": a.output, "bytes": bytes, "events": events, "seconds": secs})
+        );
+    } else {
+        println!(
+            "wrote {} ({} events, {}) in {:.2} s",
+            a.output.display(),
+            events,
+            crate::output::human_bytes(bytes),
+            secs
+        );
+    }
+    Ok(())
+}
+
+fn draw_progress(events: u64, total: u64, bytes: u64, started: Instant) {
+    const WIDTH: usize = 30;
+    let frac = if total > 0 { (events as f64 / total as f64).min(1.0) } else { 0.0 };
+    let filled = (frac * WIDTH as f64) as usize;
+    let rate = events as f64 / started.elapsed().as_secs_f64().max(1e-3);
+    eprint!(
+        "\r[{}{}] {:>5.1}%  {events}/{total} events  {}  {:.0} events/s ",
+        "#".repeat(filled),
+        "-".repeat(WIDTH - filled),
+        frac * 100.0,
+        crate::output::human_bytes(bytes),
+        rate
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// A new file beside `target`, removed if the export fails.
+fn tempfile_in(
+    dir: &std::path::Path,
+    target: &std::path::Path,
+) -> Result<(TempPath, std::io::BufWriter<std::fs::File>)> {
+    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("export");
+    let path = dir.join(format!(".{name}.{}.part", std::process::id()));
+    let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    Ok((TempPath(path), std::io::BufWriter::with_capacity(1 << 20, f)))
+}
+
+/// Removes the partial file unless it was renamed.
+struct TempPath(PathBuf);
+
+impl AsRef<std::path::Path> for TempPath {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

@@ -1,0 +1,429 @@
+//! `gpuprofctl devices`, `procs`, `session start|stop|list|show` and `trace`.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use gpuprof_proto::api::gpuprof_client::GpuprofClient;
+use gpuprofctl::pb;
+use tonic::transport::Channel;
+
+use crate::output::{
+    Usage, human_bytes, human_ns, now_ns, print_summary, session_json, shorten, state_name, summary_json, table,
+    target_text, wall,
+};
+
+pub type Client = GpuprofClient<Channel>;
+
+/// Which processes a session covers (at least one).
+#[derive(Args, Debug, Clone, Default)]
+pub struct TargetArgs {
+    /// A process id (repeatable).
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Executable base name, exact (repeatable), e.g. python3.
+    #[arg(long = "exe", value_name = "NAME")]
+    pub exes: Vec<String>,
+    /// Glob over the executable path or command line (repeatable), e.g. '*train*.py'.
+    #[arg(long = "pattern", value_name = "GLOB")]
+    pub patterns: Vec<String>,
+    /// Substring of the cgroup path: a container or pod id (repeatable).
+    #[arg(long = "cgroup", value_name = "ID")]
+    pub cgroups: Vec<String>,
+    /// Every GPU process (yours only, unless you are root or in the admin group).
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl TargetArgs {
+    pub fn to_pb(&self) -> Result<Vec<pb::Target>> {
+        use pb::target::Target as T;
+        let mut v: Vec<pb::Target> = Vec::new();
+        v.extend(self.pids.iter().map(|p| T::Pid(*p)).map(|t| pb::Target { target: Some(t) }));
+        v.extend(self.exes.iter().map(|p| pb::Target { target: Some(T::ExeName(p.clone())) }));
+        v.extend(self.patterns.iter().map(|p| pb::Target { target: Some(T::ExePattern(p.clone())) }));
+        v.extend(self.cgroups.iter().map(|p| pb::Target { target: Some(T::Cgroup(p.clone())) }));
+        if self.all {
+            v.push(pb::Target { target: Some(T::All(true)) });
+        }
+        if v.is_empty() {
+            bail!(Usage("say which processes to trace: --pid, --exe, --pattern, --cgroup or --all".into()));
+        }
+        Ok(v)
+    }
+}
+
+/// What and how long to collect.
+#[derive(Args, Debug, Clone)]
+pub struct CollectArgs {
+    /// What to collect: kernels, default (kernels, copies, sets, API calls, sync, NVTX) or full.
+    #[arg(long, default_value = "default")]
+    pub preset: String,
+    /// Stop after this long (e.g. 10s, 2m, 1h30m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Stop after this many records.
+    #[arg(long, value_name = "N")]
+    pub max_records: Option<u64>,
+    /// Start at this time instead of now: RFC 3339 UTC ("2026-05-01T12:00:00Z") or a delay ("+30s").
+    #[arg(long, value_name = "TIME")]
+    pub start_at: Option<String>,
+    /// A label for the session.
+    #[arg(long, default_value = "")]
+    pub name: String,
+    /// Also sample PCs (needs the device's performance monitor).
+    #[arg(long)]
+    pub pc_sampling: bool,
+}
+
+impl CollectArgs {
+    fn request(&self, targets: Vec<pb::Target>) -> Result<pb::StartSessionRequest> {
+        let start_at_ns = match &self.start_at {
+            None => 0,
+            Some(s) => parse_start(s)?,
+        };
+        Ok(pb::StartSessionRequest {
+            name: self.name.clone(),
+            targets,
+            collect: Some(pb::CollectOptions {
+                preset: self.preset.clone(),
+                pc_sampling: self.pc_sampling,
+                pc_sampling_period_log2: 0,
+                pm_metrics: Vec::new(),
+            }),
+            start_at_ns,
+            duration_ms: self.duration.map(|d| d.as_millis() as u64).unwrap_or(0),
+            max_records: self.max_records.unwrap_or(0),
+        })
+    }
+}
+
+fn parse_start(s: &str) -> Result<u64> {
+    if let Some(delay) = s.strip_prefix('+') {
+        let d = humantime::parse_duration(delay).map_err(|e| Usage(format!("--start-at {s}: {e}")))?;
+        return Ok(now_ns() + d.as_nanos() as u64);
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| Usage(format!("--start-at {s}: {e} (use RFC 3339 like 2026-05-01T12:00:00Z, or +30s)")))?;
+    Ok(t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0))
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SessionCmd {
+    /// Start a session; prints its id.
+    Start {
+        #[command(flatten)]
+        targets: TargetArgs,
+        #[command(flatten)]
+        collect: CollectArgs,
+    },
+    /// Stop a session and wait until its processes have flushed.
+    Stop { session: u64 },
+    /// List sessions, newest first.
+    List {
+        /// Only sessions in this state (repeatable): pending, active, stopping, completed, failed, interrupted.
+        #[arg(long = "state")]
+        states: Vec<String>,
+        /// Only sessions whose name contains this.
+        #[arg(long)]
+        name: Option<String>,
+        /// At most this many sessions.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// One session with its processes.
+    Show { session: u64 },
+}
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    #[command(flatten)]
+    pub collect: CollectArgs,
+    /// Kernels to list in the summary.
+    #[arg(long, default_value_t = 10)]
+    pub top: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct ProcsArgs {
+    /// Also list processes that have disconnected.
+    #[arg(long)]
+    pub all: bool,
+}
+
+pub async fn devices(c: &mut Client, json: bool) -> Result<()> {
+    let r = c.list_devices(pb::ListDevicesRequest {}).await?.into_inner();
+    if json {
+        let v: Vec<_> = r
+            .devices
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "index": d.index, "uuid": d.uuid, "name": d.name,
+                    "compute_capability": format!("{}.{}", d.compute_major, d.compute_minor),
+                    "sm_count": d.sm_count, "global_memory_bytes": d.global_memory_bytes,
+                    "monitor_state": d.monitor_state,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    if r.devices.is_empty() {
+        println!("no GPUs reported yet (they appear once a sampler or an injected process connects)");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = r
+        .devices
+        .iter()
+        .map(|d| {
+            vec![
+                d.index.to_string(),
+                d.name.clone(),
+                format!("{}.{}", d.compute_major, d.compute_minor),
+                d.sm_count.to_string(),
+                human_bytes(d.global_memory_bytes),
+                d.uuid.clone(),
+                if d.monitor_state.is_empty() { "-".into() } else { d.monitor_state.clone() },
+            ]
+        })
+        .collect();
+    table(&[">INDEX", "NAME", ">CC", ">SMS", ">MEMORY", "UUID", "MONITOR"], &rows);
+    Ok(())
+}
+
+pub async fn procs(c: &mut Client, args: ProcsArgs, json: bool) -> Result<()> {
+    let r = c.list_processes(pb::ListProcessesRequest { include_exited: args.all }).await?.into_inner();
+    if json {
+        let v: Vec<_> = r
+            .processes
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "id": p.id, "pid": p.pid, "uid": p.uid, "exe": p.exe, "cmdline": p.cmdline,
+                    "cgroup": p.cgroup, "agent_kind": p.agent_kind, "connected_at_ns": p.connected_at_ns,
+                    "disconnected_at_ns": p.disconnected_at_ns, "trace_state": p.trace_state,
+                    "cupti_version": p.cupti_version,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = r
+        .processes
+        .iter()
+        .map(|p| {
+            vec![
+                p.id.to_string(),
+                p.pid.to_string(),
+                p.uid.to_string(),
+                p.agent_kind.clone(),
+                p.trace_state.clone(),
+                wall(p.connected_at_ns),
+                shorten(&p.cmdline.join(" "), 60),
+            ]
+        })
+        .collect();
+    table(&[">ID", ">PID", ">UID", "KIND", "STATE", "CONNECTED (UTC)", "COMMAND"], &rows);
+    Ok(())
+}
+
+pub async fn session(c: &mut Client, cmd: SessionCmd, json: bool) -> Result<()> {
+    match cmd {
+        SessionCmd::Start { targets, collect } => {
+            let req = collect.request(targets.to_pb()?)?;
+            let s = c.start_session(req).await?.into_inner();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&session_json(&s))?);
+            } else {
+                println!(
+                    "session {} {} ({} process{} joined)",
+                    s.id,
+                    state_name(s.state),
+                    s.processes.len(),
+                    if s.processes.len() == 1 { "" } else { "es" }
+                );
+            }
+        }
+        SessionCmd::Stop { session } => {
+            let s = c.stop_session(pb::StopSessionRequest { session_id: session }).await?.into_inner();
+            print_session(&s, json)?;
+        }
+        SessionCmd::Show { session } => {
+            let s = c.get_session(pb::GetSessionRequest { session_id: session }).await?.into_inner();
+            print_session(&s, json)?;
+        }
+        SessionCmd::List { states, name, limit } => {
+            let mut st = Vec::new();
+            for s in &states {
+                let v = pb::SessionState::from_str_name(&format!("SESSION_STATE_{}", s.to_uppercase()))
+                    .filter(|v| *v != pb::SessionState::Unspecified)
+                    .ok_or_else(|| {
+                        Usage(format!("--state {s}: use pending, active, stopping, completed, failed or interrupted"))
+                    })?;
+                st.push(v as i32);
+            }
+            let mut out = Vec::new();
+            let mut token = String::new();
+            while out.len() < limit as usize {
+                let r = c
+                    .list_sessions(pb::ListSessionsRequest {
+                        states: st.clone(),
+                        name_contains: name.clone().unwrap_or_default(),
+                        page_size: (limit as usize - out.len()).min(1000) as u32,
+                        page_token: token,
+                    })
+                    .await?
+                    .into_inner();
+                out.extend(r.sessions);
+                token = r.next_page_token;
+                if token.is_empty() {
+                    break;
+                }
+            }
+            if json {
+                let v: Vec<_> = out.iter().map(session_json).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let rows: Vec<Vec<String>> = out
+                    .iter()
+                    .map(|s| {
+                        vec![
+                            s.id.to_string(),
+                            state_name(s.state),
+                            s.name.clone(),
+                            s.owner_uid.to_string(),
+                            wall(s.created_at_ns),
+                            s.processes.len().to_string(),
+                            s.records.to_string(),
+                            s.targets.iter().map(target_text).collect::<Vec<_>>().join(","),
+                        ]
+                    })
+                    .collect();
+                table(&[">ID", "STATE", "NAME", ">OWNER", "CREATED (UTC)", ">PROCS", ">RECORDS", "TARGETS"], &rows);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_session(s: &pb::Session, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&session_json(s))?);
+        return Ok(());
+    }
+    let c = s.collect.clone().unwrap_or_default();
+    println!("session      {}{}", s.id, if s.name.is_empty() { String::new() } else { format!(" ({})", s.name) });
+    println!("state        {}", state_name(s.state));
+    if !s.stop_reason.is_empty() {
+        println!("reason       {}", s.stop_reason);
+    }
+    println!("targets      {}", s.targets.iter().map(target_text).collect::<Vec<_>>().join(", "));
+    println!("collect      {}{}", c.preset, if c.pc_sampling { " + PC sampling" } else { "" });
+    println!("owner uid    {}", s.owner_uid);
+    println!("created      {}", wall(s.created_at_ns));
+    println!("started      {}", wall(s.started_at_ns));
+    println!("stopped      {}", wall(s.stopped_at_ns));
+    if s.started_at_ns > 0 {
+        let end = if s.stopped_at_ns > 0 { s.stopped_at_ns } else { now_ns() };
+        println!("elapsed      {}", human_ns(end.saturating_sub(s.started_at_ns)));
+    }
+    if s.duration_ms > 0 {
+        println!("duration     {}", human_ns(s.duration_ms * 1_000_000));
+    }
+    if s.max_records > 0 {
+        println!("max records  {}", s.max_records);
+    }
+    println!("records      {}", s.records);
+    if !s.processes.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = s
+            .processes
+            .iter()
+            .map(|p| {
+                vec![
+                    p.process_id.to_string(),
+                    p.pid.to_string(),
+                    p.state.clone(),
+                    p.records.to_string(),
+                    p.dropped.to_string(),
+                    wall(p.joined_at_ns),
+                    shorten(&p.exe, 50),
+                ]
+            })
+            .collect();
+        table(&[">ID", ">PID", "STATE", ">RECORDS", ">DROPPED", "JOINED (UTC)", "EXE"], &rows);
+    }
+    Ok(())
+}
+
+/// `trace`: start a session, wait for its end (duration, record limit, or Ctrl-C), print the summary.
+pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
+    let req = args.collect.request(args.targets.to_pb()?)?;
+    let s = c.start_session(req).await?.into_inner();
+    let id = s.id;
+    if !json {
+        let how = match args.collect.duration {
+            Some(d) => format!("for {}", humantime::format_duration(d)),
+            None => "until Ctrl-C".into(),
+        };
+        eprintln!(
+            "tracing session {id} {how} ({} process{} now; matching processes that start later join)",
+            s.processes.len(),
+            if s.processes.len() == 1 { "" } else { "es" }
+        );
+    }
+    let mut interrupted = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let final_session = loop {
+        tokio::select! {
+            r = &mut ctrl_c => {
+                r.context("waiting for Ctrl-C")?;
+                interrupted = true;
+                break c.stop_session(pb::StopSessionRequest { session_id: id }).await?.into_inner();
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                let s = c.get_session(pb::GetSessionRequest { session_id: id }).await?.into_inner();
+                let st = pb::SessionState::try_from(s.state).unwrap_or_default();
+                if matches!(st, pb::SessionState::Completed | pb::SessionState::Failed | pb::SessionState::Interrupted) {
+                    break s;
+                }
+            }
+        }
+    };
+    let summary =
+        c.get_summary(pb::GetSummaryRequest { session_id: id, filter: None, top: args.top }).await?.into_inner();
+    if json {
+        let v = serde_json::json!({"session": session_json(&final_session), "summary": summary_json(&summary)});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        if interrupted {
+            eprintln!();
+        }
+        println!(
+            "session {id}: {} ({}), {} records from {} process{}",
+            state_name(final_session.state),
+            final_session.stop_reason,
+            final_session.records,
+            final_session.processes.len(),
+            if final_session.processes.len() == 1 { "" } else { "es" }
+        );
+        for p in final_session.processes.iter().filter(|p| p.displaced || p.state == "failed" || p.dropped > 0) {
+            println!(
+                "  pid {}: {}{}",
+                p.pid,
+                p.state,
+                if p.dropped > 0 { format!(", {} records dropped", p.dropped) } else { String::new() }
+            );
+        }
+        print_summary(&summary, 80);
+    }
+    if pb::SessionState::try_from(final_session.state) == Ok(pb::SessionState::Failed) {
+        bail!("session {id} failed: {}", final_session.stop_reason);
+    }
+    Ok(())
+}

@@ -1,0 +1,656 @@
+//! Reading a session's records: filtered record streams and summaries.
+//!
+//! Everything here runs on read-only connections in blocking threads. A session's rows
+//! are found by rowid range (each session's first and last rowid per table come from the
+//! rollup, see [`crate::rollup`]), so a query touches only the pages of that session,
+//! never the whole table, and no index on the hot record tables is needed.
+
+use std::collections::HashMap;
+
+use gpuprof_proto::api as pb;
+use rusqlite::types::Value;
+use rusqlite::{Connection, params_from_iter};
+use tokio::sync::mpsc;
+
+use crate::Daemon;
+use crate::access::Caller;
+use crate::error::{ApiError, ApiResult};
+
+/// Record tables that carry a `session` and a `proc` column.
+pub const RECORD_TABLES: &[&str] = &[
+    "kernel",
+    "memcpy",
+    "memset",
+    "api",
+    "sync",
+    "overhead",
+    "marker",
+    "external_correlation",
+    "context",
+    "stream",
+    "graph",
+];
+
+/// Records stored for a session, per process.
+pub fn session_record_counts(c: &Connection, session: u64) -> rusqlite::Result<HashMap<u64, u64>> {
+    crate::rollup::session_counts(c, session)
+}
+
+/// A WHERE clause with its parameters.
+#[derive(Debug, Default, Clone)]
+pub struct Where {
+    pub sql: String,
+    pub params: Vec<Value>,
+}
+
+impl Where {
+    fn and(&mut self, cond: &str, params: impl IntoIterator<Item = Value>) {
+        self.sql.push_str(" AND ");
+        self.sql.push_str(cond);
+        self.params.extend(params);
+    }
+
+    fn in_list(&mut self, col: &str, vals: impl IntoIterator<Item = i64>) {
+        let vals: Vec<i64> = vals.into_iter().collect();
+        if vals.is_empty() {
+            return;
+        }
+        let marks = vec!["?"; vals.len()].join(",");
+        self.and(&format!("{col} IN ({marks})"), vals.into_iter().map(Value::Integer));
+    }
+}
+
+/// Which columns a table has, for filters.
+#[derive(Debug, Clone, Copy)]
+pub struct Cols {
+    pub dev: bool,
+    pub stream: bool,
+    pub name: bool,
+    pub time: bool,
+}
+
+pub fn cols(table: &str) -> Cols {
+    match table {
+        "kernel" => Cols { dev: true, stream: true, name: true, time: true },
+        "memcpy" | "memset" | "graph" => Cols { dev: true, stream: true, name: false, time: true },
+        "sync" => Cols { dev: false, stream: true, name: false, time: true },
+        "api" | "marker" | "overhead" => Cols { dev: false, stream: false, name: false, time: true },
+        _ => Cols { dev: false, stream: false, name: false, time: false },
+    }
+}
+
+/// Checks a filter's fields.
+pub fn check_filter(f: &pb::RecordFilter) -> ApiResult<()> {
+    if !f.name_pattern.is_empty() {
+        crate::glob::check(&f.name_pattern).map_err(|e| ApiError::invalid("filter.name_pattern", e))?;
+    }
+    if let Some(t) = &f.time_range
+        && t.end_ns != 0
+        && t.end_ns <= t.start_ns
+    {
+        return Err(ApiError::invalid(
+            "filter.time_range",
+            format!("end_ns {} is not after start_ns {}", t.end_ns, t.start_ns),
+        ));
+    }
+    Ok(())
+}
+
+/// The WHERE clause selecting `session`'s rows of `table` (alias `t`, processes joined as
+/// `p` when `time` filters apply) that pass `f`.
+pub fn where_for(c: &Connection, table: &str, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Where> {
+    let (lo, hi) = crate::rollup::rowid_range(c, table, session)?;
+    let mut w = Where {
+        sql: "t.rowid BETWEEN ? AND ? AND t.session = ?".into(),
+        params: vec![Value::Integer(lo), Value::Integer(hi), Value::Integer(session as i64)],
+    };
+    let cl = cols(table);
+    w.in_list("t.proc", f.process_ids.iter().map(|p| *p as i64));
+    if cl.dev {
+        w.in_list("t.dev", f.device_ids.iter().map(|d| i64::from(*d)));
+    }
+    if cl.stream {
+        w.in_list("t.stream", f.stream_ids.iter().map(|d| i64::from(*d)));
+    }
+    if cl.name && !f.name_pattern.is_empty() {
+        w.and("t.name IN (SELECT id FROM strings WHERE value GLOB ?)", [Value::Text(f.name_pattern.clone())]);
+    }
+    if cl.time
+        && let Some(tr) = &f.time_range
+    {
+        if tr.start_ns > 0 {
+            w.and(
+                "t.start + t.dur + (SELECT base_ns FROM processes WHERE id = t.proc) >= ?",
+                [Value::Integer(tr.start_ns as i64)],
+            );
+        }
+        if tr.end_ns > 0 {
+            w.and(
+                "t.start + (SELECT base_ns FROM processes WHERE id = t.proc) < ?",
+                [Value::Integer(tr.end_ns as i64)],
+            );
+        }
+    }
+    Ok(w)
+}
+
+/// Whether a filter needs the rows themselves: the rollups have no time dimension.
+fn needs_scan(f: &pb::RecordFilter) -> bool {
+    f.time_range.as_ref().is_some_and(|t| t.start_ns > 0 || t.end_ns > 0)
+}
+
+/// Rank of the `q`-quantile in a sorted list of `n` values (nearest rank).
+fn rank(n: u64, q: f64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    ((q * n as f64).ceil() as u64).clamp(1, n) - 1
+}
+
+/// Kernel statistics from the exact durations.
+fn kernel_stat(name: String, durs: &mut [u64]) -> pb::KernelStat {
+    durs.sort_unstable();
+    let n = durs.len() as u64;
+    let total: u64 = durs.iter().sum();
+    pb::KernelStat {
+        name,
+        count: n,
+        total_ns: total,
+        mean_ns: total.checked_div(n).unwrap_or(0),
+        p50_ns: durs.get(rank(n, 0.5) as usize).copied().unwrap_or(0),
+        p95_ns: durs.get(rank(n, 0.95) as usize).copied().unwrap_or(0),
+        max_ns: durs.last().copied().unwrap_or(0),
+        min_ns: durs.first().copied().unwrap_or(0),
+    }
+}
+
+/// GetSummary's body, on a read connection.
+pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> ApiResult<pb::GetSummaryResponse> {
+    let mut out = pb::GetSummaryResponse::default();
+    // Top kernels.
+    if needs_scan(f) {
+        let w = where_for(c, "kernel", session, f)?;
+        let mut per: HashMap<i64, Vec<u64>> = HashMap::new();
+        let mut stmt = c.prepare(&format!("SELECT t.name, t.dur FROM kernel t WHERE {}", w.sql))?;
+        let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
+        while let Some(r) = rows.next()? {
+            per.entry(r.get(0)?).or_default().push(r.get::<_, i64>(1)?.max(0) as u64);
+        }
+        out.kernel_count = per.values().map(|v| v.len() as u64).sum();
+        let mut totals: Vec<(i64, u64)> = per.iter().map(|(k, v)| (*k, v.iter().sum())).collect();
+        totals.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (name, _) in totals.into_iter().take(top) {
+            let mut durs = per.remove(&name).unwrap_or_default();
+            out.top_kernels.push(kernel_stat(string(c, name)?, &mut durs));
+        }
+    } else {
+        let (count, stats) = crate::rollup::top_kernels(c, session, f, top)?;
+        out.kernel_count = count;
+        out.top_kernels = stats;
+    }
+    if needs_scan(f) {
+        out.copies = copies(c, session, f)?;
+        out.api_calls = api_calls(c, session, f, top)?;
+    } else {
+        out.copies = crate::rollup::copies(c, session, f)?;
+        out.api_calls = crate::rollup::api_calls(c, session, f, top)?;
+    }
+    // The busy rollup is per device only; other filters need the rows.
+    if needs_scan(f) || !f.process_ids.is_empty() || !f.stream_ids.is_empty() || !f.name_pattern.is_empty() {
+        out.device_busy = device_busy(c, session, f)?;
+    } else {
+        out.device_busy = crate::rollup::device_busy(c, session, f)?;
+    }
+    Ok(out)
+}
+
+/// An interned string's value ("" for 0 or unknown ids).
+pub fn string(c: &Connection, id: i64) -> rusqlite::Result<String> {
+    use rusqlite::OptionalExtension;
+    if id == 0 {
+        return Ok(String::new());
+    }
+    Ok(c.prepare_cached("SELECT value FROM strings WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?
+        .unwrap_or_default())
+}
+
+/// CUpti_ActivityMemcpyKind as a short name.
+pub fn copy_kind_name(k: i64) -> String {
+    match k {
+        1 => "HtoD".into(),
+        2 => "DtoH".into(),
+        3 => "HtoA".into(),
+        4 => "AtoH".into(),
+        5 => "AtoA".into(),
+        6 => "AtoD".into(),
+        7 => "DtoA".into(),
+        8 => "DtoD".into(),
+        9 => "HtoH".into(),
+        10 => "PtoP".into(),
+        other => format!("kind{other}"),
+    }
+}
+
+fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::CopyStat>> {
+    let w = where_for(c, "memcpy", session, f)?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.kind, count(*), sum(t.bytes), sum(t.dur) FROM memcpy t WHERE {} GROUP BY t.kind ORDER BY sum(t.bytes) DESC",
+        w.sql
+    ))?;
+    let rows = stmt.query_map(params_from_iter(w.params.iter()), |r| {
+        let bytes = r.get::<_, i64>(2)?.max(0) as u64;
+        let total = r.get::<_, i64>(3)?.max(0) as u64;
+        Ok(pb::CopyStat {
+            direction: copy_kind_name(r.get(0)?),
+            count: r.get::<_, i64>(1)? as u64,
+            bytes,
+            total_ns: total,
+            bandwidth_gbps: if total > 0 { bytes as f64 / total as f64 } else { 0.0 },
+        })
+    })?;
+    rows.collect()
+}
+
+fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> rusqlite::Result<Vec<pb::ApiStat>> {
+    let w = where_for(c, "api", session, f)?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.domain, t.cbid, count(*), sum(t.dur), max(t.dur) FROM api t WHERE {}
+         GROUP BY t.domain, t.cbid ORDER BY sum(t.dur) DESC LIMIT {top}",
+        w.sql
+    ))?;
+    let rows = stmt.query_map(params_from_iter(w.params.iter()), |r| {
+        let domain: i64 = r.get(0)?;
+        let cbid: i64 = r.get(1)?;
+        Ok(pb::ApiStat {
+            name: crate::cbid::name(domain, cbid),
+            domain: crate::cbid::domain_name(domain).into(),
+            count: r.get::<_, i64>(2)? as u64,
+            total_ns: r.get::<_, i64>(3)?.max(0) as u64,
+            max_ns: r.get::<_, i64>(4)?.max(0) as u64,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Busy time per device: the union of kernel, copy and set intervals.
+fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::DeviceBusy>> {
+    let mut per: HashMap<u32, Vec<(i64, i64)>> = HashMap::new();
+    for table in ["kernel", "memcpy", "memset"] {
+        let w = where_for(c, table, session, f)?;
+        let mut stmt = c.prepare(&format!(
+            "SELECT t.dev, t.start + p.base_ns, t.dur FROM {table} t JOIN processes p ON p.id = t.proc WHERE {}",
+            w.sql
+        ))?;
+        let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
+        while let Some(r) = rows.next()? {
+            let s: i64 = r.get(1)?;
+            per.entry(r.get(0)?).or_default().push((s, s + r.get::<_, i64>(2)?.max(0)));
+        }
+    }
+    let mut out: Vec<pb::DeviceBusy> = per
+        .into_iter()
+        .map(|(dev, mut iv)| {
+            let (busy, span) = union_len(&mut iv);
+            pb::DeviceBusy { device_id: dev, busy_ns: busy, span_ns: span }
+        })
+        .collect();
+    out.sort_by_key(|d| d.device_id);
+    Ok(out)
+}
+
+/// (length of the union, span from first start to last end) of intervals.
+pub fn union_len(iv: &mut [(i64, i64)]) -> (u64, u64) {
+    if iv.is_empty() {
+        return (0, 0);
+    }
+    iv.sort_unstable();
+    let mut busy = 0i64;
+    let (mut cs, mut ce) = iv[0];
+    let mut last_end = ce;
+    for &(s, e) in iv.iter().skip(1) {
+        last_end = last_end.max(e);
+        if s <= ce {
+            ce = ce.max(e);
+        } else {
+            busy += ce - cs;
+            cs = s;
+            ce = e;
+        }
+    }
+    busy += ce - cs;
+    (busy.max(0) as u64, (last_end - iv[0].0).max(0) as u64)
+}
+
+// ---------------------------------------------------------------- requests
+
+/// Largest `top` accepted by GetSummary.
+const MAX_TOP: u32 = 1000;
+/// Rows per QueryRecordsResponse message.
+const ROWS_PER_MESSAGE: usize = 2000;
+/// Record kinds QueryRecords serves.
+pub const QUERY_KINDS: &[&str] = &["kernel", "memcpy", "memset", "api", "sync", "marker"];
+
+/// GetSummary.
+pub async fn get_summary(d: &Daemon, caller: &Caller, req: pb::GetSummaryRequest) -> ApiResult<pb::GetSummaryResponse> {
+    let top = match req.top {
+        0 => 20,
+        n if n > MAX_TOP => return Err(ApiError::invalid("top", format!("{n} is above the maximum of {MAX_TOP}"))),
+        n => n,
+    } as usize;
+    let f = req.filter.unwrap_or_default();
+    check_filter(&f)?;
+    crate::sessions::authorize(d, caller, req.session_id).await?;
+    crate::rollup::catch_up(d).await?;
+    let path = d.db_path.clone();
+    let id = req.session_id;
+    tokio::task::spawn_blocking(move || {
+        let c = crate::store::open_reader(&path)?;
+        summary(&c, id, &f, top)
+    })
+    .await?
+}
+
+/// QueryRecords: checks the request, then streams from a blocking reader thread.
+pub async fn query_records(
+    d: &Daemon,
+    caller: &Caller,
+    req: pb::QueryRecordsRequest,
+) -> ApiResult<mpsc::Receiver<Result<pb::QueryRecordsResponse, tonic::Status>>> {
+    let mut kinds: Vec<&'static str> = Vec::new();
+    for k in &req.kinds {
+        match QUERY_KINDS.iter().find(|q| **q == k.as_str()) {
+            Some(q) if !kinds.contains(q) => kinds.push(q),
+            Some(_) => {}
+            None => {
+                return Err(ApiError::invalid(
+                    "kinds",
+                    format!("unknown record kind {k:?}; use one of {}", QUERY_KINDS.join(", ")),
+                ));
+            }
+        }
+    }
+    if kinds.is_empty() {
+        kinds.push("kernel");
+    }
+    let f = req.filter.unwrap_or_default();
+    check_filter(&f)?;
+    crate::sessions::authorize(d, caller, req.session_id).await?;
+    crate::rollup::catch_up(d).await?;
+    let (tx, rx) = mpsc::channel(4);
+    let path = d.db_path.clone();
+    let session = req.session_id;
+    let limit = if req.limit == 0 { u64::MAX } else { req.limit };
+    tokio::task::spawn_blocking(move || {
+        let r = crate::store::open_reader(&path)
+            .map_err(ApiError::from)
+            .and_then(|c| stream_records(&c, session, &kinds, &f, limit, &tx).map_err(ApiError::from));
+        if let Err(e) = r {
+            let _ = tx.blocking_send(Err(e.into()));
+        }
+    });
+    Ok(rx)
+}
+
+/// Interned strings, cached for one query.
+#[derive(Default)]
+pub struct Strings(HashMap<i64, String>);
+
+impl Strings {
+    pub fn get(&mut self, c: &Connection, id: i64) -> rusqlite::Result<String> {
+        if let Some(s) = self.0.get(&id) {
+            return Ok(s.clone());
+        }
+        let s = string(c, id)?;
+        self.0.insert(id, s.clone());
+        Ok(s)
+    }
+}
+
+/// CUpti_ActivitySynchronizationType as a name.
+pub fn sync_type_name(t: i64) -> &'static str {
+    match t {
+        1 => "event",
+        2 => "stream_wait_event",
+        3 => "stream",
+        4 => "context",
+        _ => "unknown",
+    }
+}
+
+fn stream_records(
+    c: &Connection,
+    session: u64,
+    kinds: &[&str],
+    f: &pb::RecordFilter,
+    limit: u64,
+    tx: &mpsc::Sender<Result<pb::QueryRecordsResponse, tonic::Status>>,
+) -> rusqlite::Result<()> {
+    let mut strings = Strings::default();
+    let mut left = limit;
+    let mut msg = pb::QueryRecordsResponse::default();
+    let mut in_msg = 0usize;
+    // Sends the message when full (or `force`); false when the client went away.
+    let flush = |msg: &mut pb::QueryRecordsResponse, in_msg: &mut usize, force: bool| -> bool {
+        if *in_msg == 0 || (!force && *in_msg < ROWS_PER_MESSAGE) {
+            return true;
+        }
+        *in_msg = 0;
+        tx.blocking_send(Ok(std::mem::take(msg))).is_ok()
+    };
+    for kind in kinds {
+        if left == 0 {
+            break;
+        }
+        let w = where_for(c, kind, session, f)?;
+        let cols = match *kind {
+            "kernel" => "t.dev, t.stream, t.corr, t.name, t.gx, t.gy, t.gz, t.bx, t.by, t.bz, t.regs, t.ssmem, t.dsmem",
+            "memcpy" => "t.dev, t.stream, t.corr, t.bytes, t.kind, 0, 0, 0, 0, 0, 0, 0, 0",
+            "memset" => "t.dev, t.stream, t.corr, t.bytes, 0, 0, 0, 0, 0, 0, 0, 0, 0",
+            "api" => "t.tid, t.corr, t.domain, t.cbid, 0, 0, 0, 0, 0, 0, 0, 0, 0",
+            "sync" => "t.stream, t.corr, t.type, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0",
+            _ => "t.tid, t.name, t.domain, t.is_mark, 0, 0, 0, 0, 0, 0, 0, 0, 0",
+        };
+        let mut stmt = c.prepare(&format!(
+            "SELECT t.proc, t.start + p.base_ns, t.dur, {cols} FROM {kind} t JOIN processes p ON p.id = t.proc
+             WHERE {} ORDER BY t.rowid",
+            w.sql
+        ))?;
+        let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
+        while let Some(r) = rows.next()? {
+            let proc = r.get::<_, i64>(0)? as u64;
+            let start = r.get::<_, i64>(1)?.max(0) as u64;
+            let end = start + r.get::<_, i64>(2)?.max(0) as u64;
+            let v = |i: usize| -> rusqlite::Result<i64> { r.get::<_, i64>(3 + i) };
+            let u = |i: usize| -> rusqlite::Result<u32> { Ok(v(i)? as u32) };
+            match *kind {
+                "kernel" => msg.kernels.push(pb::KernelRow {
+                    process_id: proc,
+                    start_ns: start,
+                    end_ns: end,
+                    device_id: u(0)?,
+                    stream_id: u(1)?,
+                    correlation_id: u(2)?,
+                    name: strings.get(c, v(3)?)?,
+                    grid_x: u(4)?,
+                    grid_y: u(5)?,
+                    grid_z: u(6)?,
+                    block_x: u(7)?,
+                    block_y: u(8)?,
+                    block_z: u(9)?,
+                    registers_per_thread: u(10)?,
+                    static_shared_bytes: u(11)?,
+                    dynamic_shared_bytes: u(12)?,
+                }),
+                "memcpy" => msg.memcpys.push(pb::MemcpyRow {
+                    process_id: proc,
+                    start_ns: start,
+                    end_ns: end,
+                    device_id: u(0)?,
+                    stream_id: u(1)?,
+                    correlation_id: u(2)?,
+                    bytes: v(3)?.max(0) as u64,
+                    direction: copy_kind_name(v(4)?),
+                }),
+                "memset" => msg.memsets.push(pb::MemsetRow {
+                    process_id: proc,
+                    start_ns: start,
+                    end_ns: end,
+                    device_id: u(0)?,
+                    stream_id: u(1)?,
+                    correlation_id: u(2)?,
+                    bytes: v(3)?.max(0) as u64,
+                }),
+                "api" => msg.api_calls.push(pb::ApiRow {
+                    process_id: proc,
+                    start_ns: start,
+                    end_ns: end,
+                    thread_id: u(0)?,
+                    correlation_id: u(1)?,
+                    domain: crate::cbid::domain_name(v(2)?).into(),
+                    name: crate::cbid::name(v(2)?, v(3)?),
+                    cbid: u(3)?,
+                }),
+                "sync" => msg.syncs.push(pb::SyncRow {
+                    process_id: proc,
+                    start_ns: start,
+                    end_ns: end,
+                    stream_id: u(0)?,
+                    correlation_id: u(1)?,
+                    sync_type: sync_type_name(v(2)?).into(),
+                }),
+                _ => msg.markers.push(pb::MarkerRow {
+                    process_id: proc,
+                    start_ns: start,
+                    end_ns: end,
+                    thread_id: u(0)?,
+                    name: strings.get(c, v(1)?)?,
+                    domain: strings.get(c, v(2)?)?,
+                    is_mark: v(3)? != 0,
+                }),
+            }
+            in_msg += 1;
+            left -= 1;
+            if !flush(&mut msg, &mut in_msg, false) {
+                return Ok(());
+            }
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    flush(&mut msg, &mut in_msg, true);
+    Ok(())
+}
+
+/// ListDevices: GPUs reported by agents.
+pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
+    let path = d.db_path.clone();
+    tokio::task::spawn_blocking(move || -> ApiResult<pb::ListDevicesResponse> {
+        let c = crate::store::open_reader(&path)?;
+        let mut stmt = c.prepare(
+            "SELECT id, uuid, name, compute_major, compute_minor, sm_count, global_memory_bytes FROM devices ORDER BY id",
+        )?;
+        let devices = stmt
+            .query_map([], |r| {
+                Ok(pb::Device {
+                    index: r.get(0)?,
+                    uuid: r.get(1)?,
+                    name: r.get(2)?,
+                    compute_major: r.get(3)?,
+                    compute_minor: r.get(4)?,
+                    sm_count: r.get(5)?,
+                    global_memory_bytes: r.get::<_, i64>(6)?.max(0) as u64,
+                    monitor_state: String::new(),
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(pb::ListDevicesResponse { devices })
+    })
+    .await?
+}
+
+/// ListProcesses: connected agents (and, if asked, past connections). Users other than
+/// root and the admin group see their own processes only.
+pub async fn list_processes(
+    d: &Daemon,
+    caller: &Caller,
+    req: pb::ListProcessesRequest,
+) -> ApiResult<pb::ListProcessesResponse> {
+    let mut processes: Vec<pb::Process> = d
+        .registry
+        .all()
+        .into_iter()
+        .filter(|a| caller.may_access(a.uid))
+        .map(|a| pb::Process {
+            id: a.id,
+            pid: a.pid,
+            uid: a.uid,
+            exe: a.exe.clone(),
+            cmdline: a.cmdline.clone(),
+            cgroup: a.cgroup.clone(),
+            agent_kind: a.kind.to_string(),
+            connected_at_ns: a.connected_at_ns,
+            disconnected_at_ns: 0,
+            trace_state: a.trace_state(),
+            cupti_version: a.cupti_version,
+        })
+        .collect();
+    if req.include_exited {
+        let path = d.db_path.clone();
+        let (admin, uid) = (caller.admin, caller.uid);
+        let past = tokio::task::spawn_blocking(move || -> ApiResult<Vec<pb::Process>> {
+            let c = crate::store::open_reader(&path)?;
+            let mut stmt = c.prepare(
+                "SELECT id, pid, uid, exe, cmdline, cgroup, agent_kind, connected_ns, disconnected_ns, cupti_version
+                 FROM processes WHERE disconnected_ns IS NOT NULL AND (?1 OR uid = ?2)
+                 ORDER BY id DESC LIMIT 1000",
+            )?;
+            let rows = stmt.query_map(rusqlite::params![admin, uid], |r| {
+                let cmdline: String = r.get(4)?;
+                Ok(pb::Process {
+                    id: r.get::<_, i64>(0)? as u64,
+                    pid: r.get(1)?,
+                    uid: r.get(2)?,
+                    exe: r.get(3)?,
+                    cmdline: serde_json::from_str(&cmdline).unwrap_or_default(),
+                    cgroup: r.get(5)?,
+                    agent_kind: r.get(6)?,
+                    connected_at_ns: r.get::<_, i64>(7)?.max(0) as u64,
+                    disconnected_at_ns: r.get::<_, i64>(8)?.max(0) as u64,
+                    trace_state: "exited".into(),
+                    cupti_version: r.get(9)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await??;
+        let live: std::collections::HashSet<u64> = processes.iter().map(|p| p.id).collect();
+        processes.extend(past.into_iter().filter(|p| !live.contains(&p.id)));
+        processes.sort_by_key(|p| p.id);
+    }
+    Ok(pb::ListProcessesResponse { processes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn union_of_intervals() {
+        let mut iv = vec![(10, 20), (0, 5), (15, 30), (40, 41)];
+        assert_eq!(union_len(&mut iv), (5 + 20 + 1, 41));
+        assert_eq!(union_len(&mut []), (0, 0));
+    }
+
+    #[test]
+    fn ranks() {
+        assert_eq!(rank(1, 0.5), 0);
+        assert_eq!(rank(100, 0.5), 49);
+        assert_eq!(rank(100, 0.95), 94);
+        let mut d: Vec<u64> = (1..=100).rev().collect();
+        let s = kernel_stat("k".into(), &mut d);
+        assert_eq!((s.count, s.total_ns, s.min_ns, s.max_ns, s.p50_ns, s.p95_ns), (100, 5050, 1, 100, 50, 95));
+    }
+}

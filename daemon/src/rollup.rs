@@ -1,0 +1,538 @@
+//! Per-session rollups, kept behind the writer instead of indexes on the record tables.
+//!
+//! The hot record tables have no index (each would cost every insert). A rollup pass reads
+//! the rows committed since its last pass, in rowid order, on a read connection, and hands
+//! small aggregates to the writer (`migrations/0002_sessions.sql` describes the tables):
+//! rows and rowid range per (session, table, process), kernel duration histograms, copy
+//! and API totals, device busy time. Queries then read a session's rows by rowid range and
+//! answer summaries from the aggregates, whatever the size of the database.
+//!
+//! Passes run every second while sessions are open and before every query ([`catch_up`]),
+//! one at a time. Each record is read once in its life.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use gpuprof_proto::api as pb;
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+
+use crate::Daemon;
+use crate::error::ApiResult;
+use crate::query::RECORD_TABLES;
+
+/// Rows read per table and pass; a larger backlog takes several passes.
+const CHUNK: i64 = 1_000_000;
+/// Background pass period while sessions are open.
+pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// Serializes rollup passes.
+#[derive(Default)]
+pub struct Rollup {
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// Brings the rollups up to the rows committed now.
+pub async fn catch_up(d: &Daemon) -> ApiResult<()> {
+    let _one_at_a_time = d.rollup.lock.lock().await;
+    loop {
+        let path = d.db_path.clone();
+        let delta = tokio::task::spawn_blocking(move || -> anyhow::Result<Delta> {
+            let c = crate::store::open_reader(&path)?;
+            Ok(read_delta(&c, CHUNK)?)
+        })
+        .await??;
+        if delta.progress.is_empty() {
+            return Ok(());
+        }
+        let more = delta.more;
+        d.writer.call(move |c| delta.apply(c)).await??;
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+/// Runs passes every [`PERIOD`] while sessions are open, until shutdown.
+pub async fn run(d: std::sync::Arc<Daemon>) {
+    let mut tick = tokio::time::interval(PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut was_open = false;
+    loop {
+        tokio::select! {
+            _ = d.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let open = d.sessions.open_count() > 0;
+        // One more pass after the last session ended picks up its final rows.
+        if (open || was_open)
+            && let Err(e) = catch_up(&d).await
+        {
+            tracing::warn!(error = %e, "rollup pass failed");
+        }
+        was_open = open;
+    }
+}
+
+/// Log-scale duration bucket: exact below 64 ns, then 32 buckets per power of two.
+pub fn bucket(d: i64) -> i64 {
+    if d < 64 {
+        return d.max(0);
+    }
+    let e = 63 - i64::from(d.leading_zeros());
+    let m = (d >> (e - 5)) & 31;
+    64 + (e - 6) * 32 + m
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Agg {
+    n: i64,
+    total: i64,
+    min: i64,
+    max: i64,
+}
+
+impl Agg {
+    fn add(&mut self, d: i64) {
+        self.n += 1;
+        self.total += d;
+        self.min = self.min.min(d);
+        self.max = self.max.max(d);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Busy {
+    closed: i64,
+    open_start: i64,
+    open_end: i64,
+    first: i64,
+    last: i64,
+}
+
+/// Three sums of a rollup row.
+type Sums = (i64, i64, i64);
+
+/// What one pass adds.
+#[derive(Default)]
+struct Delta {
+    progress: Vec<(&'static str, i64)>,
+    /// (session, table, proc) → (rows, first rowid, last rowid).
+    rows: HashMap<(i64, &'static str, i64), Sums>,
+    /// (session, name, proc, dev, stream, bucket).
+    kernels: HashMap<(i64, i64, i64, i64, i64, i64), Agg>,
+    /// (session, proc, dev, stream, kind) → (count, bytes, ns).
+    memcpy: HashMap<(i64, i64, i64, i64, i64), Sums>,
+    /// (session, proc, domain, cbid) → (count, ns, max ns).
+    api: HashMap<(i64, i64, i64, i64), Sums>,
+    busy: HashMap<(i64, i64), Busy>,
+    more: bool,
+}
+
+fn read_delta(c: &Connection, chunk: i64) -> rusqlite::Result<Delta> {
+    let mut delta = Delta::default();
+    let progress: HashMap<String, i64> = c
+        .prepare("SELECT tbl, last_rowid FROM rollup_progress")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut base: HashMap<i64, i64> = HashMap::new();
+    let mut intervals: HashMap<(i64, i64), Vec<(i64, i64)>> = HashMap::new();
+    for &t in RECORD_TABLES {
+        let last = progress.get(t).copied().unwrap_or(0);
+        let cols = match t {
+            "kernel" => "rowid, session, proc, dev, stream, name, start, dur, 0",
+            "memcpy" => "rowid, session, proc, dev, stream, kind, start, dur, bytes",
+            "memset" => "rowid, session, proc, dev, stream, 0, start, dur, 0",
+            "api" => "rowid, session, proc, domain, cbid, 0, 0, dur, 0",
+            _ => "rowid, session, proc, 0, 0, 0, 0, 0, 0",
+        };
+        let mut stmt = c.prepare(&format!("SELECT {cols} FROM {t} WHERE rowid > ?1 ORDER BY rowid LIMIT ?2"))?;
+        let mut rows = stmt.query(params![last, chunk])?;
+        let mut n = 0i64;
+        let mut max_rowid = last;
+        while let Some(r) = rows.next()? {
+            n += 1;
+            let rowid: i64 = r.get(0)?;
+            max_rowid = rowid;
+            let session: i64 = r.get(1)?;
+            if session == 0 {
+                continue;
+            }
+            let proc: i64 = r.get(2)?;
+            let e = delta.rows.entry((session, t, proc)).or_insert((0, rowid, rowid));
+            e.0 += 1;
+            e.2 = rowid;
+            let (a, b, k): (i64, i64, i64) = (r.get(3)?, r.get(4)?, r.get(5)?);
+            let (start, dur, bytes): (i64, i64, i64) = (r.get(6)?, r.get(7)?, r.get(8)?);
+            let dur = dur.max(0);
+            match t {
+                "kernel" => {
+                    delta
+                        .kernels
+                        .entry((session, k, proc, a, b, bucket(dur)))
+                        .or_insert(Agg { n: 0, total: 0, min: i64::MAX, max: i64::MIN })
+                        .add(dur);
+                }
+                "memcpy" => {
+                    let m = delta.memcpy.entry((session, proc, a, b, k)).or_insert((0, 0, 0));
+                    m.0 += 1;
+                    m.1 += bytes;
+                    m.2 += dur;
+                }
+                "api" => {
+                    let m = delta.api.entry((session, proc, a, b)).or_insert((0, 0, 0));
+                    m.0 += 1;
+                    m.1 += dur;
+                    m.2 = m.2.max(dur);
+                }
+                _ => {}
+            }
+            if matches!(t, "kernel" | "memcpy" | "memset") {
+                let base_ns = match base.get(&proc) {
+                    Some(b) => *b,
+                    None => {
+                        let b: i64 = c
+                            .prepare_cached("SELECT base_ns FROM processes WHERE id = ?1")?
+                            .query_row([proc], |r| r.get(0))
+                            .optional()?
+                            .unwrap_or(0);
+                        base.insert(proc, b);
+                        b
+                    }
+                };
+                let s = base_ns + start;
+                intervals.entry((session, a)).or_default().push((s, s + dur));
+            }
+        }
+        if n > 0 {
+            delta.progress.push((t, max_rowid));
+        }
+        if n == chunk {
+            delta.more = true;
+        }
+    }
+    for (key, mut iv) in intervals {
+        let prev = c
+            .prepare_cached(
+                "SELECT closed_ns, open_start, open_end, first_ns, last_ns FROM busy_rollup WHERE session = ?1 AND dev = ?2",
+            )?
+            .query_row(params![key.0, key.1], |r| {
+                Ok(Busy { closed: r.get(0)?, open_start: r.get(1)?, open_end: r.get(2)?, first: r.get(3)?, last: r.get(4)? })
+            })
+            .optional()?;
+        iv.sort_unstable();
+        delta.busy.insert(key, sweep(prev, &iv));
+    }
+    Ok(delta)
+}
+
+/// Continues a busy-time sweep with intervals sorted by start. An interval that starts
+/// before the open merged interval (it arrived in a later pass than records after it)
+/// counts for its part before the open interval.
+fn sweep(prev: Option<Busy>, iv: &[(i64, i64)]) -> Busy {
+    let mut it = iv.iter().copied();
+    let mut b = match prev {
+        Some(b) => b,
+        None => match it.next() {
+            Some((s, e)) => Busy { closed: 0, open_start: s, open_end: e, first: s, last: e },
+            None => return Busy { closed: 0, open_start: 0, open_end: 0, first: 0, last: 0 },
+        },
+    };
+    for (s, e) in it {
+        b.first = b.first.min(s);
+        b.last = b.last.max(e);
+        if s < b.open_start {
+            b.closed += (e.min(b.open_start) - s).max(0);
+            b.open_end = b.open_end.max(e);
+        } else if s <= b.open_end {
+            b.open_end = b.open_end.max(e);
+        } else {
+            b.closed += b.open_end - b.open_start;
+            b.open_start = s;
+            b.open_end = e;
+        }
+    }
+    b
+}
+
+impl Delta {
+    fn apply(self, c: &mut Connection) -> rusqlite::Result<()> {
+        let tx = c.transaction()?;
+        {
+            let mut st =
+                tx.prepare_cached("INSERT OR REPLACE INTO rollup_progress(tbl, last_rowid) VALUES (?1, ?2)")?;
+            for (t, r) in &self.progress {
+                st.execute(params![t, r])?;
+            }
+            let mut st = tx.prepare_cached(
+                "INSERT INTO session_rows(session, tbl, proc, n, first_rowid, last_rowid) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(session, tbl, proc) DO UPDATE SET n = n + excluded.n,
+                   first_rowid = min(first_rowid, excluded.first_rowid), last_rowid = max(last_rowid, excluded.last_rowid)",
+            )?;
+            for ((s, t, p), (n, first, last)) in &self.rows {
+                st.execute(params![s, t, p, n, first, last])?;
+            }
+            let mut st = tx.prepare_cached(
+                "INSERT INTO kernel_rollup(session, name, proc, dev, stream, bucket, n, total, min, max)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT(session, name, proc, dev, stream, bucket) DO UPDATE SET n = n + excluded.n,
+                   total = total + excluded.total, min = min(min, excluded.min), max = max(max, excluded.max)",
+            )?;
+            for ((s, name, p, dev, stream, b), a) in &self.kernels {
+                st.execute(params![s, name, p, dev, stream, b, a.n, a.total, a.min, a.max])?;
+            }
+            let mut st = tx.prepare_cached(
+                "INSERT INTO memcpy_rollup(session, proc, dev, stream, kind, n, bytes, total) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)
+                 ON CONFLICT(session, proc, dev, stream, kind) DO UPDATE SET n = n + excluded.n,
+                   bytes = bytes + excluded.bytes, total = total + excluded.total",
+            )?;
+            for ((s, p, dev, stream, k), (n, bytes, total)) in &self.memcpy {
+                st.execute(params![s, p, dev, stream, k, n, bytes, total])?;
+            }
+            let mut st = tx.prepare_cached(
+                "INSERT INTO api_rollup(session, proc, domain, cbid, n, total, max) VALUES (?1,?2,?3,?4,?5,?6,?7)
+                 ON CONFLICT(session, proc, domain, cbid) DO UPDATE SET n = n + excluded.n,
+                   total = total + excluded.total, max = max(max, excluded.max)",
+            )?;
+            for ((s, p, dom, cbid), (n, total, max)) in &self.api {
+                st.execute(params![s, p, dom, cbid, n, total, max])?;
+            }
+            let mut st = tx.prepare_cached(
+                "INSERT OR REPLACE INTO busy_rollup(session, dev, closed_ns, open_start, open_end, first_ns, last_ns)
+                 VALUES (?1,?2,?3,?4,?5,?6,?7)",
+            )?;
+            for ((s, dev), b) in &self.busy {
+                st.execute(params![s, dev, b.closed, b.open_start, b.open_end, b.first, b.last])?;
+            }
+        }
+        tx.commit()
+    }
+}
+
+// ---------------------------------------------------------------- reading the rollups
+
+/// Records stored for a session, per process (as far as the last pass).
+pub fn session_counts(c: &Connection, session: u64) -> rusqlite::Result<HashMap<u64, u64>> {
+    let mut stmt = c.prepare_cached("SELECT proc, sum(n) FROM session_rows WHERE session = ?1 GROUP BY proc")?;
+    let rows = stmt.query_map([session as i64], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)))?;
+    rows.collect()
+}
+
+/// Records of a session in one table, as far as the last pass.
+pub fn table_count(c: &Connection, table: &str, session: u64) -> rusqlite::Result<u64> {
+    let n: Option<i64> = c
+        .prepare_cached("SELECT sum(n) FROM session_rows WHERE session = ?1 AND tbl = ?2")?
+        .query_row(params![session as i64, table], |r| r.get(0))?;
+    Ok(n.unwrap_or(0) as u64)
+}
+
+/// The rowid range holding `session`'s rows of `table`. Open sessions extend to the end of
+/// the table (rows after the last pass may be theirs).
+pub fn rowid_range(c: &Connection, table: &str, session: u64) -> rusqlite::Result<(i64, i64)> {
+    let (first, last): (Option<i64>, Option<i64>) = c
+        .prepare_cached("SELECT min(first_rowid), max(last_rowid) FROM session_rows WHERE session = ?1 AND tbl = ?2")?
+        .query_row(params![session as i64, table], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let open: bool = c
+        .prepare_cached("SELECT state IN ('pending', 'active', 'stopping') FROM sessions WHERE id = ?1")?
+        .query_row([session as i64], |r| r.get(0))
+        .optional()?
+        .unwrap_or(false);
+    let progress: i64 = c
+        .prepare_cached("SELECT last_rowid FROM rollup_progress WHERE tbl = ?1")?
+        .query_row([table], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let lo = first.unwrap_or(progress + 1);
+    let hi = if open { i64::MAX } else { last.unwrap_or(0) };
+    Ok((lo, hi))
+}
+
+/// Filter conditions on a rollup table (alias `t`) with proc/dev/stream/name columns as given.
+fn rollup_where(
+    session: u64,
+    f: &pb::RecordFilter,
+    dev: bool,
+    stream: bool,
+    name: bool,
+) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut sql = "t.session = ?".to_string();
+    let mut p = vec![Value::Integer(session as i64)];
+    let mut list = |col: &str, vals: Vec<i64>| {
+        if !vals.is_empty() {
+            sql.push_str(&format!(" AND {col} IN ({})", vec!["?"; vals.len()].join(",")));
+            p.extend(vals.into_iter().map(Value::Integer));
+        }
+    };
+    list("t.proc", f.process_ids.iter().map(|x| *x as i64).collect());
+    if dev {
+        list("t.dev", f.device_ids.iter().map(|x| i64::from(*x)).collect());
+    }
+    if stream {
+        list("t.stream", f.stream_ids.iter().map(|x| i64::from(*x)).collect());
+    }
+    if name && !f.name_pattern.is_empty() {
+        sql.push_str(" AND t.name IN (SELECT id FROM strings WHERE value GLOB ?)");
+        p.push(Value::Text(f.name_pattern.clone()));
+    }
+    (sql, p)
+}
+
+/// Kernel count and the `top` kernels by total time, from the rollup.
+pub fn top_kernels(
+    c: &Connection,
+    session: u64,
+    f: &pb::RecordFilter,
+    top: usize,
+) -> rusqlite::Result<(u64, Vec<pb::KernelStat>)> {
+    let (w, p) = rollup_where(session, f, true, true, true);
+    let count: Option<i64> = c
+        .prepare(&format!("SELECT sum(t.n) FROM kernel_rollup t WHERE {w}"))?
+        .query_row(params_from_iter(p.iter()), |r| r.get(0))?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.name, sum(t.n), sum(t.total), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w}
+         GROUP BY t.name ORDER BY sum(t.total) DESC, t.name LIMIT {top}"
+    ))?;
+    let heads: Vec<(i64, i64, i64, i64, i64)> = stmt
+        .query_map(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut buckets = c.prepare(&format!(
+        "SELECT t.bucket, sum(t.n), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w} AND t.name = ?
+         GROUP BY t.bucket ORDER BY t.bucket"
+    ))?;
+    let mut out = Vec::with_capacity(heads.len());
+    for (name, n, total, min, max) in heads {
+        let mut bp = p.clone();
+        bp.push(rusqlite::types::Value::Integer(name));
+        let hist: Vec<(i64, i64, i64)> = buckets
+            .query_map(params_from_iter(bp.iter()), |r| Ok((r.get(1)?, r.get(2)?, r.get(3)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let n = n.max(0) as u64;
+        out.push(pb::KernelStat {
+            name: crate::query::string(c, name)?,
+            count: n,
+            total_ns: total.max(0) as u64,
+            mean_ns: (total.max(0) as u64).checked_div(n).unwrap_or(0),
+            p50_ns: quantile(&hist, n, 0.5),
+            p95_ns: quantile(&hist, n, 0.95),
+            max_ns: max.max(0) as u64,
+            min_ns: min.max(0) as u64,
+        });
+    }
+    Ok((count.unwrap_or(0).max(0) as u64, out))
+}
+
+/// The nearest-rank quantile from (count, min, max) buckets in order.
+fn quantile(hist: &[(i64, i64, i64)], n: u64, q: f64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let rank = ((q * n as f64).ceil() as i64).clamp(1, n as i64) - 1;
+    let mut seen = 0i64;
+    for &(cnt, min, max) in hist {
+        if rank < seen + cnt {
+            let k = rank - seen;
+            if cnt <= 1 || min == max {
+                return min.max(0) as u64;
+            }
+            return (min + (max - min) * k / (cnt - 1)).max(0) as u64;
+        }
+        seen += cnt;
+    }
+    hist.last().map(|h| h.2.max(0) as u64).unwrap_or(0)
+}
+
+/// Copy totals per direction, from the rollup.
+pub fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::CopyStat>> {
+    let (w, p) = rollup_where(session, f, true, true, false);
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.kind, sum(t.n), sum(t.bytes), sum(t.total) FROM memcpy_rollup t WHERE {w}
+         GROUP BY t.kind ORDER BY sum(t.bytes) DESC"
+    ))?;
+    let rows = stmt.query_map(params_from_iter(p.iter()), |r| {
+        let bytes = r.get::<_, i64>(2)?.max(0) as u64;
+        let total = r.get::<_, i64>(3)?.max(0) as u64;
+        Ok(pb::CopyStat {
+            direction: crate::query::copy_kind_name(r.get(0)?),
+            count: r.get::<_, i64>(1)?.max(0) as u64,
+            bytes,
+            total_ns: total,
+            bandwidth_gbps: if total > 0 { bytes as f64 / total as f64 } else { 0.0 },
+        })
+    })?;
+    rows.collect()
+}
+
+/// API calls by total time, from the rollup.
+pub fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> rusqlite::Result<Vec<pb::ApiStat>> {
+    let (w, p) = rollup_where(session, f, false, false, false);
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.domain, t.cbid, sum(t.n), sum(t.total), max(t.max) FROM api_rollup t WHERE {w}
+         GROUP BY t.domain, t.cbid ORDER BY sum(t.total) DESC LIMIT {top}"
+    ))?;
+    let rows = stmt.query_map(params_from_iter(p.iter()), |r| {
+        let domain: i64 = r.get(0)?;
+        Ok(pb::ApiStat {
+            name: crate::cbid::name(domain, r.get(1)?),
+            domain: crate::cbid::domain_name(domain).into(),
+            count: r.get::<_, i64>(2)?.max(0) as u64,
+            total_ns: r.get::<_, i64>(3)?.max(0) as u64,
+            max_ns: r.get::<_, i64>(4)?.max(0) as u64,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Busy time per device, from the rollup.
+pub fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::DeviceBusy>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT dev, closed_ns + open_end - open_start, last_ns - first_ns FROM busy_rollup WHERE session = ?1 ORDER BY dev",
+    )?;
+    let rows = stmt.query_map([session as i64], |r| {
+        Ok(pb::DeviceBusy {
+            device_id: r.get(0)?,
+            busy_ns: r.get::<_, i64>(1)?.max(0) as u64,
+            span_ns: r.get::<_, i64>(2)?.max(0) as u64,
+        })
+    })?;
+    let all: Vec<pb::DeviceBusy> = rows.collect::<rusqlite::Result<_>>()?;
+    Ok(all.into_iter().filter(|d| f.device_ids.is_empty() || f.device_ids.contains(&d.device_id)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_tight() {
+        let mut prev = -1;
+        for d in (0..100_000i64).chain([1 << 20, 1 << 40, i64::MAX]) {
+            let b = bucket(d);
+            assert!(b >= prev, "bucket({d}) = {b} < {prev}");
+            prev = b;
+        }
+        assert_eq!(bucket(63), 63);
+        // Values in one bucket are within 1/32 of each other.
+        let (lo, hi) = (1_000_000i64, 1_031_000i64);
+        assert!(bucket(lo) + 1 >= bucket(hi));
+    }
+
+    #[test]
+    fn quantiles_from_buckets() {
+        // 100 values 1..=100, each its own bucket.
+        let hist: Vec<(i64, i64, i64)> = (1..=100).map(|v| (1, v, v)).collect();
+        assert_eq!(quantile(&hist, 100, 0.5), 50);
+        assert_eq!(quantile(&hist, 100, 0.95), 95);
+        // One bucket of identical values.
+        assert_eq!(quantile(&[(10, 7, 7)], 10, 0.5), 7);
+    }
+
+    #[test]
+    fn busy_sweep() {
+        let b = sweep(None, &[(0, 10), (5, 20), (30, 40)]);
+        assert_eq!(b.closed + b.open_end - b.open_start, 30);
+        // Continues in a later pass.
+        let b = sweep(Some(b), &[(35, 50), (60, 61)]);
+        assert_eq!(b.closed + b.open_end - b.open_start, 20 + 20 + 1);
+        assert_eq!((b.first, b.last), (0, 61));
+    }
+}

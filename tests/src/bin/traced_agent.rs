@@ -1,0 +1,72 @@
+//! `gpuprof-traced-agent`: one fake injector in its own process that obeys StartTrace and
+//! StopTrace (see `gpuprof_testkit::traced_agent`). Prints `process_id N` once connected,
+//! then `started S` and `stopped S RECORDS` as sessions come and go; says goodbye and
+//! exits when its stdin closes.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Parser;
+use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    socket: PathBuf,
+    #[arg(long, default_value = "/usr/bin/python3")]
+    exe: String,
+    #[arg(long, default_value = "/kubepods/pod-1234/abcdef")]
+    cgroup: String,
+    /// Records per second while tracing.
+    #[arg(long, default_value_t = 20_000.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Records per session at most (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    per_session: u64,
+    #[arg(long)]
+    displaced: bool,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Command line claimed in Hello.
+    #[arg(last = true)]
+    cmdline: Vec<String>,
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let cfg = TracedConfig {
+        exe: a.exe.clone(),
+        cmdline: if a.cmdline.is_empty() { vec![a.exe.clone()] } else { a.cmdline },
+        cgroup: a.cgroup,
+        rate: a.rate,
+        batch: a.batch,
+        per_session: a.per_session,
+        displaced: a.displaced,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let agent = TracedAgent::start(&a.socket, cfg)?;
+    println!("process_id {}", agent.process_id);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        let _ = tx.send(());
+    });
+    loop {
+        if rx.try_recv().is_ok() {
+            break;
+        }
+        match agent.events.recv_timeout(Duration::from_millis(20)) {
+            Ok(Event::Started(s)) => println!("started {s}"),
+            Ok(Event::Stopped(s, n)) => println!("stopped {s} {n}"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    agent.finish()
+}

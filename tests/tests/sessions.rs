@@ -1,0 +1,225 @@
+//! Sessions end to end: real gpuprofd, traced fake agents obeying StartTrace/StopTrace,
+//! the gRPC API and gpuprofctl as a process.
+
+use std::time::{Duration, Instant};
+
+use gpuprof_proto::api::gpuprof_client::GpuprofClient;
+use gpuprof_testkit::TestDaemon;
+use gpuprof_testkit::traced_agent::{AgentProcess, Event, TracedAgent, TracedConfig, spawn_process};
+use gpuprofctl::pb;
+use tonic::transport::Channel;
+
+type Client = GpuprofClient<Channel>;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+async fn client(d: &TestDaemon) -> Client {
+    gpuprofctl::connect(&d.api_socket).await.unwrap()
+}
+
+fn target(t: pb::target::Target) -> pb::Target {
+    pb::Target { target: Some(t) }
+}
+
+fn start_req(targets: Vec<pb::Target>) -> pb::StartSessionRequest {
+    pb::StartSessionRequest { targets, ..Default::default() }
+}
+
+fn state(s: &pb::Session) -> pb::SessionState {
+    pb::SessionState::try_from(s.state).unwrap()
+}
+
+async fn wait_state(c: &mut Client, id: u64, want: pb::SessionState, timeout: Duration) -> pb::Session {
+    let t = Instant::now();
+    loop {
+        let s = c.get_session(pb::GetSessionRequest { session_id: id }).await.unwrap().into_inner();
+        if state(&s) == want {
+            return s;
+        }
+        assert!(t.elapsed() < timeout, "session {id} still {:?} after {timeout:?}: {s:?}", state(&s));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Rows of a session in the database, per process (all record tables).
+fn db_rows(d: &TestDaemon, session: u64) -> std::collections::BTreeMap<u64, u64> {
+    let c = rusqlite::Connection::open(d.db_path()).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for t in ["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"] {
+        let mut st = c.prepare(&format!("SELECT proc, count(*) FROM {t} WHERE session = ?1 GROUP BY proc")).unwrap();
+        let rows =
+            st.query_map([session as i64], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))).unwrap();
+        for r in rows {
+            let (p, n) = r.unwrap();
+            *out.entry(p).or_default() += n;
+        }
+    }
+    out
+}
+
+fn cfg(exe: &str, args: &[&str]) -> TracedConfig {
+    let mut cmdline = vec![exe.rsplit('/').next().unwrap().to_string()];
+    cmdline.extend(args.iter().map(|s| s.to_string()));
+    TracedConfig { exe: exe.into(), cmdline, ..Default::default() }
+}
+
+fn stopped(a: &AgentProcess, session: u64) -> u64 {
+    loop {
+        match a.wait_event(Duration::from_secs(10)).unwrap() {
+            Event::Stopped(s, n) if s == session => return n,
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn trace_command_prints_top_kernels() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let agents: Vec<TracedAgent> = (0..2)
+        .map(|i| {
+            TracedAgent::start(&d.agent_socket, TracedConfig { seed: i + 1, per_session: 3_000, ..Default::default() })
+                .unwrap()
+        })
+        .collect();
+    let out = d.ctl(&["trace", "--all", "--duration", "1s", "--json", "--top", "5"]);
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), d.log_text());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["session"];
+    let id = s["id"].as_u64().unwrap();
+    assert_eq!(s["state"], "completed", "{v}");
+    assert_eq!(s["stop_reason"], "duration reached");
+    let procs = s["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{v}");
+    let mut kernels = 0;
+    for a in &agents {
+        let p = procs.iter().find(|p| p["process_id"] == a.process_id).unwrap();
+        assert_eq!(p["records"].as_u64().unwrap(), a.sent_for(id), "{p}");
+        assert_eq!(p["records"].as_u64().unwrap(), 3_000);
+        assert_eq!(p["state"], "stopped");
+        kernels += a.sent.lock().unwrap()[&id].get("kernel").copied().unwrap_or(0);
+    }
+    assert_eq!(s["records"].as_u64().unwrap(), 6_000);
+    assert_eq!(v["summary"]["kernel_count"].as_u64().unwrap(), kernels);
+    let top = v["summary"]["top_kernels"].as_array().unwrap();
+    assert_eq!(top.len(), 5);
+    assert!(top.windows(2).all(|w| w[0]["total_ns"].as_u64() >= w[1]["total_ns"].as_u64()));
+    let sum: u64 = top.iter().map(|k| k["count"].as_u64().unwrap()).sum();
+    assert!(sum <= kernels && sum > 0);
+    // The table form prints the kernels too.
+    let out = d.ctl(&["top", &id.to_string()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("kernels: {kernels}")), "{text}");
+    assert!(text.contains("sm90_xmma_gemm") || text.contains("_ZN2at6native"), "{text}");
+    for a in agents {
+        a.finish().unwrap();
+    }
+}
+
+/// Two matching processes, one that does not match, a third matching one joining late;
+/// explicit stop; per-process counts equal what each agent sent and what the database holds.
+#[test]
+fn session_over_processes_with_late_join_and_explicit_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let a = spawn_process(&d.agent_socket, &cfg("/usr/bin/python3", &["train.py"]), None).unwrap();
+    let b = spawn_process(&d.agent_socket, &cfg("/opt/conda/bin/python3", &["-m", "serve"]), None).unwrap();
+    let other = spawn_process(&d.agent_socket, &cfg("/usr/bin/ffmpeg", &["-i", "x"]), None).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&d).await;
+        let s = c
+            .start_session(pb::StartSessionRequest {
+                name: "late-join".into(),
+                targets: vec![target(pb::target::Target::ExeName("python3".into()))],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(state(&s), pb::SessionState::Active);
+        let mut joined: Vec<u64> = s.processes.iter().map(|p| p.process_id).collect();
+        joined.sort();
+        assert_eq!(joined, vec![a.process_id, b.process_id]);
+        assert!(matches!(a.wait_event(Duration::from_secs(10)).unwrap(), Event::Started(x) if x == s.id));
+        // A matching process starts later and joins.
+        let late = spawn_process(&d.agent_socket, &cfg("/usr/bin/python3", &["eval.py"]), None).unwrap();
+        assert!(matches!(late.wait_event(Duration::from_secs(10)).unwrap(), Event::Started(x) if x == s.id));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s2 = c.get_session(pb::GetSessionRequest { session_id: s.id }).await.unwrap().into_inner();
+        assert_eq!(s2.processes.len(), 3, "{s2:?}");
+        assert!(s2.processes.iter().all(|p| p.process_id != other.process_id));
+        let stopped_s = c.stop_session(pb::StopSessionRequest { session_id: s.id }).await.unwrap().into_inner();
+        assert_eq!(state(&stopped_s), pb::SessionState::Completed, "{stopped_s:?}");
+        assert_eq!(stopped_s.stop_reason, "stopped by user");
+        assert!(stopped_s.stopped_at_ns >= stopped_s.started_at_ns && stopped_s.started_at_ns > 0);
+        let sent: Vec<(u64, u64)> = [&a, &b, &late].iter().map(|p| (p.process_id, stopped(p, s.id))).collect();
+        let rows = db_rows(&d, s.id);
+        for (pid, n) in &sent {
+            assert!(*n > 0, "process {pid} sent nothing");
+            let sp = stopped_s.processes.iter().find(|p| p.process_id == *pid).unwrap();
+            assert_eq!(sp.records, *n, "{sp:?}");
+            assert_eq!(rows.get(pid).copied().unwrap_or(0), *n);
+            assert_eq!(sp.state, "stopped");
+        }
+        assert_eq!(stopped_s.records, sent.iter().map(|x| x.1).sum::<u64>());
+        assert!(!rows.contains_key(&other.process_id));
+        // Stopping again is refused; the session is listed.
+        let e = c.stop_session(pb::StopSessionRequest { session_id: s.id }).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        let l = c.list_sessions(pb::ListSessionsRequest::default()).await.unwrap().into_inner();
+        assert_eq!(l.sessions.len(), 1);
+        assert_eq!(l.sessions[0].name, "late-join");
+        late.finish().unwrap();
+    });
+    for p in [a, b, other] {
+        p.finish().unwrap();
+    }
+}
+
+#[test]
+fn duration_and_record_limit_stop_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let agent = TracedAgent::start(&d.agent_socket, TracedConfig { rate: 50_000.0, ..Default::default() }).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&d).await;
+        // Duration.
+        let t = Instant::now();
+        let s = c
+            .start_session(pb::StartSessionRequest {
+                duration_ms: 400,
+                ..start_req(vec![target(pb::target::Target::All(true))])
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let done = wait_state(&mut c, s.id, pb::SessionState::Completed, Duration::from_secs(10)).await;
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(5), "{took:?}");
+        assert_eq!(done.stop_reason, "duration reached");
+        assert_eq!(done.records, agent.sent_for(s.id));
+        assert!(done.records > 1000);
+        // Record limit.
+        let s = c
+            .start_session(pb::StartSessionRequest {
+                max_records: 5_000,
+                ..start_req(vec![target(pb::target::Target::All(true))])
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let done = wait_state(&mut c, s.id, pb::SessionState::Completed, Duration::from_secs(10)).await;
+        assert_eq!(done.stop_reason, "record limit reached");
+        assert!(done.records >= 5_000, "{}", done.records);
+        // Records arriving between the limit and the stop: a few batches at most.
+        assert!(done.records < 5_000 + 5_000, "{}", done.records);
+        assert_eq!(done.records, agent.sent_for(s.id));
+        assert_eq!(db_rows(&d, s.id).values().sum::<u64>(), done.records);
+    });
+    agent.finish().unwrap();
+}
