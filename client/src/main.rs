@@ -1,6 +1,7 @@
 //! `gpuprofctl`: command-line client of gpuprofd.
 
 mod output;
+mod profile;
 mod records;
 mod sessions;
 
@@ -28,6 +29,12 @@ struct Cli {
 enum Cmd {
     /// Daemon status: version, uptime, agents, records per kind, database size.
     Status,
+    /// GPU performance-monitor reservations: --pause (free GPUs for Nsight Compute or DCGM),
+    /// --resume, --status.
+    Profile(profile::ProfileArgs),
+    /// Live PM samples.
+    #[command(subcommand)]
+    Pm(profile::PmCmd),
     /// GPUs known to gpuprofd.
     Devices,
     /// Processes connected to gpuprofd (yours only, unless root or in the admin group).
@@ -84,6 +91,8 @@ async fn run(cli: Cli) -> Result<()> {
                 print_status(&s);
             }
         }
+        Cmd::Profile(a) => profile::profile(&mut client, a, cli.json).await?,
+        Cmd::Pm(c) => profile::pm(&mut client, c, cli.json).await?,
         Cmd::Devices => sessions::devices(&mut client, cli.json).await?,
         Cmd::Procs(a) => sessions::procs(&mut client, a, cli.json).await?,
         Cmd::Session(c) => sessions::session(&mut client, c, cli.json).await?,

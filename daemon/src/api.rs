@@ -51,10 +51,6 @@ impl Api {
 
 type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
 
-fn not_yet(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not available in this gpuprofd build"))
-}
-
 #[tonic::async_trait]
 impl Gpuprof for Api {
     async fn get_status(&self, _: Request<pb::GetStatusRequest>) -> Result<Response<pb::GetStatusResponse>, Status> {
@@ -78,8 +74,8 @@ impl Gpuprof for Api {
             database_bytes: crate::store::database_bytes(&self.d.db_path),
             database_path: self.d.db_path.display().to_string(),
             ingest_queue_depth: s.queued_records.load(Relaxed),
-            gpu_count: 0,
-            gpu_note: "no GPU samplers configured".to_string(),
+            gpu_count: self.d.gpus.summary(&self.d.arbiter).0,
+            gpu_note: self.d.gpus.summary(&self.d.arbiter).1,
             protocol_errors: s.protocol_errors.load(Relaxed),
             active_sessions: 0,
             storage_error: s.storage_error(),
@@ -145,39 +141,51 @@ impl Gpuprof for Api {
     type ExportTraceStream = Stream<pb::ExportTraceResponse>;
     async fn export_trace(
         &self,
-        _: Request<pb::ExportTraceRequest>,
+        req: Request<pb::ExportTraceRequest>,
     ) -> Result<Response<Self::ExportTraceStream>, Status> {
-        Err(not_yet("ExportTrace"))
+        let caller = self.caller(&req);
+        let rx = crate::export::export(&self.d, &caller, req.into_inner()).await?;
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     type StreamPmSamplesStream = Stream<pb::StreamPmSamplesResponse>;
     async fn stream_pm_samples(
         &self,
-        _: Request<pb::StreamPmSamplesRequest>,
+        req: Request<pb::StreamPmSamplesRequest>,
     ) -> Result<Response<Self::StreamPmSamplesStream>, Status> {
-        Err(not_yet("StreamPmSamples"))
+        let s = crate::pmstream::subscribe(&self.d, req.into_inner())?;
+        Ok(Response::new(Box::pin(s)))
     }
 
     type StreamPcSamplesStream = Stream<pb::StreamPcSamplesResponse>;
     async fn stream_pc_samples(
         &self,
-        _: Request<pb::StreamPcSamplesRequest>,
+        req: Request<pb::StreamPcSamplesRequest>,
     ) -> Result<Response<Self::StreamPcSamplesStream>, Status> {
-        Err(not_yet("StreamPcSamples"))
+        let caller = self.caller(&req);
+        let s = crate::pmstream::pc_stream(&self.d, req.get_ref().session_id, &caller)?;
+        Ok(Response::new(Box::pin(s)))
     }
 
-    async fn pause(&self, _: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {
-        Err(not_yet("Pause"))
+    async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {
+        let uid = crate::arbiter::require_operator(&self.caller(&req), "pause GPUs")?;
+        let r = req.into_inner();
+        let ttl = (r.duration_seconds > 0).then(|| std::time::Duration::from_secs(r.duration_seconds));
+        let reservations = self.d.arbiter.pause(&r.devices, r.all, uid, &r.reason, ttl)?;
+        Ok(Response::new(pb::PauseResponse { reservations }))
     }
 
-    async fn resume(&self, _: Request<pb::ResumeRequest>) -> Result<Response<pb::ResumeResponse>, Status> {
-        Err(not_yet("Resume"))
+    async fn resume(&self, req: Request<pb::ResumeRequest>) -> Result<Response<pb::ResumeResponse>, Status> {
+        let uid = crate::arbiter::require_operator(&self.caller(&req), "resume GPUs")?;
+        let r = req.into_inner();
+        let devices = self.d.arbiter.resume(&r.devices, r.all, uid)?;
+        Ok(Response::new(pb::ResumeResponse { devices }))
     }
 
     async fn list_reservations(
         &self,
         _: Request<pb::ListReservationsRequest>,
     ) -> Result<Response<pb::ListReservationsResponse>, Status> {
-        Err(not_yet("ListReservations"))
+        Ok(Response::new(pb::ListReservationsResponse { devices: self.d.arbiter.reservations() }))
     }
 }

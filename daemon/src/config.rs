@@ -27,6 +27,65 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub storage: StorageConfig,
     pub api: ApiConfig,
+    pub sampler: SamplerConfig,
+    pub arbiter: ArbiterConfig,
+    pub retention: RetentionConfig,
+    pub prometheus: PrometheusConfig,
+}
+
+/// A duration written like "1ms", "300s", "5m", "24h" (humantime syntax).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub std::time::Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(s.trim())
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration like \"1ms\" or \"300s\": {e}")))
+    }
+}
+
+/// The per-GPU PM samplers (`gpuprofd sampler --device N`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplerConfig {
+    pub enabled: bool,
+    pub spawn: bool,
+    pub devices: Vec<u32>,
+    pub metrics: Vec<String>,
+    pub interval: Dur,
+    pub cupti_library: String,
+    pub hardware_buffer_mib: u32,
+    pub restart_backoff_max: Dur,
+    pub stream_queue: usize,
+}
+
+/// The performance-monitor arbiter.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArbiterConfig {
+    pub default_pause: Dur,
+    pub max_pause: Dur,
+    pub external_retry_initial: Dur,
+    pub external_retry_max: Dur,
+}
+
+/// How long samples are kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    pub pm_full_rate: Dur,
+    pub pm_rollup_width: Dur,
+    pub pm_rollup_keep: Dur,
+    pub interval: Dur,
+}
+
+/// The Prometheus text endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusConfig {
+    pub listen: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -49,6 +108,8 @@ pub struct IngestConfig {
 pub struct StorageConfig {
     pub cache_mib: u32,
     pub wal_autocheckpoint_pages: u32,
+    /// Hard cap on the database size in MiB (0: none); beyond it writes fail like a full disk.
+    pub max_database_mib: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -151,8 +212,65 @@ impl Config {
         if !self.api.tcp_listen.is_empty() && self.api.tcp_listen.parse::<std::net::SocketAddr>().is_err() {
             bail!("api.tcp_listen must be an address like \"0.0.0.0:7461\", got {:?}", self.api.tcp_listen);
         }
+        self.validate_pm()?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             bail!("log_level {:?} is not a valid filter: {e}", self.log_level);
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Checks of the sampler, arbiter, retention and prometheus sections.
+    fn validate_pm(&self) -> Result<()> {
+        use std::time::Duration;
+        let s = &self.sampler;
+        let iv = s.interval.0;
+        if iv < Duration::from_micros(100) || iv > Duration::from_secs(1) {
+            bail!("sampler.interval must be between 100us and 1s, got {iv:?}");
+        }
+        if s.enabled && s.metrics.is_empty() {
+            bail!("sampler.metrics must name at least one metric");
+        }
+        for (i, m) in s.metrics.iter().enumerate() {
+            if m.is_empty() || !m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+                bail!("sampler.metrics[{i}]: {m:?} is not a metric name like \"sm__cycles_active.avg\"");
+            }
+            if s.metrics[..i].contains(m) {
+                bail!("sampler.metrics[{i}]: {m:?} is listed twice");
+            }
+        }
+        if s.hardware_buffer_mib == 0 || s.hardware_buffer_mib > 4096 {
+            bail!("sampler.hardware_buffer_mib must be between 1 and 4096, got {}", s.hardware_buffer_mib);
+        }
+        if s.stream_queue < 16 {
+            bail!("sampler.stream_queue must be at least 16, got {}", s.stream_queue);
+        }
+        if s.restart_backoff_max.0 < Duration::from_secs(1) {
+            bail!("sampler.restart_backoff_max must be at least 1s");
+        }
+        let a = &self.arbiter;
+        if a.default_pause.0.is_zero() || a.default_pause.0 > a.max_pause.0 {
+            bail!("arbiter.default_pause must be greater than 0 and at most arbiter.max_pause");
+        }
+        if a.external_retry_initial.0 < Duration::from_millis(10) || a.external_retry_initial.0 > a.external_retry_max.0 {
+            bail!("arbiter.external_retry_initial must be at least 10ms and at most arbiter.external_retry_max");
+        }
+        let r = &self.retention;
+        if r.pm_rollup_width.0 < Duration::from_millis(1) {
+            bail!("retention.pm_rollup_width must be at least 1ms");
+        }
+        if r.pm_full_rate.0 < r.pm_rollup_width.0 {
+            bail!("retention.pm_full_rate must be at least retention.pm_rollup_width");
+        }
+        if r.pm_rollup_keep.0 < r.pm_full_rate.0 {
+            bail!("retention.pm_rollup_keep must be at least retention.pm_full_rate");
+        }
+        if r.interval.0 < Duration::from_millis(100) {
+            bail!("retention.interval must be at least 100ms");
+        }
+        if !self.prometheus.listen.is_empty() && self.prometheus.listen.parse::<std::net::SocketAddr>().is_err() {
+            bail!("prometheus.listen must be an address like \"127.0.0.1:9464\", got {:?}", self.prometheus.listen);
         }
         Ok(())
     }

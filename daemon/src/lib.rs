@@ -8,14 +8,20 @@
 pub mod access;
 pub mod agent;
 pub mod api;
+pub mod arbiter;
 pub mod cbid;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod glob;
 pub mod ingest;
 pub mod query;
+pub mod pmstream;
+pub mod prometheus;
 pub mod registry;
+pub mod retention;
 pub mod rollup;
+pub mod sampler;
 pub mod sessions;
 pub mod stats;
 pub mod store;
@@ -52,6 +58,12 @@ pub struct Daemon {
     pub sessions: sessions::Sessions,
     /// Per-session rollups behind the writer (see [`rollup`]).
     pub rollup: rollup::Rollup,
+    /// Per-GPU performance-monitor leases (see [`arbiter`]).
+    pub arbiter: Arc<arbiter::Arbiter>,
+    /// GPUs managed and their PM samplers (see [`sampler`]).
+    pub gpus: Arc<sampler::Gpus>,
+    /// PM stream subscribers and latest values (see [`pmstream`]).
+    pub pm: pmstream::PmHub,
 }
 
 impl Daemon {
@@ -77,6 +89,8 @@ pub async fn run(config: Config) -> Result<()> {
     let stats = Arc::new(Stats::default());
     let conn = store::open_writer(&db_path, &config.storage)?;
     sessions::recover(&conn).context("marking sessions of the previous run interrupted")?;
+    let arbiter = arbiter::open(&conn, &config).context("restoring performance-monitor leases")?;
+    let gpus = Arc::new(sampler::Gpus::from_config(&config));
     let (writer, writer_thread) =
         ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
     let agent_listener = agent::bind(&config.agent_socket)?;
@@ -91,9 +105,13 @@ pub async fn run(config: Config) -> Result<()> {
         shutdown: shutdown.clone(),
         sessions: sessions::Sessions::new(writer.clone()),
         rollup: rollup::Rollup::default(),
+        arbiter,
+        gpus,
+        pm: pmstream::PmHub::default(),
         writer,
         config,
     });
+    let pm_tasks = arbiter::start(&d, &shutdown).await?;
     let sessions_task = sessions::spawn(d.clone());
 
     let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
@@ -115,6 +133,9 @@ pub async fn run(config: Config) -> Result<()> {
     let _ = agent_task.await;
     let api_result = api_task.await;
     let _ = sessions_task.await;
+    for t in pm_tasks {
+        let _ = t.await;
+    }
     let sock_paths = [d.config.agent_socket.clone(), d.config.api_socket.clone()];
     // Dropping the last writer handle lets the writer drain its queue, commit and stop.
     drop(d);

@@ -34,6 +34,9 @@ enum Cmd {
     CheckConfig { file: PathBuf },
     /// Print the built-in default configuration.
     PrintDefaultConfig,
+    /// Run the PM sampler of one GPU (started by the daemon; see `--check` and `--print` for
+    /// using it by hand).
+    Sampler(gpuprofd::sampler::child::SamplerArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,10 +44,19 @@ fn main() -> ExitCode {
     match cli.cmd {
         Some(Cmd::CheckConfig { file }) => {
             return match Config::load(Some(&file), &Overrides::default()) {
-                Ok(_) => {
-                    println!("{}: ok", file.display());
-                    ExitCode::SUCCESS
-                }
+                Ok(cfg) => match gpuprofd::sampler::check_metrics(&cfg) {
+                    Ok(note) => {
+                        if !note.is_empty() {
+                            println!("{note}");
+                        }
+                        println!("{}: ok", file.display());
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: invalid config file {}: {e:#}", file.display());
+                        ExitCode::from(2)
+                    }
+                },
                 Err(e) => {
                     eprintln!("error: {e:#}");
                     ExitCode::from(2)
@@ -55,6 +67,7 @@ fn main() -> ExitCode {
             print!("{}", gpuprofd::config::DEFAULT_TOML);
             return ExitCode::SUCCESS;
         }
+        Some(Cmd::Sampler(args)) => return gpuprofd::sampler::child::main(args),
         None => {}
     }
     let ov = Overrides {

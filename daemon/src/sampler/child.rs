@@ -111,30 +111,30 @@ pub fn check_metrics(cupti: &Cupti, device: u32, metrics: &[String]) -> Result<S
     cupti.profiler_initialize().map_err(|e| Refusal::Cupti(e.to_string()))?;
     let chip = cupti.chip_name(device).map_err(|e| Refusal::Cupti(e.to_string()))?;
     let avail = cupti.counter_availability(device).map_err(|e| Refusal::Cupti(e.to_string()))?;
-    let host = Host::new(cupti, &chip, &avail).map_err(|e| Refusal::Cupti(e.to_string()))?;
-    for m in metrics {
-        if let Err(e) = host.metric_known(m) {
-            return Err(Refusal::Metrics(format!("metric {m:?} is not available on {chip} ({})", e.text)));
-        }
-    }
-    // Add metrics one at a time to find the first that pushes the set past one pass.
+    // The passes a set of metrics needs; a metric the chip lacks fails to be added.
     let passes = |set: &[String]| -> Result<usize, Refusal> {
         let h = Host::new(cupti, &chip, &avail).map_err(|e| Refusal::Cupti(e.to_string()))?;
         let mut names = MetricNames::new(set).map_err(Refusal::Metrics)?;
-        h.add_metrics(&mut names).map_err(|e| Refusal::Metrics(format!("{}: {e}", set.join(", "))))?;
+        if let Err(e) = h.add_metrics(&mut names) {
+            return Err(Refusal::Metrics(if set.len() == 1 {
+                format!("metric {:?} is not available on {chip} ({})", set[0], e.text)
+            } else {
+                format!("{}: {e}", set.join(", "))
+            }));
+        }
         let mut img = h.config_image().map_err(|e| Refusal::Cupti(e.to_string()))?;
         h.num_passes(&mut img).map_err(|e| Refusal::Cupti(e.to_string()))
     };
+    for m in metrics {
+        let alone = passes(std::slice::from_ref(m))?;
+        if alone > 1 {
+            return Err(Refusal::Metrics(format!(
+                "metric {m:?} needs {alone} passes on {chip}; PM sampling collects single-pass metrics only"
+            )));
+        }
+    }
     let all = passes(metrics)?;
     if all > 1 {
-        for m in metrics {
-            let alone = passes(std::slice::from_ref(m))?;
-            if alone > 1 {
-                return Err(Refusal::Metrics(format!(
-                    "metric {m:?} needs {alone} passes on {chip}; PM sampling collects single-pass metrics only"
-                )));
-            }
-        }
         for i in 1..metrics.len() {
             let n = passes(&metrics[..=i])?;
             if n > 1 {
@@ -148,7 +148,6 @@ pub fn check_metrics(cupti: &Cupti, device: u32, metrics: &[String]) -> Result<S
         }
         return Err(Refusal::Metrics(format!("the metric set needs {all} passes on {chip}")));
     }
-    drop(host);
     Ok(chip)
 }
 

@@ -233,18 +233,6 @@ impl<'a> Host<'a> {
         Ok(Host { cupti, obj: p.pHostObject })
     }
 
-    /// Whether the chip knows a metric (cuptiProfilerHostGetMetricProperties succeeds).
-    pub fn metric_known(&self, name: &str) -> Result<()> {
-        let c = CString::new(name).unwrap_or_default();
-        let mut p = params!(CUpti_Profiler_Host_GetMetricProperties_Params, metricType);
-        p.pHostObject = self.obj;
-        p.pMetricName = c.as_ptr();
-        // Safety: see the module comment; the [out] strings are owned by CUPTI and not kept.
-        self.cupti.check("cuptiProfilerHostGetMetricProperties", unsafe {
-            self.cupti.lib.cuptiProfilerHostGetMetricProperties(&mut p)
-        })
-    }
-
     /// Adds metrics to the configuration.
     pub fn add_metrics(&self, names: &mut MetricNames) -> Result<()> {
         let mut p = params!(CUpti_Profiler_Host_ConfigAddMetrics_Params, numMetrics);
