@@ -141,11 +141,9 @@ impl Gpuprof for Api {
     type ExportTraceStream = Stream<pb::ExportTraceResponse>;
     async fn export_trace(
         &self,
-        req: Request<pb::ExportTraceRequest>,
+        _: Request<pb::ExportTraceRequest>,
     ) -> Result<Response<Self::ExportTraceStream>, Status> {
-        let caller = self.caller(&req);
-        let rx = crate::export::export(&self.d, &caller, req.into_inner()).await?;
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Err(Status::unimplemented("ExportTrace is not available in this gpuprofd build"))
     }
 
     type StreamPmSamplesStream = Stream<pb::StreamPmSamplesResponse>;

@@ -12,7 +12,6 @@ pub mod arbiter;
 pub mod cbid;
 pub mod config;
 pub mod error;
-pub mod export;
 pub mod glob;
 pub mod ingest;
 pub mod query;
