@@ -5,6 +5,8 @@
 //!
 //! Samples are deterministic: sample `k` of a device has `start_ns = base + k * interval`
 //! and value `metric_index * 1000 + k % 1000`, so a receiver can check it saw every one.
+// Included by path from several test and bench targets, each using part of it.
+#![allow(dead_code)]
 
 use std::io::{BufReader, BufWriter, Write};
 use std::os::unix::net::UnixStream;
