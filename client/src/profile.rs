@@ -159,7 +159,7 @@ pub async fn profile(client: &mut GpuprofClient<Channel>, a: ProfileArgs, json: 
                 let state = match &d.holder {
                     _ if d.held_externally => "held by an outside tool".to_string(),
                     Some(h) if h.holder_kind == "pause" => "paused".to_string(),
-                    Some(h) if h.holder_kind == "sampler" => "sampling".to_string(),
+                    Some(h) if h.holder_kind == "sampler" => "held by the PM sampler".to_string(),
                     Some(h) => h.holder_kind.clone(),
                     None => "free".to_string(),
                 };

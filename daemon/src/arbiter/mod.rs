@@ -496,8 +496,7 @@ fn on_agent_event(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentE
                 if link.conn == Some(id) {
                     link.conn = None;
                     link.sent = None;
-                    d.gpus.set_connected(*device, false);
-                    d.gpus.set_state(*device, "disconnected", &reason);
+                    d.gpus.set_disconnected(*device, &reason);
                 }
             }
             d.arbiter.with_core(|c, now| ((), c.connection_closed(id, now)));

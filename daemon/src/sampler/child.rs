@@ -221,16 +221,25 @@ struct Sampler<'a> {
 impl<'a> Sampler<'a> {
     fn start(&self, metrics: &[String], interval_ns: u64) -> Result<Active<'a>, (bool, String)> {
         let fail = |e: CallError| (e.is_hardware_busy(), e.to_string());
-        match check_metrics(self.cupti, self.device, metrics) {
-            Ok(_) => {}
-            Err(Refusal::Cupti(m)) | Err(Refusal::Metrics(m)) => return Err((false, m)),
-        }
+        // The metric check names the culprit; it only runs when the set does not configure
+        // as one pass (the common path costs one host object).
+        let explain = |fallback: String| match check_metrics(self.cupti, self.device, metrics) {
+            Err(Refusal::Cupti(m)) | Err(Refusal::Metrics(m)) => (false, m),
+            Ok(_) => (false, fallback),
+        };
+        self.cupti.profiler_initialize().map_err(fail)?;
         let chip = self.cupti.chip_name(self.device).map_err(fail)?;
         let avail = self.cupti.counter_availability(self.device).map_err(fail)?;
         let host = Host::new(self.cupti, &chip, &avail).map_err(fail)?;
         let mut names = MetricNames::new(metrics).map_err(|m| (false, m))?;
-        host.add_metrics(&mut names).map_err(fail)?;
-        let config = host.config_image().map_err(fail)?;
+        if let Err(e) = host.add_metrics(&mut names) {
+            return Err(explain(e.to_string()));
+        }
+        let mut config = host.config_image().map_err(fail)?;
+        let passes = host.num_passes(&mut config).map_err(fail)?;
+        if passes != 1 {
+            return Err(explain(format!("the metric set needs {passes} passes on {chip}")));
+        }
         let mut pm = PmSampling::enable(self.cupti, self.device).map_err(fail)?;
         pm.set_config(&config, self.hw_buffer, interval_ns).map_err(fail)?;
         // Room for two decode periods of samples, so a late decode loses nothing.
@@ -453,6 +462,8 @@ fn run(args: &SamplerArgs, socket: &std::path::Path) -> anyhow::Result<()> {
             let st =
                 wire::SamplerState { device_id: args.device, status: SamplerStatus::Failed as i32, detail: e.clone() };
             let _ = out_tx.send(AgentMessage { msg: Some(Msg::SamplerState(st)) });
+            let bye = wire::Goodbye { reason: format!("sampler cannot run: {e}") };
+            let _ = out_tx.send(AgentMessage { msg: Some(Msg::Goodbye(bye)) });
             drop(out_tx);
             let _ = writer.join();
             anyhow::bail!("{e}");

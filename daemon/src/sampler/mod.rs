@@ -130,8 +130,28 @@ impl Gpus {
         self.lock().entry(device).or_default().connected = connected;
     }
 
-    fn restarted(&self, device: u32) {
-        self.lock().entry(device).or_default().restarts += 1;
+    /// The sampler's connection closed; a failure it reported stays the reason.
+    pub fn set_disconnected(&self, device: u32, reason: &str) {
+        let mut m = self.lock();
+        let s = m.entry(device).or_default();
+        s.connected = false;
+        if s.state != "failed" {
+            s.state = "disconnected".into();
+            s.detail = reason.to_string();
+        }
+    }
+
+    /// The child exited: keep its last failure as the reason.
+    fn exited(&self, device: u32, status: &str) {
+        let mut m = self.lock();
+        let s = m.entry(device).or_default();
+        s.restarts += 1;
+        s.detail = if s.state == "failed" && !s.detail.is_empty() {
+            format!("{status}: {}", s.detail)
+        } else {
+            status.to_string()
+        };
+        s.state = "exited".into();
     }
 
     /// A copy of every GPU's sampler status.
@@ -222,8 +242,7 @@ pub async fn supervise(d: Arc<Daemon>, device: u32, shutdown: CancellationToken)
                     st = child.wait() => {
                         let st = st.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                         tracing::warn!(device, status = %st, ran_ms = started.elapsed().as_millis() as u64, "PM sampler exited");
-                        d.gpus.set_state(device, "exited", &st);
-                        d.gpus.restarted(device);
+                        d.gpus.exited(device, &st);
                     }
                 }
             }
