@@ -330,3 +330,51 @@ fn no_gpu_daemon_says_so_and_refuses_pause() -> Result<()> {
     assert_eq!(d.terminate()?, 0);
     Ok(())
 }
+
+#[test]
+fn prometheus_endpoint_serves_latest_values_and_counters() -> Result<()> {
+    let _serial = serial();
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir()?;
+    // A port unlikely to be taken; the endpoint is off by default.
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let d = start_daemon(dir.path(), &format!("[prometheus]\nlisten = \"127.0.0.1:{port}\"\n"))?;
+    let s = FakeSampler::connect(&d.agent_socket, 0)?;
+    assert!(matches!(s.command(Duration::from_secs(5))?, Command::Start { .. }));
+    s.wait_sampling(true, Duration::from_secs(2))?;
+    s.send_samples(25)?;
+    let scrape = || -> Result<String> {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+        let mut body = String::new();
+        c.read_to_string(&mut body)?;
+        Ok(body)
+    };
+    let t = Instant::now();
+    let want = format!("gpuprof_pm_value{{gpu=\"0\",metric=\"{}\"}} {}", METRICS[1], value(1, 24));
+    let mut text = scrape()?;
+    while !text.contains(&want) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+        text = scrape()?;
+    }
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains(&want), "{text}");
+    for line in [
+        "gpuprof_pm_samples_total{gpu=\"0\"} 25",
+        "gpuprof_gpu_paused{gpu=\"0\"} 0",
+        "gpuprof_gpu_paused{gpu=\"1\"} 0",
+        "gpuprof_connected_agents 1",
+        "# TYPE gpuprof_records_ingested_total counter",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    ctl_ok(&d, &["profile", "--pause", "--gpu", "1"]);
+    assert!(scrape()?.contains("gpuprof_gpu_paused{gpu=\"1\"} 1"));
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    c.write_all(b"GET /other HTTP/1.1\r\n\r\n")?;
+    let mut body = String::new();
+    c.read_to_string(&mut body)?;
+    assert!(body.starts_with("HTTP/1.1 404"), "{body}");
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
