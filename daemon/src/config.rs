@@ -253,7 +253,8 @@ impl Config {
         if a.default_pause.0.is_zero() || a.default_pause.0 > a.max_pause.0 {
             bail!("arbiter.default_pause must be greater than 0 and at most arbiter.max_pause");
         }
-        if a.external_retry_initial.0 < Duration::from_millis(10) || a.external_retry_initial.0 > a.external_retry_max.0 {
+        if a.external_retry_initial.0 < Duration::from_millis(10) || a.external_retry_initial.0 > a.external_retry_max.0
+        {
             bail!("arbiter.external_retry_initial must be at least 10ms and at most arbiter.external_retry_max");
         }
         let r = &self.retention;
