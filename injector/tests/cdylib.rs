@@ -1,0 +1,141 @@
+//! Checks on the built `libgpuprof_inject.so` itself (CI has no GPU and no CUDA):
+//! no undefined CUDA/CUPTI symbols, the injection entry points exported, and a process that
+//! loads it and calls `InitializeInjection` keeps its exit code with or without a daemon.
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gpuprof_proto::agent::{self as pb, agent_message::Msg as Out};
+use gpuprof_proto::frame::{read_message, write_frame};
+
+fn cdylib() -> PathBuf {
+    // `cargo test` leaves the cdylib next to the test binary (deps/); `cargo build` one up.
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let candidates = [deps.join("libgpuprof_inject.so"), deps.parent().unwrap().join("libgpuprof_inject.so")];
+    candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| panic!("{candidates:?} not built"))
+}
+
+fn nm(args: &[&str]) -> String {
+    let out = Command::new("nm").args(args).arg(cdylib()).output().expect("nm (binutils) is installed");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn no_undefined_cuda_or_cupti_symbols() {
+    let undefined = nm(&["-D", "--undefined-only"]);
+    let bad: Vec<&str> = undefined
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|s| {
+            let s = s.split('@').next().unwrap_or(s);
+            s.starts_with("cu") && s.chars().nth(2).is_some_and(|c| c.is_ascii_uppercase())
+                || s.starts_with("cupti")
+                || s.starts_with("cuda")
+                || s.starts_with("nvtx")
+                || s.starts_with("Nv")
+        })
+        .collect();
+    assert!(bad.is_empty(), "undefined CUDA/CUPTI symbols: {bad:?}");
+    // Only the C library and the loader are needed.
+    let needed = Command::new("readelf").args(["-d"]).arg(cdylib()).output().expect("readelf");
+    let needed = String::from_utf8_lossy(&needed.stdout);
+    for line in needed.lines().filter(|l| l.contains("(NEEDED)")) {
+        assert!(!line.contains("cuda") && !line.contains("cupti"), "{line}");
+    }
+}
+
+#[test]
+fn exports_the_injection_entry_points() {
+    let defined = nm(&["-D", "--defined-only"]);
+    for sym in ["InitializeInjection", "InitializeInjectionNvtx2"] {
+        assert!(defined.lines().any(|l| l.ends_with(&format!(" {sym}"))), "{sym} not exported:\n{defined}");
+    }
+}
+
+/// Child mode: load the library like the driver does, initialise, then exit with a code.
+#[test]
+#[allow(unsafe_code)]
+fn child_process_entry() {
+    let Ok(code) = std::env::var("GPUPROF_TEST_CHILD_EXIT") else { return };
+    // Safety: loading the library under test and calling its C entry point.
+    unsafe {
+        let lib = libloading::Library::new(cdylib()).unwrap();
+        let init: libloading::Symbol<'_, unsafe extern "C" fn() -> i32> = lib.get(b"InitializeInjection\0").unwrap();
+        assert_eq!(init(), 1);
+        std::mem::forget(lib);
+    }
+    if let Ok(ms) = std::env::var("GPUPROF_TEST_CHILD_SLEEP_MS") {
+        std::thread::sleep(Duration::from_millis(ms.parse().unwrap()));
+    }
+    std::process::exit(code.parse().unwrap());
+}
+
+fn run_child(socket: &std::path::Path, code: i32, sleep_ms: u64) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["child_process_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env("GPUPROF_TEST_CHILD_EXIT", code.to_string())
+        .env("GPUPROF_TEST_CHILD_SLEEP_MS", sleep_ms.to_string())
+        .env("GPUPROF_AGENT_SOCKET", socket)
+        .env("GPUPROF_CUPTI_LIB", "/nonexistent/libcupti.so.13")
+        .env_remove("CUDA_INJECTION64_PATH")
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn without_a_daemon_the_exit_code_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    for code in [0, 3, 7] {
+        let t0 = Instant::now();
+        let status = run_child(&dir.path().join("absent.sock"), code, 100).wait().unwrap();
+        assert_eq!(status.code(), Some(code));
+        assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    }
+}
+
+#[test]
+fn with_a_daemon_the_process_says_hello_and_goodbye() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut child = run_child(&sock, 5, 400);
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut s = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("the child never connected: {e}; exit {:?}", child.try_wait()),
+        }
+    };
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let m: pb::AgentMessage = read_message(&mut s, 1 << 20).unwrap();
+    let Some(Out::Hello(h)) = m.msg else { panic!("{m:?}") };
+    assert_eq!(h.pid, child.id());
+    assert_eq!(h.cupti_version, 0, "no CUPTI in CI");
+    assert!(h.exe.ends_with(std::env::current_exe().unwrap().file_name().unwrap().to_str().unwrap()));
+    let welcome =
+        pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 };
+    write_frame(&mut s, &pb::DaemonMessage { msg: Some(pb::daemon_message::Msg::Welcome(welcome)) }).unwrap();
+    // A trace cannot start without CUPTI: the failure is reported, not fatal.
+    let start = pb::StartTrace { session_id: 1, config: None };
+    write_frame(&mut s, &pb::DaemonMessage { msg: Some(pb::daemon_message::Msg::StartTrace(start)) }).unwrap();
+    let mut failed = None;
+    let mut goodbye = false;
+    while let Ok(m) = read_message::<pb::AgentMessage, _>(&mut s, 1 << 20) {
+        match m.msg {
+            Some(Out::TraceState(t)) if t.status == pb::TraceStatus::Failed as i32 => failed = Some(t.detail),
+            Some(Out::Goodbye(_)) => goodbye = true,
+            _ => {}
+        }
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(5));
+    let failed = failed.expect("trace start reported as failed");
+    assert!(failed.contains("libcupti"), "{failed}");
+    assert!(goodbye, "goodbye at exit");
+}
