@@ -43,7 +43,7 @@ pub fn query(wait: Duration) -> Vec<pb::Device> {
         if r != sys::CUDA_ERROR_NOT_INITIALIZED || Instant::now() >= deadline {
             return Vec::new();
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     let mut out = Vec::new();
     for ordinal in 0..count {

@@ -269,6 +269,13 @@ pub fn kinds_for(cfg: &pb::TraceConfig) -> Vec<u32> {
     k
 }
 
+/// "N enables failed: first, second, third, ..." (a detail a person can read).
+fn summarize(failures: &[String]) -> String {
+    let shown: Vec<&str> = failures.iter().take(3).map(String::as_str).collect();
+    let more = if failures.len() > 3 { ", ..." } else { "" };
+    format!("{} enable call(s) failed: {}{more}", failures.len(), shown.join("; "))
+}
+
 /// How long without any buffer callback before checking for another subscriber.
 const QUIET_BEFORE_PROBE: Duration = Duration::from_secs(1);
 
@@ -344,13 +351,13 @@ impl Backend for CuptiBackend {
             }
             self.driver_on = true;
         }
+        let summary = summarize(&failures);
         if !failures.is_empty() {
-            log!(Warn, "trace start: {}", failures.join("; "));
+            log!(Warn, "trace start: {summary}");
         }
-        let wanted_kernels = cfg.kernels;
-        if wanted_kernels && !self.enabled.contains(&sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+        if cfg.kernels && !self.enabled.contains(&sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
             self.stop();
-            return StartOutcome::Failed(format!("could not enable kernel tracing: {}", failures.join("; ")));
+            return StartOutcome::Failed(format!("could not enable kernel tracing: {summary}"));
         }
         self.shared.last_callback_ms.store(now_ms(), Ordering::Relaxed);
         self.last_probe = Instant::now();

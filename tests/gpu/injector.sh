@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# GPU checks of the injector (libgpuprof_inject.so) with the real gpuprofd, on a machine with an
+# NVIDIA GPU (H100/H200), CUDA 13 (nvcc, libcupti) and PyTorch (`python3`). Scenarios (pick with
+# SCENARIOS="..."; default all, in this order):
+#   nodaemon  the CUDA program and the PyTorch program keep their exit codes with the injector
+#             loaded (CUDA_INJECTION64_PATH and LD_PRELOAD) and no daemon listening;
+#   count     a CUDA C program launching `gpuprof_named_kernel` exactly M times gives exactly M
+#             kernel rows, once under CUDA_INJECTION64_PATH and once under LD_PRELOAD;
+#   matmul    PyTorch: exactly 100 bf16 8192x8192 matmuls and copies of known sizes; the stored
+#             trace has the 100 GEMM kernels, the copies with their byte counts, and every GEMM
+#             joined to its launch API record by correlation id;
+#   coexist   torch.profiler inside a traced process still records CUDA events and the daemon
+#             reports the process as displaced;
+#   overhead  200k empty launches and a PyTorch loop of 100k small kernels: untraced,
+#             injected-but-idle, traced by gpuprof, the raw-CUPTI floor, torch.profiler; ratios
+#             from this one run, plus records stored and dropped while traced.
+# Prints CHECK/FIGURE lines and a summary last; copies logs to $OUT when set.
+#
+# Binaries: release builds in .gpu/ (or GPUPROF_BIN), from a build machine:
+#   cargo build --release -p gpuprof-inject -p gpuprofd -p gpuprofctl
+#   mkdir -p .gpu && cp target/release/{gpuprofd,gpuprofctl,libgpuprof_inject.so} .gpu/ && strip .gpu/*
+# then `bash tests/gpu/injector.sh` on the GPU machine with .gpu carried.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+BIN=${GPUPROF_BIN:-$PWD/.gpu}
+INJ=$BIN/libgpuprof_inject.so
+OUTDIR=${OUT:-}
+PY=${PYTHON:-python3}
+SCENARIOS=${SCENARIOS:-nodaemon count matmul coexist overhead}
+REPS=${REPS:-3}
+export PATH="/usr/local/cuda/bin:$PATH"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+STATE=$(mktemp -d /tmp/gpuprof-inj.XXXXXX)
+CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
+SUMMARY=()
+FIGURES=()
+DPID=
+check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }
+figure() { FIGURES+=("FIGURE $1"); echo ">>> FIGURE $1"; }
+calc() { awk "BEGIN { printf \"%.4g\", $1 }"; }
+pass_if() { if [ "$2" = 1 ]; then check "$1" PASS "$3"; else check "$1" FAIL "$3"; fi; }
+
+finish() {
+  [ -n "$DPID" ] && kill -TERM "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
+  if [ -n "$OUTDIR" ]; then
+    mkdir -p "$OUTDIR"
+    cp "$STATE/gpuprofd.log" "$OUTDIR/injector_gpuprofd.log" 2>/dev/null
+    cat "$STATE"/run_*.log >"$OUTDIR/injector_runs.log" 2>/dev/null
+  fi
+  echo
+  echo "================ injector summary ================"
+  nvidia-smi -L 2>/dev/null | head -2
+  printf '%s\n' "${SUMMARY[@]}" "${FIGURES[@]}"
+  local failed=0
+  for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1)) ;; esac; done
+  echo "$((${#SUMMARY[@]} - failed)) passed, $failed failed"
+}
+trap finish EXIT
+
+[ -e "$INJ" ] && [ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "binaries missing in $BIN"; exit 2; }
+nvidia-smi -L
+
+# ---------------------------------------------------------------- build the workloads
+nvcc -O2 -arch=sm_90 -o "$STATE/launch_count" "$HERE/launch_count.cu" || exit 2
+nvcc -O2 -arch=sm_90 -o "$STATE/bench_launch" "$HERE/bench_launch.cu" || exit 2
+gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o "$STATE/libfloor.so" "$HERE/anchors/floor_inj.c" \
+  -L/usr/local/cuda/lib64 -lcupti || exit 2
+
+start_daemon() {
+  printf 'log_level = "info"\n[sampler]\nenabled = false\n' >"$STATE/cfg.toml"
+  "$BIN/gpuprofd" --state-dir "$STATE" --config "$STATE/cfg.toml" >"$STATE/gpuprofd.log" 2>&1 &
+  DPID=$!
+  for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "gpuprofd did not start"; tail -20 "$STATE/gpuprofd.log"; exit 2
+}
+# Starts a session over every process (one process joins one session) and prints its id.
+session_start() { "${CTL[@]}" --json session start --all "$@" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["id"])'; }
+session_stop() { "${CTL[@]}" session stop "$1" >/dev/null; }
+records() { "${CTL[@]}" --json query "$1" --kind "$2" --limit 100000000; }
+
+# ---------------------------------------------------------------- nodaemon
+if [[ " $SCENARIOS " == *" nodaemon "* ]]; then
+  export GPUPROF_AGENT_SOCKET=$STATE/absent.sock
+  for mode in plain inject preload; do
+    case $mode in
+      plain) env=() ;;
+      inject) env=(CUDA_INJECTION64_PATH="$INJ") ;;
+      preload) env=(LD_PRELOAD="$INJ") ;;
+    esac
+    t0=$(date +%s.%N)
+    env "${env[@]}" "$STATE/launch_count" 5000 3 0 >>"$STATE/run_nodaemon.log" 2>&1; rc_c=$?
+    t1=$(date +%s.%N)
+    env "${env[@]}" "$PY" "$HERE/matmul.py" 4 0 >>"$STATE/run_nodaemon.log" 2>&1; rc_p=$?
+    t2=$(date +%s.%N)
+    pass_if "no daemon, $mode: CUDA program exit code 3" "$([ $rc_c = 3 ] && echo 1)" "got $rc_c, $(calc "$t1 - $t0") s"
+    pass_if "no daemon, $mode: PyTorch program exit code 4" "$([ $rc_p = 4 ] && echo 1)" "got $rc_p, $(calc "$t2 - $t1") s"
+  done
+fi
+
+export GPUPROF_AGENT_SOCKET=$STATE/agent.sock
+start_daemon
+
+# ---------------------------------------------------------------- count
+if [[ " $SCENARIOS " == *" count "* ]]; then
+  for mode in inject preload; do
+    m=$([ $mode = inject ] && echo 1000 || echo 1234)
+    s=$(session_start --preset default --name "count-$mode")
+    if [ $mode = inject ]; then
+      CUDA_INJECTION64_PATH="$INJ" "$STATE/launch_count" $m 0 1500 >>"$STATE/run_count.log" 2>&1; rc=$?
+    else
+      LD_PRELOAD="$INJ" "$STATE/launch_count" $m 0 1500 >>"$STATE/run_count.log" 2>&1; rc=$?
+    fi
+    session_stop "$s"
+    n=$(records "$s" kernel | grep -c gpuprof_named_kernel)
+    other=$(records "$s" kernel | grep -vc gpuprof_named_kernel)
+    pass_if "$mode: exactly M=$m kernel rows of gpuprof_named_kernel" "$([ "$n" = "$m" ] && [ $rc = 0 ] && echo 1)" \
+      "rows $n, other kernels $other, exit $rc"
+  done
+fi
+
+# ---------------------------------------------------------------- matmul
+if [[ " $SCENARIOS " == *" matmul "* ]]; then
+  s=$(session_start --preset full --name matmul)
+  CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/matmul.py" 0 2.0 >>"$STATE/run_matmul.log" 2>&1; rc=$?
+  session_stop "$s"
+  "${CTL[@]}" top "$s" --top 5 | tee -a "$STATE/run_matmul.log"
+  records "$s" kernel,memcpy,api >"$STATE/matmul.jsonl"
+  "$PY" - "$STATE/matmul.jsonl" <<'EOF' | tee "$STATE/matmul.check"
+import json, re, sys, collections
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+k = [r for r in recs if r["kind"] == "kernel"]
+gemm = [r for r in k if re.search(r"gemm|nvjet|xmma|cutlass|sm90_", r["name"], re.I)]
+names = collections.Counter(r["name"][:70] for r in gemm)
+api = {r["correlation_id"]: r for r in recs if r["kind"] == "api"}
+joined = [g for g in gemm if g["correlation_id"] in api]
+via = collections.Counter(api[g["correlation_id"]]["name"] for g in joined)
+cp = collections.Counter((r["direction"], r["bytes"]) for r in recs if r["kind"] == "memcpy")
+want = [("HtoD", 4194304), ("HtoD", 67108864), ("DtoH", 268435456)]
+found = [w for w in want if cp.get(w)]
+print(f"gemm_kernels={len(gemm)} joined={len(joined)} kernels_total={len(k)} api_records={len(api)}")
+print(f"gemm_names={dict(names)} launch_api={dict(via)}")
+print(f"copies={dict(cp)} known_copies_found={len(found)}/3 {found}")
+print("RESULT", "ok" if len(gemm) == 100 and len(joined) == 100 and len(found) == 3 else "bad")
+EOF
+  res=$(grep -c "RESULT ok" "$STATE/matmul.check")
+  pass_if "PyTorch: 100 GEMM kernels, all joined to their launch API record, 3 known copies" "$res" \
+    "$(head -1 "$STATE/matmul.check"); $(sed -n 3p "$STATE/matmul.check"); exit $rc"
+fi
+
+# ---------------------------------------------------------------- coexist
+if [[ " $SCENARIOS " == *" coexist "* ]]; then
+  s=$(session_start --preset default --name coexist)
+  CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/coexist.py" >"$STATE/run_coexist.log" 2>&1; rc=$?
+  cat "$STATE/run_coexist.log"
+  ev=$(grep -oE "torch_profiler_cuda_events=[0-9]+" "$STATE/run_coexist.log" | cut -d= -f2)
+  session_stop "$s"
+  "${CTL[@]}" --json session show "$s" >"$STATE/coexist.json"
+  state=$("$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); print(",".join(p.get("state","?") + ("/displaced" if p.get("displaced") else "") for p in s.get("processes",[])))' "$STATE/coexist.json")
+  detail=$(grep -i "displaced\|another CUPTI" "$STATE/gpuprofd.log" | tail -1 | cut -c1-200)
+  ours=$(records "$s" kernel | wc -l)
+  pass_if "torch.profiler still records CUDA events in a traced process" "$([ "${ev:-0}" -gt 0 ] && [ $rc = 0 ] && echo 1)" "events ${ev:-none}, exit $rc"
+  pass_if "daemon reports the process as displaced" "$([[ "$state" == *displaced* ]] && echo 1)" "state $state; $detail; gpuprof kernels before $ours"
+fi
+
+# ---------------------------------------------------------------- overhead
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+if [[ " $SCENARIOS " == *" overhead "* ]]; then
+  declare -A L T
+  TRACE_REC=(); TRACE_DROP=()
+  traced_run() { # command... ; runs under a fresh session, records kernel count and drops
+    local s; s=$(session_start --preset default --name overhead)
+    CUDA_INJECTION64_PATH="$INJ" "$@"
+    session_stop "$s"
+    local j; j=$("${CTL[@]}" --json session show "$s")
+    TRACE_REC+=("$("${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])')")
+    TRACE_DROP+=("$(echo "$j" | "$PY" -c 'import json,sys; print(sum(p.get("dropped",0) for p in json.load(sys.stdin).get("processes",[])))')")
+  }
+  for rep in $(seq "$REPS"); do
+    for mode in none idle traced floor; do
+      case $mode in
+        none) out=$("$STATE/bench_launch" 200000 1500) ;;
+        idle) out=$(CUDA_INJECTION64_PATH="$INJ" "$STATE/bench_launch" 200000 1500) ;;
+        traced) out=$(traced_run "$STATE/bench_launch" 200000 1500) ;;
+        floor) out=$(CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$STATE/bench_launch" 200000 1500 2>&1 | tr '\n' ' ') ;;
+      esac
+      echo "launch $mode: $out" | tee -a "$STATE/run_overhead.log"
+      L[$mode]="${L[$mode]:-} $(echo "$out" | grep -oE 'per_launch_us=[0-9.]+' | cut -d= -f2)"
+    done
+  done
+  for rep in $(seq "$REPS"); do
+    for mode in none idle traced floor kineto; do
+      case $mode in
+        none) out=$("$PY" "$HERE/bench_torch.py" none 50000 1.5) ;;
+        idle) out=$(CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/bench_torch.py" none 50000 1.5) ;;
+        traced) out=$(traced_run "$PY" "$HERE/bench_torch.py" none 50000 1.5) ;;
+        floor) out=$(CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$PY" "$HERE/bench_torch.py" none 50000 1.5 2>&1 | tr '\n' ' ') ;;
+        kineto) out=$("$PY" "$HERE/bench_torch.py" kineto 50000 1.5) ;;
+      esac
+      echo "torch $mode: $out" | tee -a "$STATE/run_overhead.log"
+      T[$mode]="${T[$mode]:-} $(echo "$out" | grep -oE 'per_op_us=[0-9.]+' | cut -d= -f2)"
+    done
+  done
+  ln=$(echo "${L[none]}" | median)
+  tn=$(echo "${T[none]}" | median)
+  for mode in none idle traced floor; do
+    v=$(echo "${L[$mode]}" | median)
+    figure "launch $mode: median $v us/launch (runs:${L[$mode]}) = $(calc "$v / $ln")x untraced"
+  done
+  for mode in none idle traced floor kineto; do
+    v=$(echo "${T[$mode]}" | median)
+    figure "torch $mode: median $v us/op (runs:${T[$mode]}) = $(calc "$v / $tn")x untraced"
+  done
+  figure "traced runs: kernels stored ${TRACE_REC[*]}; dropped ${TRACE_DROP[*]}"
+  r=$(calc "$(echo "${L[traced]}" | median) / $ln")
+  pass_if "launch traced <= 1.3x untraced" "$(calc "$r <= 1.3")" "${r}x"
+  r=$(calc "$(echo "${T[traced]}" | median) / $tn")
+  pass_if "torch traced <= 1.25x untraced" "$(calc "$r <= 1.25")" "${r}x"
+  ri=$(calc "$(echo "${L[idle]}" | median) / $ln")
+  ti=$(calc "$(echo "${T[idle]}" | median) / $tn")
+  pass_if "idle <= 1.02x untraced" "$(calc "$ri <= 1.02 && $ti <= 1.02")" "launch ${ri}x, torch ${ti}x"
+  drops=0; for d in "${TRACE_DROP[@]}"; do drops=$((drops + d)); done
+  pass_if "no dropped records while traced" "$([ $drops = 0 ] && echo 1)" "dropped $drops"
+fi
+grep -iE " (warn|error) " "$STATE/gpuprofd.log" | tail -5
