@@ -113,7 +113,7 @@ pub fn check_metrics(cupti: &Cupti, device: u32, metrics: &[String]) -> Result<S
     let avail = cupti.counter_availability(device).map_err(|e| Refusal::Cupti(e.to_string()))?;
     // The passes a set of metrics needs; a metric the chip lacks fails to be added.
     let passes = |set: &[String]| -> Result<usize, Refusal> {
-        let h = Host::new(cupti, &chip, &avail).map_err(|e| Refusal::Cupti(e.to_string()))?;
+        let h = Host::new(cupti, &chip, avail.clone()).map_err(|e| Refusal::Cupti(e.to_string()))?;
         let mut names = MetricNames::new(set).map_err(Refusal::Metrics)?;
         if let Err(e) = h.add_metrics(&mut names) {
             return Err(Refusal::Metrics(if set.len() == 1 {
@@ -210,6 +210,9 @@ struct Active<'a> {
     overflows: u64,
     /// How often the hardware buffer is decoded.
     decode_period: Duration,
+    /// The config image given to SetConfig: CUPTI reads it while sampling, so it is dropped
+    /// after `pm` and `host` (fields drop in declaration order).
+    _config: Vec<u8>,
 }
 
 struct Sampler<'a> {
@@ -230,7 +233,7 @@ impl<'a> Sampler<'a> {
         self.cupti.profiler_initialize().map_err(fail)?;
         let chip = self.cupti.chip_name(self.device).map_err(fail)?;
         let avail = self.cupti.counter_availability(self.device).map_err(fail)?;
-        let host = Host::new(self.cupti, &chip, &avail).map_err(fail)?;
+        let host = Host::new(self.cupti, &chip, avail).map_err(fail)?;
         let mut names = MetricNames::new(metrics).map_err(|m| (false, m))?;
         if let Err(e) = host.add_metrics(&mut names) {
             return Err(explain(e.to_string()));
@@ -260,6 +263,7 @@ impl<'a> Sampler<'a> {
             offset: None,
             overflows: 0,
             decode_period,
+            _config: config,
         })
     }
 

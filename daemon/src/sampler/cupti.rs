@@ -219,18 +219,23 @@ impl MetricNames {
 pub struct Host<'a> {
     cupti: &'a Cupti,
     obj: *mut sys::CUpti_Profiler_Host_Object,
+    // CUPTI keeps pointers to the chip name and the availability image in the host object:
+    // they live exactly as long as it (freeing them early made DecodeData fault on the H100).
+    _chip: CString,
+    _availability: Vec<u8>,
 }
 
 impl<'a> Host<'a> {
-    pub fn new(cupti: &'a Cupti, chip: &str, availability: &[u8]) -> Result<Host<'a>> {
+    pub fn new(cupti: &'a Cupti, chip: &str, availability: Vec<u8>) -> Result<Host<'a>> {
         let chip_c = CString::new(chip).unwrap_or_default();
         let mut p = params!(CUpti_Profiler_Host_Initialize_Params, pHostObject);
         p.profilerType = sys::CUPTI_PROFILER_TYPE_PM_SAMPLING;
         p.pChipName = chip_c.as_ptr();
         p.pCounterAvailabilityImage = availability.as_ptr();
-        // Safety: chip_c and availability outlive the call; pHostObject is an [out] handle.
+        // Safety: chip_c and availability are moved into the Host, so they outlive the host
+        // object (their heap buffers do not move); pHostObject is an [out] handle.
         cupti.check("cuptiProfilerHostInitialize", unsafe { cupti.lib.cuptiProfilerHostInitialize(&mut p) })?;
-        Ok(Host { cupti, obj: p.pHostObject })
+        Ok(Host { cupti, obj: p.pHostObject, _chip: chip_c, _availability: availability })
     }
 
     /// Adds metrics to the configuration.
