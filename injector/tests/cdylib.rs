@@ -139,3 +139,23 @@ fn with_a_daemon_the_process_says_hello_and_goodbye() {
     assert!(failed.contains("libcupti"), "{failed}");
     assert!(goodbye, "goodbye at exit");
 }
+
+/// `LD_PRELOAD` alone never makes the driver call `InitializeInjection`: the constructor points
+/// `CUDA_INJECTION64_PATH` at the library, and leaves an existing value alone.
+#[test]
+fn preloading_points_cuda_injection_at_the_library() {
+    let so = std::fs::canonicalize(cdylib()).unwrap();
+    let run = |inj: Option<&str>| {
+        let mut c = Command::new("env");
+        c.env("LD_PRELOAD", &so).env_remove("CUDA_INJECTION64_PATH");
+        if let Some(v) = inj {
+            c.env("CUDA_INJECTION64_PATH", v);
+        }
+        let out = c.output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("CUDA_INJECTION64_PATH=").map(str::to_string))
+    };
+    assert_eq!(run(None).as_deref(), Some(so.to_str().unwrap()));
+    assert_eq!(run(Some("/opt/other/libtool.so")).as_deref(), Some("/opt/other/libtool.so"));
+}
