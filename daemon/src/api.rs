@@ -141,9 +141,11 @@ impl Gpuprof for Api {
     type ExportTraceStream = Stream<pb::ExportTraceResponse>;
     async fn export_trace(
         &self,
-        _: Request<pb::ExportTraceRequest>,
+        req: Request<pb::ExportTraceRequest>,
     ) -> Result<Response<Self::ExportTraceStream>, Status> {
-        Err(Status::unimplemented("ExportTrace is not available in this gpuprofd build"))
+        let caller = self.caller(&req);
+        let rx = crate::export::export(&self.d, &caller, req.into_inner()).await?;
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     type StreamPmSamplesStream = Stream<pb::StreamPmSamplesResponse>;

@@ -12,6 +12,7 @@ pub mod arbiter;
 pub mod cbid;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod glob;
 pub mod ingest;
 pub mod query;
