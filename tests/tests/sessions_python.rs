@@ -1,0 +1,38 @@
+//! The Python client (client/python), generated in the test from the repository's .proto
+//! with grpcio-tools, starts, lists and stops a session against a running gpuprofd.
+//!
+//! Needs `python3` with `grpcio` and `grpcio-tools`. Without them the test is skipped with
+//! a message, unless GPUPROF_REQUIRE_PYTHON=1 (CI sets it), which makes it fail instead.
+
+use std::path::Path;
+use std::process::Command;
+
+use gpuprof_testkit::TestDaemon;
+use gpuprof_testkit::traced_agent::{TracedAgent, TracedConfig};
+
+#[test]
+fn python_client_starts_lists_and_stops_a_session() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let have = Command::new(&python).args(["-c", "import grpc, grpc_tools"]).output().map(|o| o.status.success());
+    if have.as_ref().map_or(true, |ok| !ok) {
+        let msg = format!("{python} with grpcio and grpcio-tools is needed (pip install grpcio grpcio-tools)");
+        assert!(std::env::var("GPUPROF_REQUIRE_PYTHON").as_deref() != Ok("1"), "{msg}");
+        eprintln!("skipped: {msg}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(&dir.path().join("state")).unwrap();
+    let agent = TracedAgent::start(&d.agent_socket, TracedConfig::default()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/python/tests/test_sessions.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .env("GPUPROF_API_SOCKET", &d.api_socket)
+        .env("GPUPROF_TEST_PROCESS_ID", agent.process_id.to_string())
+        .env("GPUPROF_GEN_DIR", dir.path().join("gen"))
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "python client test failed:\n{text}\ndaemon log:\n{}", d.log_text());
+    assert!(text.contains("Ran 2 tests") && text.contains("OK"), "{text}");
+    agent.finish().unwrap();
+}
