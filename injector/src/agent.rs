@@ -520,9 +520,10 @@ impl<B: Backend> Agent<B> {
         }
     }
 
+    /// At exit the handler has already flushed CUPTI on the exiting thread; only what is queued
+    /// is sent. CUPTI is not touched from here (CUDA may be torn down by now).
     fn on_exit(&mut self) {
         if self.status == Status::Tracing {
-            self.backend.stop();
             self.drain_queue();
             self.send_records();
         }

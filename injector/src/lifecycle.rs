@@ -80,51 +80,77 @@ fn background(cfg: Config, wake: Arc<Wake>, control: Arc<Control>) {
     let (tx, rx) = crossbeam_channel::bounded(cfg.max_buffers + 8);
     let devices = crate::devices::query(Duration::from_secs(3));
     let ident = Identity::of_this_process(devices);
-    match crate::cupti::shared() {
-        Ok(cupti) => {
-            log!(Info, "libcupti {} (version {})", cupti.path(), cupti.version());
-            let shared = crate::tracer::install(Arc::new(Shared {
-                pid: std::process::id(),
-                cupti: cupti.clone(),
-                pool: crate::pool::Pool::new(cfg.buffer_bytes, cfg.max_buffers),
-                tx,
-                wake: wake.clone(),
-                last_callback_ms: Default::default(),
-                cupti_dropped: Default::default(),
-                queue_dropped: Default::default(),
-                buffers_completed: Default::default(),
-                foreign_buffers: Default::default(),
-            }));
-            Agent::new(cfg, ident, CuptiBackend::new(shared), rx, wake, control).run();
+    let backend = LazyCupti { inner: None, failure: None, tx, wake: wake.clone(), cfg: cfg.clone() };
+    Agent::new(cfg, ident, backend, rx, wake, control).run();
+}
+
+/// Loads libcupti at the first trace start, not before: an idle process gets no CUPTI
+/// initialisation at all (unless the application loaded CUPTI itself, in which case that copy is
+/// reused). When libcupti is missing or of an unknown version, every trace start fails with the
+/// reason, and the version refused is reported from then on.
+struct LazyCupti {
+    inner: Option<CuptiBackend>,
+    failure: Option<crate::cupti::LoadFailure>,
+    tx: crossbeam_channel::Sender<crate::tracer::Completed>,
+    wake: Arc<Wake>,
+    cfg: Config,
+}
+
+impl LazyCupti {
+    fn load(&mut self) -> Result<&mut CuptiBackend, String> {
+        if self.inner.is_none() {
+            match crate::cupti::shared() {
+                Ok(cupti) => {
+                    log!(Info, "libcupti {} (version {})", cupti.path(), cupti.version());
+                    let shared = crate::tracer::install(Arc::new(Shared {
+                        pid: std::process::id(),
+                        cupti: cupti.clone(),
+                        pool: crate::pool::Pool::new(self.cfg.buffer_bytes, self.cfg.max_buffers),
+                        tx: self.tx.clone(),
+                        wake: self.wake.clone(),
+                        last_callback_ms: Default::default(),
+                        cupti_dropped: Default::default(),
+                        queue_dropped: Default::default(),
+                        buffers_completed: Default::default(),
+                        foreign_buffers: Default::default(),
+                    }));
+                    self.inner = Some(CuptiBackend::new(shared));
+                }
+                Err(f) => {
+                    log!(Warn, "CUPTI unusable: {}", f.message);
+                    self.failure = Some(f.clone());
+                    return Err(f.message.clone());
+                }
+            }
         }
-        Err(f) => {
-            log!(Warn, "CUPTI unusable: {}", f.message);
-            let backend = NoCupti { version: f.version, why: f.message.clone() };
-            Agent::new(cfg, ident, backend, rx, wake, control).run();
-        }
+        Ok(self.inner.as_mut().expect("loaded above"))
     }
 }
 
-/// Stands in when libcupti is missing or of an unknown version: the process still says hello
-/// (so the daemon can show why), and every trace start fails with the reason.
-struct NoCupti {
-    version: u32,
-    why: String,
-}
-
-impl Backend for NoCupti {
+impl Backend for LazyCupti {
     fn cupti_version(&self) -> u32 {
-        self.version
+        match (&self.inner, &self.failure) {
+            (Some(b), _) => b.cupti_version(),
+            (None, Some(f)) => f.version,
+            (None, None) => 0,
+        }
     }
-    fn start(&mut self, _cfg: &gpuprof_proto::agent::TraceConfig) -> StartOutcome {
-        StartOutcome::Failed(self.why.clone())
+    fn start(&mut self, cfg: &gpuprof_proto::agent::TraceConfig) -> StartOutcome {
+        match self.load() {
+            Ok(b) => b.start(cfg),
+            Err(why) => StartOutcome::Failed(why),
+        }
     }
-    fn stop(&mut self) {}
+    fn stop(&mut self) {
+        if let Some(b) = &mut self.inner {
+            b.stop();
+        }
+    }
     fn tick(&mut self) -> Option<String> {
-        None
+        self.inner.as_mut().and_then(|b| b.tick())
     }
     fn external_drops(&self) -> ([u64; 16], u64) {
-        ([0; 16], 0)
+        self.inner.as_ref().map_or(([0; 16], 0), |b| b.external_drops())
     }
 }
 
@@ -136,6 +162,14 @@ extern "C" fn at_exit() {
         }
         if STATE.compare_exchange(RUNNING, EXITED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             return;
+        }
+        // Flush on this thread, as a plain CUPTI client would in its exit handler: the buffers
+        // come back through buffer_completed into the queue. Nothing is disabled here: with a
+        // static CUDA runtime its own exit handler may already have torn CUDA down.
+        if crate::tracer::TRACING.load(Ordering::SeqCst)
+            && let Ok(cupti) = crate::cupti::shared()
+        {
+            let _ = cupti.flush_all(true);
         }
         let ok = g.control.request_exit(&g.wake, g.exit_timeout);
         log!(Debug, "exit flush {}", if ok { "done" } else { "timed out" });

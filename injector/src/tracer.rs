@@ -59,6 +59,9 @@ pub struct Shared {
 
 static SHARED: OnceLock<Arc<Shared>> = OnceLock::new();
 
+/// True while CUPTI activity kinds are enabled by this library (read by the exit handler).
+pub static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Installs the callbacks' state (once per process).
 pub fn install(shared: Arc<Shared>) -> Arc<Shared> {
     SHARED.get_or_init(|| shared).clone()
@@ -361,10 +364,12 @@ impl Backend for CuptiBackend {
         }
         self.shared.last_callback_ms.store(now_ms(), Ordering::Relaxed);
         self.last_probe = Instant::now();
+        TRACING.store(true, Ordering::SeqCst);
         StartOutcome::Tracing
     }
 
     fn stop(&mut self) {
+        TRACING.store(false, Ordering::SeqCst);
         if self.displaced {
             // The other client owns the callbacks and the kinds now; disabling shared kinds
             // would break its trace. Leave CUPTI as it is.
@@ -398,6 +403,7 @@ impl Backend for CuptiBackend {
         if let Err(e) = self.cupti().flush_all(false) {
             // CUPTI was finalized or re-initialised under us (e.g. by another client's teardown).
             self.displaced = true;
+            TRACING.store(false, Ordering::SeqCst);
             return Some(format!("cuptiActivityFlushAll: {e}: CUPTI was reset by another client; gpuprof stood down"));
         }
         let quiet = now_ms().saturating_sub(self.shared.last_callback_ms.load(Ordering::Relaxed));
@@ -407,6 +413,7 @@ impl Backend for CuptiBackend {
                 && e.0 == sys::CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
             {
                 self.displaced = true;
+                TRACING.store(false, Ordering::SeqCst);
                 return Some(Self::displaced_detail(e));
             }
         }

@@ -106,12 +106,15 @@ if [[ " $SCENARIOS " == *" count "* ]]; then
   for mode in inject preload; do
     m=$([ $mode = inject ] && echo 1000 || echo 1234)
     s=$(session_start --preset default --name "count-$mode")
-    if [ $mode = inject ]; then
-      CUDA_INJECTION64_PATH="$INJ" "$STATE/launch_count" $m 0 1500 >>"$STATE/run_count.log" 2>&1; rc=$?
-    else
-      LD_PRELOAD="$INJ" "$STATE/launch_count" $m 0 1500 >>"$STATE/run_count.log" 2>&1; rc=$?
-    fi
+    if [ $mode = inject ]; then envs=(CUDA_INJECTION64_PATH="$INJ"); else envs=(LD_PRELOAD="$INJ"); fi
+    env "${envs[@]}" GPUPROF_LOG=info "$STATE/launch_count" $m 0 1500 >>"$STATE/run_count.log" 2>&1; rc=$?
     session_stop "$s"
+    if [ $rc -ge 128 ] && command -v cuda-gdb >/dev/null; then # a crash: where?
+      s2=$(session_start --preset default --name "count-$mode-gdb")
+      env "${envs[@]}" timeout 120 cuda-gdb -q -batch -ex run -ex bt -ex "info threads" -ex "thread apply all bt 8" \
+        --args "$STATE/launch_count" 100 0 1500 2>&1 | tail -60 | tee -a "$STATE/run_count.log"
+      session_stop "$s2"
+    fi
     n=$(records "$s" kernel | grep -c gpuprof_named_kernel)
     other=$(records "$s" kernel | grep -vc gpuprof_named_kernel)
     pass_if "$mode: exactly M=$m kernel rows of gpuprof_named_kernel" "$([ "$n" = "$m" ] && [ $rc = 0 ] && echo 1)" \
@@ -165,53 +168,60 @@ fi
 
 # ---------------------------------------------------------------- overhead
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+# Modes: none (no injector), idle (injected, connected, no session), inert (injected with
+# GPUPROF_DISABLE=1: the driver's own cost of an injection library), kernels (traced, kernels
+# only), traced (traced, default preset), floor (gpu-anchors raw CUPTI), kineto (torch.profiler).
+LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced floor}
+TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced floor kineto}
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
   declare -A L T
-  TRACE_REC=(); TRACE_DROP=()
-  traced_run() { # command... ; runs under a fresh session, records kernel count and drops
-    local s; s=$(session_start --preset default --name overhead)
+  traced_run() { # preset command... ; one session per run; kernels stored and drops to files
+    local preset=$1; shift
+    local s; s=$(session_start --preset "$preset" --name overhead)
     CUDA_INJECTION64_PATH="$INJ" "$@"
     session_stop "$s"
-    local j; j=$("${CTL[@]}" --json session show "$s")
-    TRACE_REC+=("$("${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])')")
-    TRACE_DROP+=("$(echo "$j" | "$PY" -c 'import json,sys; print(sum(p.get("dropped",0) for p in json.load(sys.stdin).get("processes",[])))')")
+    "${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])' >>"$STATE/traced_kernels"
+    "${CTL[@]}" --json session show "$s" |
+      "$PY" -c 'import json,sys; print(sum(p.get("dropped",0) for p in json.load(sys.stdin).get("processes",[])))' >>"$STATE/traced_drops"
   }
+  run_mode() { # mode command...
+    local mode=$1; shift
+    case $mode in
+      none) "$@" ;;
+      idle) CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      inert) CUDA_INJECTION64_PATH="$INJ" GPUPROF_DISABLE=1 "$@" ;;
+      kernels) traced_run kernels "$@" ;;
+      traced) traced_run default "$@" ;;
+      floor) CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$@" 2>&1 | tr '\n' ' ' ;;
+    esac
+  }
+  : >"$STATE/traced_kernels"; : >"$STATE/traced_drops"
   for rep in $(seq "$REPS"); do
-    for mode in none idle traced floor; do
-      case $mode in
-        none) out=$("$STATE/bench_launch" 200000 1500) ;;
-        idle) out=$(CUDA_INJECTION64_PATH="$INJ" "$STATE/bench_launch" 200000 1500) ;;
-        traced) out=$(traced_run "$STATE/bench_launch" 200000 1500) ;;
-        floor) out=$(CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$STATE/bench_launch" 200000 1500 2>&1 | tr '\n' ' ') ;;
-      esac
+    for mode in $LAUNCH_MODES; do
+      out=$(run_mode "$mode" "$STATE/bench_launch" 200000 1500)
       echo "launch $mode: $out" | tee -a "$STATE/run_overhead.log"
       L[$mode]="${L[$mode]:-} $(echo "$out" | grep -oE 'per_launch_us=[0-9.]+' | cut -d= -f2)"
     done
   done
   for rep in $(seq "$REPS"); do
-    for mode in none idle traced floor kineto; do
-      case $mode in
-        none) out=$("$PY" "$HERE/bench_torch.py" none 50000 1.5) ;;
-        idle) out=$(CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/bench_torch.py" none 50000 1.5) ;;
-        traced) out=$(traced_run "$PY" "$HERE/bench_torch.py" none 50000 1.5) ;;
-        floor) out=$(CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$PY" "$HERE/bench_torch.py" none 50000 1.5 2>&1 | tr '\n' ' ') ;;
-        kineto) out=$("$PY" "$HERE/bench_torch.py" kineto 50000 1.5) ;;
-      esac
+    for mode in $TORCH_MODES; do
+      if [ "$mode" = kineto ]; then out=$("$PY" "$HERE/bench_torch.py" kineto 50000 1.5)
+      else out=$(run_mode "$mode" "$PY" "$HERE/bench_torch.py" none 50000 1.5); fi
       echo "torch $mode: $out" | tee -a "$STATE/run_overhead.log"
       T[$mode]="${T[$mode]:-} $(echo "$out" | grep -oE 'per_op_us=[0-9.]+' | cut -d= -f2)"
     done
   done
   ln=$(echo "${L[none]}" | median)
   tn=$(echo "${T[none]}" | median)
-  for mode in none idle traced floor; do
+  for mode in $LAUNCH_MODES; do
     v=$(echo "${L[$mode]}" | median)
     figure "launch $mode: median $v us/launch (runs:${L[$mode]}) = $(calc "$v / $ln")x untraced"
   done
-  for mode in none idle traced floor kineto; do
+  for mode in $TORCH_MODES; do
     v=$(echo "${T[$mode]}" | median)
     figure "torch $mode: median $v us/op (runs:${T[$mode]}) = $(calc "$v / $tn")x untraced"
   done
-  figure "traced runs: kernels stored ${TRACE_REC[*]}; dropped ${TRACE_DROP[*]}"
+  figure "traced runs (launch then torch; kernels then default preset per rep): kernels stored $(tr '\n' ' ' <"$STATE/traced_kernels"); dropped $(tr '\n' ' ' <"$STATE/traced_drops")"
   r=$(calc "$(echo "${L[traced]}" | median) / $ln")
   pass_if "launch traced <= 1.3x untraced" "$(calc "$r <= 1.3")" "${r}x"
   r=$(calc "$(echo "${T[traced]}" | median) / $tn")
@@ -219,7 +229,9 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
   ri=$(calc "$(echo "${L[idle]}" | median) / $ln")
   ti=$(calc "$(echo "${T[idle]}" | median) / $tn")
   pass_if "idle <= 1.02x untraced" "$(calc "$ri <= 1.02 && $ti <= 1.02")" "launch ${ri}x, torch ${ti}x"
-  drops=0; for d in "${TRACE_DROP[@]}"; do drops=$((drops + d)); done
-  pass_if "no dropped records while traced" "$([ $drops = 0 ] && echo 1)" "dropped $drops"
+  drops=$(awk '{s += $1} END {print s + 0}' "$STATE/traced_drops")
+  short=$(awk '$1 < 100000 {n++} END {print n + 0}' "$STATE/traced_kernels")
+  pass_if "no dropped records while traced, every traced run stored >= 100k kernels" \
+    "$([ "$drops" = 0 ] && [ "$short" = 0 ] && echo 1)" "dropped $drops, short runs $short"
 fi
 grep -iE " (warn|error) " "$STATE/gpuprofd.log" | tail -5
