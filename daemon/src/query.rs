@@ -5,7 +5,7 @@
 //! rollup, see [`crate::rollup`]), so a query touches only the pages of that session,
 //! never the whole table, and no index on the hot record tables is needed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gpuprof_proto::api as pb;
 use rusqlite::types::Value;
@@ -139,49 +139,26 @@ fn needs_scan(f: &pb::RecordFilter) -> bool {
     f.time_range.as_ref().is_some_and(|t| t.start_ns > 0 || t.end_ns > 0)
 }
 
-/// Rank of the `q`-quantile in a sorted list of `n` values (nearest rank).
-fn rank(n: u64, q: f64) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    ((q * n as f64).ceil() as u64).clamp(1, n) - 1
-}
-
-/// Kernel statistics from the exact durations.
-fn kernel_stat(name: String, durs: &mut [u64]) -> pb::KernelStat {
-    durs.sort_unstable();
-    let n = durs.len() as u64;
-    let total: u64 = durs.iter().sum();
-    pb::KernelStat {
-        name,
-        count: n,
-        total_ns: total,
-        mean_ns: total.checked_div(n).unwrap_or(0),
-        p50_ns: durs.get(rank(n, 0.5) as usize).copied().unwrap_or(0),
-        p95_ns: durs.get(rank(n, 0.95) as usize).copied().unwrap_or(0),
-        max_ns: durs.last().copied().unwrap_or(0),
-        min_ns: durs.first().copied().unwrap_or(0),
-    }
-}
-
 /// GetSummary's body, on a read connection.
 pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> ApiResult<pb::GetSummaryResponse> {
     let mut out = pb::GetSummaryResponse::default();
     // Top kernels.
     if needs_scan(f) {
+        // Same shape as the rollup: exact count/sum/extremes, percentiles from 3% buckets;
+        // memory grows with distinct names, not with rows.
         let w = where_for(c, "kernel", session, f)?;
-        let mut per: HashMap<i64, Vec<u64>> = HashMap::new();
+        let mut per: HashMap<i64, NameStats> = HashMap::new();
         let mut stmt = c.prepare(&format!("SELECT t.name, t.dur FROM kernel t WHERE {}", w.sql))?;
         let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
         while let Some(r) = rows.next()? {
-            per.entry(r.get(0)?).or_default().push(r.get::<_, i64>(1)?.max(0) as u64);
+            per.entry(r.get(0)?).or_default().add(r.get::<_, i64>(1)?.max(0));
         }
-        out.kernel_count = per.values().map(|v| v.len() as u64).sum();
-        let mut totals: Vec<(i64, u64)> = per.iter().map(|(k, v)| (*k, v.iter().sum())).collect();
+        out.kernel_count = per.values().map(|v| v.n).sum();
+        let mut totals: Vec<(i64, u64)> = per.iter().map(|(k, v)| (*k, v.total)).collect();
         totals.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         for (name, _) in totals.into_iter().take(top) {
-            let mut durs = per.remove(&name).unwrap_or_default();
-            out.top_kernels.push(kernel_stat(string(c, name)?, &mut durs));
+            let Some(st) = per.remove(&name) else { continue };
+            out.top_kernels.push(st.into_stat(string(c, name)?));
         }
     } else {
         let (count, stats) = crate::rollup::top_kernels(c, session, f, top)?;
@@ -276,51 +253,113 @@ fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> 
 
 /// Busy time per device: the union of kernel, copy and set intervals.
 fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::DeviceBusy>> {
-    let mut per: HashMap<u32, Vec<(i64, i64)>> = HashMap::new();
+    // One stream of (device, start, end) sorted by SQLite (which spills to disk when large),
+    // swept in order: memory does not grow with the rows.
+    let mut parts = Vec::new();
+    let mut params = Vec::new();
     for table in ["kernel", "memcpy", "memset"] {
         let w = where_for(c, table, session, f)?;
-        let mut stmt = c.prepare(&format!(
-            "SELECT t.dev, t.start + p.base_ns, t.dur FROM {table} t JOIN processes p ON p.id = t.proc WHERE {}",
+        parts.push(format!(
+            "SELECT t.dev AS dev, t.start + p.base_ns AS s, t.start + p.base_ns + max(t.dur, 0) AS e
+             FROM {table} t JOIN processes p ON p.id = t.proc WHERE {}",
             w.sql
-        ))?;
-        let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
-        while let Some(r) = rows.next()? {
-            let s: i64 = r.get(1)?;
-            per.entry(r.get(0)?).or_default().push((s, s + r.get::<_, i64>(2)?.max(0)));
-        }
+        ));
+        params.extend(w.params);
     }
-    let mut out: Vec<pb::DeviceBusy> = per
-        .into_iter()
-        .map(|(dev, mut iv)| {
-            let (busy, span) = union_len(&mut iv);
-            pb::DeviceBusy { device_id: dev, busy_ns: busy, span_ns: span }
-        })
-        .collect();
-    out.sort_by_key(|d| d.device_id);
-    Ok(out)
+    let mut stmt = c.prepare(&format!("SELECT dev, s, e FROM ({}) ORDER BY dev, s", parts.join(" UNION ALL ")))?;
+    let mut rows = stmt.query(params_from_iter(params.iter()))?;
+    let mut sweep = Sweep::default();
+    while let Some(r) = rows.next()? {
+        sweep.push(r.get(0)?, r.get(1)?, r.get(2)?);
+    }
+    Ok(sweep.finish())
 }
 
-/// (length of the union, span from first start to last end) of intervals.
-pub fn union_len(iv: &mut [(i64, i64)]) -> (u64, u64) {
-    if iv.is_empty() {
-        return (0, 0);
+/// Kernel durations of one name: exact count, sum and extremes, log-scale buckets.
+struct NameStats {
+    n: u64,
+    total: u64,
+    min: u64,
+    max: u64,
+    /// bucket → (count, min, max).
+    hist: BTreeMap<i64, (i64, i64, i64)>,
+}
+
+impl Default for NameStats {
+    fn default() -> Self {
+        NameStats { n: 0, total: 0, min: u64::MAX, max: 0, hist: BTreeMap::new() }
     }
-    iv.sort_unstable();
-    let mut busy = 0i64;
-    let (mut cs, mut ce) = iv[0];
-    let mut last_end = ce;
-    for &(s, e) in iv.iter().skip(1) {
-        last_end = last_end.max(e);
-        if s <= ce {
-            ce = ce.max(e);
-        } else {
-            busy += ce - cs;
-            cs = s;
-            ce = e;
+}
+
+impl NameStats {
+    fn add(&mut self, d: i64) {
+        self.n += 1;
+        self.total += d as u64;
+        self.min = self.min.min(d as u64);
+        self.max = self.max.max(d as u64);
+        let h = self.hist.entry(crate::rollup::bucket(d)).or_insert((0, i64::MAX, i64::MIN));
+        h.0 += 1;
+        h.1 = h.1.min(d);
+        h.2 = h.2.max(d);
+    }
+
+    fn into_stat(self, name: String) -> pb::KernelStat {
+        let hist: Vec<(i64, i64, i64)> = self.hist.into_values().collect();
+        pb::KernelStat {
+            name,
+            count: self.n,
+            total_ns: self.total,
+            mean_ns: self.total.checked_div(self.n).unwrap_or(0),
+            p50_ns: crate::rollup::quantile(&hist, self.n, 0.5),
+            p95_ns: crate::rollup::quantile(&hist, self.n, 0.95),
+            max_ns: self.max,
+            min_ns: if self.n == 0 { 0 } else { self.min },
         }
     }
-    busy += ce - cs;
-    (busy.max(0) as u64, (last_end - iv[0].0).max(0) as u64)
+}
+
+/// Busy time per device from intervals sorted by (device, start).
+#[derive(Default)]
+struct Sweep {
+    out: Vec<pb::DeviceBusy>,
+    /// Device, merged interval open now (start, end), busy so far, first start, last end.
+    cur: Option<(u32, i64, i64, i64, i64, i64)>,
+}
+
+impl Sweep {
+    fn push(&mut self, dev: u32, s: i64, e: i64) {
+        match &mut self.cur {
+            Some((d, cs, ce, busy, _, last)) if *d == dev => {
+                *last = (*last).max(e);
+                if s <= *ce {
+                    *ce = (*ce).max(e);
+                } else {
+                    *busy += *ce - *cs;
+                    *cs = s;
+                    *ce = e;
+                }
+            }
+            _ => {
+                self.close();
+                self.cur = Some((dev, s, e, 0, s, e));
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some((dev, cs, ce, busy, first, last)) = self.cur.take() {
+            self.out.push(pb::DeviceBusy {
+                device_id: dev,
+                busy_ns: (busy + ce - cs).max(0) as u64,
+                span_ns: (last - first).max(0) as u64,
+            });
+        }
+    }
+
+    fn finish(mut self) -> Vec<pb::DeviceBusy> {
+        self.close();
+        self.out
+    }
 }
 
 // ---------------------------------------------------------------- requests
@@ -638,19 +677,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn union_of_intervals() {
-        let mut iv = vec![(10, 20), (0, 5), (15, 30), (40, 41)];
-        assert_eq!(union_len(&mut iv), (5 + 20 + 1, 41));
-        assert_eq!(union_len(&mut []), (0, 0));
+    fn busy_sweep_over_sorted_intervals() {
+        let mut sw = Sweep::default();
+        for (d, s, e) in [(0, 0, 5), (0, 10, 20), (0, 15, 30), (0, 40, 41), (1, 5, 6)] {
+            sw.push(d, s, e);
+        }
+        let v = sw.finish();
+        assert_eq!((v[0].device_id, v[0].busy_ns, v[0].span_ns), (0, 5 + 20 + 1, 41));
+        assert_eq!((v[1].device_id, v[1].busy_ns, v[1].span_ns), (1, 1, 1));
+        assert!(Sweep::default().finish().is_empty());
     }
 
     #[test]
-    fn ranks() {
-        assert_eq!(rank(1, 0.5), 0);
-        assert_eq!(rank(100, 0.5), 49);
-        assert_eq!(rank(100, 0.95), 94);
-        let mut d: Vec<u64> = (1..=100).rev().collect();
-        let s = kernel_stat("k".into(), &mut d);
-        assert_eq!((s.count, s.total_ns, s.min_ns, s.max_ns, s.p50_ns, s.p95_ns), (100, 5050, 1, 100, 50, 95));
+    fn name_stats() {
+        let mut st = NameStats::default();
+        for d in 1..=100 {
+            st.add(d);
+        }
+        let k = st.into_stat("k".into());
+        assert_eq!((k.count, k.total_ns, k.min_ns, k.max_ns, k.p50_ns, k.p95_ns), (100, 5050, 1, 100, 50, 95));
     }
 }

@@ -422,7 +422,7 @@ pub fn top_kernels(
 }
 
 /// The nearest-rank quantile from (count, min, max) buckets in order.
-fn quantile(hist: &[(i64, i64, i64)], n: u64, q: f64) -> u64 {
+pub fn quantile(hist: &[(i64, i64, i64)], n: u64, q: f64) -> u64 {
     if n == 0 {
         return 0;
     }
