@@ -75,6 +75,14 @@ pub fn human_bytes(b: u64) -> String {
     if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
 }
 
+/// ns since the Unix epoch as UTC "YYYY-MM-DD HH:MM:SS.uuuuuu" ("-" for 0).
+pub fn wall_us(ns: u64) -> String {
+    if ns == 0 {
+        return "-".into();
+    }
+    format!("{}{:03}", wall(ns), (ns / 1000) % 1000)
+}
+
 /// ns since the Unix epoch as UTC "YYYY-MM-DD HH:MM:SS.mmm" ("-" for 0).
 pub fn wall(ns: u64) -> String {
     if ns == 0 {
@@ -206,6 +214,7 @@ pub fn session_json(s: &pb::Session) -> Value {
 pub fn summary_json(s: &pb::GetSummaryResponse) -> Value {
     json!({
         "kernel_count": s.kernel_count,
+        "kernel_total_ns": s.kernel_total_ns,
         "top_kernels": s.top_kernels.iter().map(|k| json!({
             "name": k.name, "count": k.count, "total_ns": k.total_ns, "mean_ns": k.mean_ns,
             "p50_ns": k.p50_ns, "p95_ns": k.p95_ns, "min_ns": k.min_ns, "max_ns": k.max_ns,
@@ -225,8 +234,8 @@ pub fn summary_json(s: &pb::GetSummaryResponse) -> Value {
 
 /// Prints a summary as tables.
 pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize) {
-    let total: u64 = s.top_kernels.iter().map(|k| k.total_ns).sum();
-    println!("kernels: {}", s.kernel_count);
+    let total = s.kernel_total_ns;
+    println!("kernels: {}, {} of GPU time", s.kernel_count, human_ns(total));
     if !s.top_kernels.is_empty() {
         println!();
         let rows: Vec<Vec<String>> = s
@@ -297,6 +306,7 @@ mod tests {
     fn formats() {
         assert_eq!(wall(0), "-");
         assert_eq!(wall(1_700_000_000_123_000_000), "2023-11-14 22:13:20.123");
+        assert_eq!(wall_us(1_700_000_000_123_456_789), "2023-11-14 22:13:20.123456");
         assert_eq!(human_ns(999), "999 ns");
         assert_eq!(human_ns(1_500_000), "1.50 ms");
         assert_eq!(shorten("abcdefghijklmnopqrstuvwxyz", 10), "abcdef…xyz");

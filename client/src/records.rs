@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use gpuprofctl::pb;
 
-use crate::output::{Usage, human_ns, print_summary, shorten, summary_json, wall};
+use crate::output::{Usage, human_ns, print_summary, shorten, summary_json, wall_us};
 use crate::sessions::Client;
 
 /// Which records of a session.
@@ -158,7 +158,7 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
         if !header_done {
             writeln!(
                 out,
-                "{:<7} {:>6} {:<23} {:>12} {:>4} {:>6} {:>8}  WHAT",
+                "{:<7} {:>6} {:<26} {:>12} {:>4} {:>6} {:>8}  WHAT",
                 "KIND", "PROC", "START (UTC)", "DURATION", "DEV", "STREAM", "CORR"
             )?;
             header_done = true;
@@ -174,8 +174,8 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
                     what: String| {
             writeln!(
                 out,
-                "{kind:<7} {proc:>6} {:<23} {:>12} {dev:>4} {stream:>6} {corr:>8}  {what}",
-                wall(s),
+                "{kind:<7} {proc:>6} {:<26} {:>12} {dev:>4} {stream:>6} {corr:>8}  {what}",
+                wall_us(s),
                 human_ns(e.saturating_sub(s))
             )
         };

@@ -154,6 +154,7 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
             per.entry(r.get(0)?).or_default().add(r.get::<_, i64>(1)?.max(0));
         }
         out.kernel_count = per.values().map(|v| v.n).sum();
+        out.kernel_total_ns = per.values().map(|v| v.total).sum();
         let mut totals: Vec<(i64, u64)> = per.iter().map(|(k, v)| (*k, v.total)).collect();
         totals.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         for (name, _) in totals.into_iter().take(top) {
@@ -161,8 +162,9 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
             out.top_kernels.push(st.into_stat(string(c, name)?));
         }
     } else {
-        let (count, stats) = crate::rollup::top_kernels(c, session, f, top)?;
+        let (count, total, stats) = crate::rollup::top_kernels(c, session, f, top)?;
         out.kernel_count = count;
+        out.kernel_total_ns = total;
         out.top_kernels = stats;
     }
     if needs_scan(f) {

@@ -383,11 +383,11 @@ pub fn top_kernels(
     session: u64,
     f: &pb::RecordFilter,
     top: usize,
-) -> rusqlite::Result<(u64, Vec<pb::KernelStat>)> {
+) -> rusqlite::Result<(u64, u64, Vec<pb::KernelStat>)> {
     let (w, p) = rollup_where(session, f, true, true, true);
-    let count: Option<i64> = c
-        .prepare(&format!("SELECT sum(t.n) FROM kernel_rollup t WHERE {w}"))?
-        .query_row(params_from_iter(p.iter()), |r| r.get(0))?;
+    let (count, sum): (Option<i64>, Option<i64>) = c
+        .prepare(&format!("SELECT sum(t.n), sum(t.total) FROM kernel_rollup t WHERE {w}"))?
+        .query_row(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?)))?;
     let mut stmt = c.prepare(&format!(
         "SELECT t.name, sum(t.n), sum(t.total), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w}
          GROUP BY t.name ORDER BY sum(t.total) DESC, t.name LIMIT {top}"
@@ -418,7 +418,7 @@ pub fn top_kernels(
             min_ns: min.max(0) as u64,
         });
     }
-    Ok((count.unwrap_or(0).max(0) as u64, out))
+    Ok((count.unwrap_or(0).max(0) as u64, sum.unwrap_or(0).max(0) as u64, out))
 }
 
 /// The nearest-rank quantile from (count, min, max) buckets in order.

@@ -108,11 +108,13 @@ fn trace_command_prints_top_kernels() {
     assert!(top.windows(2).all(|w| w[0]["total_ns"].as_u64() >= w[1]["total_ns"].as_u64()));
     let sum: u64 = top.iter().map(|k| k["count"].as_u64().unwrap()).sum();
     assert!(sum <= kernels && sum > 0);
+    let total: u64 = top.iter().map(|k| k["total_ns"].as_u64().unwrap()).sum();
+    assert!(total <= v["summary"]["kernel_total_ns"].as_u64().unwrap() && total > 0);
     // The table form prints the kernels too.
     let out = d.ctl(&["top", &id.to_string()]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(&format!("kernels: {kernels}")), "{text}");
+    assert!(text.contains(&format!("kernels: {kernels},")), "{text}");
     assert!(text.contains("sm90_xmma_gemm") || text.contains("_ZN2at6native"), "{text}");
     for a in agents {
         a.finish().unwrap();
