@@ -585,31 +585,69 @@ fn stream_records(
     Ok(())
 }
 
-/// ListDevices: GPUs reported by agents.
+/// ListDevices: the GPUs this daemon manages (found by the driver, in PCI order, which is
+/// the daemon-wide index that samplers and reservations use), completed with what agents
+/// reported about them; then GPUs only agents reported (e.g. in containers without the
+/// driver's /proc view), numbered after those.
 pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
     let path = d.db_path.clone();
-    tokio::task::spawn_blocking(move || -> ApiResult<pb::ListDevicesResponse> {
+    let reported = tokio::task::spawn_blocking(move || -> ApiResult<Vec<(pb::Device, String)>> {
         let c = crate::store::open_reader(&path)?;
         let mut stmt = c.prepare(
-            "SELECT id, uuid, name, compute_major, compute_minor, sm_count, global_memory_bytes FROM devices ORDER BY id",
+            "SELECT uuid, name, compute_major, compute_minor, sm_count, global_memory_bytes, pci_bus_id
+             FROM devices ORDER BY id",
         )?;
-        let devices = stmt
-            .query_map([], |r| {
-                Ok(pb::Device {
-                    index: r.get(0)?,
-                    uuid: r.get(1)?,
-                    name: r.get(2)?,
-                    compute_major: r.get(3)?,
-                    compute_minor: r.get(4)?,
-                    sm_count: r.get(5)?,
-                    global_memory_bytes: r.get::<_, i64>(6)?.max(0) as u64,
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                pb::Device {
+                    index: 0,
+                    uuid: r.get(0)?,
+                    name: r.get(1)?,
+                    compute_major: r.get(2)?,
+                    compute_minor: r.get(3)?,
+                    sm_count: r.get(4)?,
+                    global_memory_bytes: r.get::<_, i64>(5)?.max(0) as u64,
                     monitor_state: String::new(),
-                })
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(pb::ListDevicesResponse { devices })
+                },
+                r.get::<_, String>(6)?,
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     })
-    .await?
+    .await??;
+    let same = |a: &str, b: &str| !a.is_empty() && a.eq_ignore_ascii_case(b);
+    let mut used = vec![false; reported.len()];
+    let mut devices = Vec::new();
+    for g in &d.gpus.found {
+        let mut dev = pb::Device {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            name: g.model.clone(),
+            monitor_state: d.arbiter.monitor_state(g.index),
+            ..Default::default()
+        };
+        if let Some(i) = reported.iter().position(|(r, bus)| same(&r.uuid, &g.uuid) || same(bus, &g.pci_bus_id)) {
+            used[i] = true;
+            let r = &reported[i].0;
+            dev.compute_major = r.compute_major;
+            dev.compute_minor = r.compute_minor;
+            dev.sm_count = r.sm_count;
+            dev.global_memory_bytes = r.global_memory_bytes;
+            if dev.name.is_empty() {
+                dev.name = r.name.clone();
+            }
+        }
+        devices.push(dev);
+    }
+    let mut next = d.gpus.found.iter().map(|g| g.index + 1).max().unwrap_or(0);
+    for (i, (r, _)) in reported.into_iter().enumerate() {
+        if used[i] {
+            continue;
+        }
+        devices.push(pb::Device { index: next, monitor_state: "unmanaged".into(), ..r });
+        next += 1;
+    }
+    Ok(pb::ListDevicesResponse { devices })
 }
 
 /// ListProcesses: connected agents (and, if asked, past connections). Users other than
