@@ -13,7 +13,13 @@ use clap::{CommandFactory, Parser, Subcommand};
 use gpuprofctl::{DEFAULT_API_SOCKET, connect, pb};
 
 #[derive(Parser)]
-#[command(name = "gpuprofctl", version, about = "Control and query gpuprofd")]
+#[command(
+    name = "gpuprofctl",
+    version,
+    about = "Control and query gpuprofd",
+    after_help = "Exit codes: 0 ok, 1 failed, 2 bad usage or arguments, 3 gpuprofd unreachable or shutting down, \
+                  4 not found, 5 permission denied, 6 not possible in the current state."
+)]
 struct Cli {
     /// gpuprofd's API socket.
     #[arg(long, global = true, env = "GPUPROF_API_SOCKET", default_value = DEFAULT_API_SOCKET)]

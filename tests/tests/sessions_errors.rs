@@ -206,6 +206,48 @@ fn invalid_arguments_and_unknown_ids() {
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
         c.stop_session(pb::StopSessionRequest { session_id: s.id }).await.unwrap();
+        // Paging and filters of ListSessions.
+        for i in 0..4 {
+            let s = c
+                .start_session(pb::StartSessionRequest {
+                    name: format!("page-{i}"),
+                    targets: all(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if i % 2 == 0 {
+                c.stop_session(pb::StopSessionRequest { session_id: s.id }).await.unwrap();
+            }
+        }
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        loop {
+            let r = c
+                .list_sessions(pb::ListSessionsRequest { page_size: 2, page_token: token, ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(r.sessions.len() <= 2);
+            seen.extend(r.sessions.iter().map(|s| s.id));
+            token = r.next_page_token;
+            if token.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(seen, vec![s.id + 4, s.id + 3, s.id + 2, s.id + 1, s.id], "newest first, each once");
+        let r = c
+            .list_sessions(pb::ListSessionsRequest {
+                states: vec![pb::SessionState::Active as i32],
+                name_contains: "page-".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let names: Vec<&str> = r.sessions.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["page-3", "page-1"]);
     });
     // The CLI turns codes into exit codes: 2 bad arguments, 4 not found, 6 wrong state.
     let out = d.ctl(&["session", "show", "77"]);
