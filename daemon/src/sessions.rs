@@ -1008,6 +1008,7 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
     });
     let waiters = std::mem::take(&mut l.waiters);
     d.sessions.op(Op::Finished { id, waiters });
+    d.session_records.remove(&id);
     tracing::info!(session = id, state = state.as_str(), reason = %l.stop_reason, "session ended");
     // Freed processes may be wanted by other active sessions.
     if state != State::Interrupted {
@@ -1295,6 +1296,47 @@ mod tests {
         assert_eq!(TargetSpec::from_pb(&t(T::All(true))).unwrap(), TargetSpec::All);
         let json = serde_json::to_string(&vec![TargetSpec::Pid(3), TargetSpec::All]).unwrap();
         assert_eq!(json, r#"[{"pid":3},"all"]"#);
+    }
+
+    fn agent(pid: u32, uid: u32, exe: &str, cmdline: &[&str], cgroup: &str) -> Agent {
+        Agent {
+            id: 1,
+            pid,
+            uid,
+            gid: uid,
+            kind: "injector",
+            exe: exe.into(),
+            cmdline: cmdline.iter().map(|s| s.to_string()).collect(),
+            cgroup: cgroup.into(),
+            cupti_version: 0,
+            sampler_device: 0,
+            connected_at_ns: 0,
+            last_seen_ns: 0.into(),
+            trace_state: std::sync::Mutex::new("idle".into()),
+            commands: tokio::sync::mpsc::channel(1).0,
+        }
+    }
+
+    #[test]
+    fn targets_match() {
+        let a = agent(
+            42,
+            1000,
+            "/opt/conda/bin/python3.11",
+            &["python", "train_gpt.py", "--lr=1"],
+            "/kubepods/burstable/pod9f3a/c0ffee",
+        );
+        assert!(TargetSpec::Pid(42).matches(&a));
+        assert!(!TargetSpec::Pid(43).matches(&a));
+        assert!(TargetSpec::ExeName("python3.11".into()).matches(&a));
+        assert!(TargetSpec::ExeName("python".into()).matches(&a), "argv[0] counts too");
+        assert!(!TargetSpec::ExeName("python3".into()).matches(&a));
+        assert!(TargetSpec::ExePattern("*train*.py".into()).matches(&a));
+        assert!(TargetSpec::ExePattern("/opt/conda/*".into()).matches(&a));
+        assert!(!TargetSpec::ExePattern("*eval*".into()).matches(&a));
+        assert!(TargetSpec::Cgroup("pod9f3a".into()).matches(&a));
+        assert!(!TargetSpec::Cgroup("pod0000".into()).matches(&a));
+        assert!(TargetSpec::All.matches(&a));
     }
 
     #[test]
