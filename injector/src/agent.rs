@@ -403,7 +403,7 @@ impl<B: Backend> Agent<B> {
             let prev = self.session;
             self.stop_trace(prev);
         }
-        let cfg = effective_config(s.config.as_ref());
+        let cfg = crate::tracer::apply_skip(effective_config(s.config.as_ref()), &self.cfg.skip);
         self.session = s.session_id;
         self.conv.set_session(s.session_id);
         self.flush_every = if cfg.flush_interval_ms > 0 {

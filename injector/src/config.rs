@@ -20,6 +20,10 @@ pub struct Config {
     pub exit_timeout: Duration,
     /// Longest reconnect backoff.
     pub max_backoff: Duration,
+    /// `GPUPROF_TRACE_SKIP`: parts of any trace configuration this process never enables
+    /// (comma separated: runtime_api, driver_api, memcpy, memset, sync, overhead, nvtx,
+    /// external_correlation, graphs), e.g. to keep an expensive kind off one workload.
+    pub skip: Vec<String>,
 }
 
 impl Default for Config {
@@ -31,6 +35,7 @@ impl Default for Config {
             flush_interval: Duration::from_millis(250),
             exit_timeout: Duration::from_millis(800),
             max_backoff: Duration::from_secs(5),
+            skip: Vec::new(),
         }
     }
 }
@@ -50,6 +55,9 @@ impl Config {
         }
         if let Some(n) = get("GPUPROF_MAX_BUFFERS").and_then(|s| s.parse::<usize>().ok()) {
             c.max_buffers = n.clamp(2, 4096);
+        }
+        if let Some(s) = get("GPUPROF_TRACE_SKIP") {
+            c.skip = s.split(',').map(|p| p.trim().to_ascii_lowercase()).filter(|p| !p.is_empty()).collect();
         }
         c
     }

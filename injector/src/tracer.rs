@@ -238,6 +238,25 @@ pub fn effective_config(cfg: Option<&pb::TraceConfig>) -> pb::TraceConfig {
     }
 }
 
+/// Removes the parts named in `skip` (see `Config::skip`); kernels are never skipped.
+pub fn apply_skip(mut cfg: pb::TraceConfig, skip: &[String]) -> pb::TraceConfig {
+    for s in skip {
+        match s.as_str() {
+            "runtime_api" | "runtime" => cfg.runtime_api = false,
+            "driver_api" | "driver" => cfg.driver_api = false,
+            "memcpy" => cfg.memcpy = false,
+            "memset" => cfg.memset = false,
+            "sync" => cfg.sync = false,
+            "overhead" => cfg.overhead = false,
+            "nvtx" => cfg.nvtx = false,
+            "external_correlation" => cfg.external_correlation = false,
+            "graphs" => cfg.graphs = false,
+            _ => {}
+        }
+    }
+    cfg
+}
+
 /// The activity kinds a configuration enables, in enabling order.
 pub fn kinds_for(cfg: &pb::TraceConfig) -> Vec<u32> {
     let mut k =
@@ -453,6 +472,13 @@ mod tests {
         assert!(!all.contains(&sys::CUPTI_ACTIVITY_KIND_RUNTIME), "API calls are selected per cbid");
         let graphs_only = pb::TraceConfig { graphs: true, ..Default::default() };
         assert!(kinds_for(&graphs_only).contains(&sys::CUPTI_ACTIVITY_KIND_GRAPH_TRACE));
+    }
+
+    #[test]
+    fn skip_removes_parts_but_never_kernels() {
+        let skip = vec!["runtime_api".to_string(), "nvtx".into(), "kernels".into(), "bogus".into()];
+        let c = apply_skip(default_config(), &skip);
+        assert!(c.kernels && !c.runtime_api && !c.nvtx && c.memcpy && c.driver_api);
     }
 
     #[test]

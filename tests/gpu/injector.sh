@@ -169,16 +169,23 @@ fi
 # ---------------------------------------------------------------- overhead
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 # Modes: none (no injector), idle (injected, connected, no session), inert (injected with
-# GPUPROF_DISABLE=1: the driver's own cost of an injection library), kernels (traced, kernels
-# only), traced (traced, default preset), floor (gpu-anchors raw CUPTI), kineto (torch.profiler).
+# GPUPROF_DISABLE=1: the driver's own cost of an injection library), floor (gpu-anchors raw
+# CUPTI), kineto (torch.profiler), and traced modes, each a daemon preset plus parts the injector
+# skips (GPUPROF_TRACE_SKIP): kernels (kernels only), traced (default preset), and for a cost
+# breakdown rt_only (kernels + runtime API), drv_only (kernels + driver API), no_rt (default
+# without runtime API), full_no_rt (full preset without runtime API and overhead).
 LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced floor}
 TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced floor kineto}
+declare -A PRESET=([kernels]=kernels [traced]=default [rt_only]=default [drv_only]=full [no_rt]=default [full_no_rt]=full)
+declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
+  [drv_only]=runtime_api,memcpy,memset,sync,overhead,nvtx,external_correlation,graphs
+  [no_rt]=runtime_api [full_no_rt]=runtime_api,overhead)
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
   declare -A L T
-  traced_run() { # preset command... ; one session per run; kernels stored and drops to files
-    local preset=$1; shift
+  traced_run() { # preset skip command... ; one session per run; kernels stored and drops to files
+    local preset=$1 skip=$2; shift 2
     local s; s=$(session_start --preset "$preset" --name overhead)
-    CUDA_INJECTION64_PATH="$INJ" "$@"
+    CUDA_INJECTION64_PATH="$INJ" GPUPROF_TRACE_SKIP="$skip" "$@"
     session_stop "$s"
     "${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])' >>"$STATE/traced_kernels"
     "${CTL[@]}" --json session show "$s" |
@@ -190,9 +197,8 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       none) "$@" ;;
       idle) CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       inert) CUDA_INJECTION64_PATH="$INJ" GPUPROF_DISABLE=1 "$@" ;;
-      kernels) traced_run kernels "$@" ;;
-      traced) traced_run default "$@" ;;
       floor) CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$@" 2>&1 | tr '\n' ' ' ;;
+      *) traced_run "${PRESET[$mode]}" "${SKIP[$mode]:-}" "$@" ;;
     esac
   }
   : >"$STATE/traced_kernels"; : >"$STATE/traced_drops"
@@ -221,7 +227,8 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
     v=$(echo "${T[$mode]}" | median)
     figure "torch $mode: median $v us/op (runs:${T[$mode]}) = $(calc "$v / $tn")x untraced"
   done
-  figure "traced runs (launch then torch; kernels then default preset per rep): kernels stored $(tr '\n' ' ' <"$STATE/traced_kernels"); dropped $(tr '\n' ' ' <"$STATE/traced_drops")"
+  figure "traced runs (launch then torch, in mode order per rep): kernels stored $(tr '\n' ' ' <"$STATE/traced_kernels"); dropped $(tr '\n' ' ' <"$STATE/traced_drops")"
+  [[ " $LAUNCH_MODES " == *" traced "* ]] && [[ " $TORCH_MODES " == *" traced "* ]] || exit 0
   r=$(calc "$(echo "${L[traced]}" | median) / $ln")
   pass_if "launch traced <= 1.3x untraced" "$(calc "$r <= 1.3")" "${r}x"
   r=$(calc "$(echo "${T[traced]}" | median) / $tn")
