@@ -655,32 +655,45 @@ pub async fn authorize(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<()> {
 }
 
 /// Adds record and drop counts (from the database) to a session.
-async fn fill_counts(d: &Daemon, mut s: pb::Session) -> pb::Session {
+async fn fill_counts(d: &Daemon, s: pb::Session) -> pb::Session {
+    let fallback = s.clone();
+    fill_counts_all(d, vec![s]).await.pop().unwrap_or(fallback)
+}
+
+/// Adds record and drop counts to sessions after one rollup pass, on one read connection.
+async fn fill_counts_all(d: &Daemon, sessions: Vec<pb::Session>) -> Vec<pb::Session> {
     if let Err(e) = crate::rollup::catch_up(d).await {
         tracing::warn!(error = %e, "rollup pass failed");
     }
     let path = d.db_path.clone();
-    let id = s.id;
-    let procs: Vec<u64> = s.processes.iter().map(|p| p.process_id).collect();
-    let counts = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+    let original = sessions.clone();
+    let mut sessions = sessions;
+    let r = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<pb::Session>> {
         let c = crate::store::open_reader(&path)?;
-        let records = crate::query::session_record_counts(&c, id)?;
-        let drops = session_drops(&c, id, &procs)?;
-        Ok((records, drops))
-    })
-    .await;
-    match counts {
-        Ok(Ok((records, drops))) => {
+        for s in &mut sessions {
+            let procs: Vec<u64> = s.processes.iter().map(|p| p.process_id).collect();
+            let records = crate::query::session_record_counts(&c, s.id)?;
+            let drops = session_drops(&c, s.id, &procs)?;
             for p in &mut s.processes {
                 p.records = records.get(&p.process_id).copied().unwrap_or(0);
                 p.dropped = drops.get(&p.process_id).copied().unwrap_or(0);
             }
             s.records = records.values().sum();
         }
-        Ok(Err(e)) => tracing::warn!(session = id, error = %e, "cannot count session records"),
-        Err(e) => tracing::warn!(session = id, error = %e, "cannot count session records"),
+        Ok(sessions)
+    })
+    .await;
+    match r {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot count session records");
+            original
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot count session records");
+            original
+        }
     }
-    s
 }
 
 /// Records each process dropped while in the session: its cumulative drops now (or when it
@@ -837,11 +850,7 @@ pub async fn list(d: &Daemon, caller: &Caller, req: pb::ListSessionsRequest) -> 
         }
     }
     let next = if more { sessions.last().map(|s| s.id.to_string()).unwrap_or_default() } else { String::new() };
-    let mut out = Vec::with_capacity(sessions.len());
-    for s in sessions {
-        out.push(fill_counts(d, s).await);
-    }
-    Ok(pb::ListSessionsResponse { sessions: out, next_page_token: next })
+    Ok(pb::ListSessionsResponse { sessions: fill_counts_all(d, sessions).await, next_page_token: next })
 }
 
 // ---------------------------------------------------------------- transitions (under the lock)
