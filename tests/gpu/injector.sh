@@ -176,10 +176,15 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR
 # without runtime API), full_no_rt (full preset without runtime API and overhead).
 LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced floor}
 TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced floor kineto}
-declare -A PRESET=([kernels]=kernels [traced]=default [rt_only]=default [drv_only]=full [no_rt]=default [full_no_rt]=full)
+# rt_sync, rt_ext, rt_nvtx, rt_copy: rt_only plus one part (sync, external correlation, NVTX,
+# memcpy+memset).
+declare -A PRESET=([kernels]=kernels [traced]=default [rt_only]=default [drv_only]=full [no_rt]=default
+  [full_no_rt]=full [rt_sync]=default [rt_ext]=default [rt_nvtx]=default [rt_copy]=default)
 declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
   [drv_only]=runtime_api,memcpy,memset,sync,overhead,nvtx,external_correlation,graphs
-  [no_rt]=runtime_api [full_no_rt]=runtime_api,overhead)
+  [no_rt]=runtime_api [full_no_rt]=runtime_api,overhead
+  [rt_sync]=memcpy,memset,nvtx,external_correlation,graphs [rt_ext]=memcpy,memset,sync,nvtx,graphs
+  [rt_nvtx]=memcpy,memset,sync,external_correlation,graphs [rt_copy]=sync,nvtx,external_correlation,graphs)
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
   declare -A L T
   traced_run() { # preset skip command... ; one session per run; kernels stored and drops to files
