@@ -247,6 +247,16 @@ impl Cupti {
         check(unsafe { self.raw.cuptiActivityEnableDriverApi(cbid, enable as u8) })
     }
 
+    /// `cuptiActivityEnableAllSyncRecords(enable)`: with `false`, CUPTI skips event/stream query
+    /// records for work not completed yet (a busy-polling application makes millions).
+    pub fn enable_all_sync_records(&self, enable: bool) -> Result<(), CuptiError> {
+        if self.raw.cuptiActivityEnableAllSyncRecords.is_err() {
+            return Err(CuptiError(sys::CUPTI_ERROR_NOT_SUPPORTED));
+        }
+        // Safety: plain value argument; the symbol resolved (checked above).
+        check(unsafe { self.raw.cuptiActivityEnableAllSyncRecords(enable as u8) })
+    }
+
     /// `cuptiActivityRegisterCallbacks(request, complete)`.
     pub fn register_callbacks(
         &self,

@@ -351,6 +351,9 @@ impl Backend for CuptiBackend {
             return StartOutcome::Failed(format!("cuptiActivityRegisterCallbacks: {e}"));
         }
         let mut failures = Vec::new();
+        if cfg.sync {
+            let _ = self.cupti().enable_all_sync_records(false);
+        }
         for kind in kinds_for(cfg) {
             match self.cupti().activity_enable(kind) {
                 Ok(()) => self.enabled.push(kind),

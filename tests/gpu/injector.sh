@@ -174,17 +174,18 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR
 # skips (GPUPROF_TRACE_SKIP): kernels (kernels only), traced (default preset), and for a cost
 # breakdown rt_only (kernels + runtime API), drv_only (kernels + driver API), no_rt (default
 # without runtime API), full_no_rt (full preset without runtime API and overhead).
-LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced floor}
-TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced floor kineto}
+LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced lean floor}
+TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced lean floor kineto}
 # rt_sync, rt_ext, rt_nvtx, rt_copy: rt_only plus one part (sync, external correlation, NVTX,
-# memcpy+memset).
+# memcpy+memset); lean: default without sync and external correlation.
 declare -A PRESET=([kernels]=kernels [traced]=default [rt_only]=default [drv_only]=full [no_rt]=default
-  [full_no_rt]=full [rt_sync]=default [rt_ext]=default [rt_nvtx]=default [rt_copy]=default)
+  [full_no_rt]=full [rt_sync]=default [rt_ext]=default [rt_nvtx]=default [rt_copy]=default [lean]=default)
 declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
   [drv_only]=runtime_api,memcpy,memset,sync,overhead,nvtx,external_correlation,graphs
   [no_rt]=runtime_api [full_no_rt]=runtime_api,overhead
   [rt_sync]=memcpy,memset,nvtx,external_correlation,graphs [rt_ext]=memcpy,memset,sync,nvtx,graphs
-  [rt_nvtx]=memcpy,memset,sync,external_correlation,graphs [rt_copy]=sync,nvtx,external_correlation,graphs)
+  [rt_nvtx]=memcpy,memset,sync,external_correlation,graphs [rt_copy]=sync,nvtx,external_correlation,graphs
+  [lean]=sync,external_correlation)
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
   declare -A L T
   traced_run() { # preset skip command... ; one session per run; kernels stored and drops to files
@@ -193,6 +194,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
     CUDA_INJECTION64_PATH="$INJ" GPUPROF_TRACE_SKIP="$skip" "$@"
     session_stop "$s"
     "${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])' >>"$STATE/traced_kernels"
+    echo "$preset/${skip:-none}: $(records "$s" sync,api | "$PY" -c 'import collections,json,sys; print(dict(collections.Counter(json.loads(l)["kind"] for l in sys.stdin if l.strip())))')" >>"$STATE/traced_counts"
     "${CTL[@]}" --json session show "$s" |
       "$PY" -c 'import json,sys; print(sum(p.get("dropped",0) for p in json.load(sys.stdin).get("processes",[])))' >>"$STATE/traced_drops"
   }
@@ -206,7 +208,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       *) traced_run "${PRESET[$mode]}" "${SKIP[$mode]:-}" "$@" ;;
     esac
   }
-  : >"$STATE/traced_kernels"; : >"$STATE/traced_drops"
+  : >"$STATE/traced_kernels"; : >"$STATE/traced_drops"; : >"$STATE/traced_counts"
   for rep in $(seq "$REPS"); do
     for mode in $LAUNCH_MODES; do
       out=$(run_mode "$mode" "$STATE/bench_launch" 200000 1500)
@@ -232,12 +234,19 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
     v=$(echo "${T[$mode]}" | median)
     figure "torch $mode: median $v us/op (runs:${T[$mode]}) = $(calc "$v / $tn")x untraced"
   done
+  sort "$STATE/traced_counts" | uniq -c | sed 's/^/records per traced run (sync, api): /'
   figure "traced runs (launch then torch, in mode order per rep): kernels stored $(tr '\n' ' ' <"$STATE/traced_kernels"); dropped $(tr '\n' ' ' <"$STATE/traced_drops")"
   [[ " $LAUNCH_MODES " == *" traced "* ]] && [[ " $TORCH_MODES " == *" traced "* ]] || exit 0
   r=$(calc "$(echo "${L[traced]}" | median) / $ln")
   pass_if "launch traced <= 1.3x untraced" "$(calc "$r <= 1.3")" "${r}x"
   r=$(calc "$(echo "${T[traced]}" | median) / $tn")
   pass_if "torch traced <= 1.25x untraced" "$(calc "$r <= 1.25")" "${r}x"
+  if [[ " $LAUNCH_MODES $TORCH_MODES " == *" lean "* ]]; then
+    r=$(calc "$(echo "${L[lean]}" | median) / $ln")
+    r2=$(calc "$(echo "${T[lean]}" | median) / $tn")
+    pass_if "lean (default without sync, external correlation): launch <= 1.3x, torch <= 1.25x" \
+      "$(calc "$r <= 1.3 && $r2 <= 1.25")" "launch ${r}x, torch ${r2}x"
+  fi
   ri=$(calc "$(echo "${L[idle]}" | median) / $ln")
   ti=$(calc "$(echo "${T[idle]}" | median) / $tn")
   pass_if "idle <= 1.02x untraced" "$(calc "$ri <= 1.02 && $ti <= 1.02")" "launch ${ri}x, torch ${ti}x"
