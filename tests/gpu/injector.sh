@@ -194,7 +194,10 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
     CUDA_INJECTION64_PATH="$INJ" GPUPROF_TRACE_SKIP="$skip" "$@"
     session_stop "$s"
     "${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])' >>"$STATE/traced_kernels"
-    echo "$preset/${skip:-none}: $(records "$s" sync,api | "$PY" -c 'import collections,json,sys; print(dict(collections.Counter(json.loads(l)["kind"] for l in sys.stdin if l.strip())))')" >>"$STATE/traced_counts"
+    local sync api
+    sync=$("${CTL[@]}" --json query "$s" --kind sync --limit 200000 | wc -l)
+    api=$("${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(sum(a["count"] for a in json.load(sys.stdin)["api_calls"]))')
+    echo "$preset/${skip:-none}: sync records ${sync} (capped at 200000), api records ${api}" >>"$STATE/traced_counts"
     "${CTL[@]}" --json session show "$s" |
       "$PY" -c 'import json,sys; print(sum(p.get("dropped",0) for p in json.load(sys.stdin).get("processes",[])))' >>"$STATE/traced_drops"
   }
@@ -234,7 +237,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
     v=$(echo "${T[$mode]}" | median)
     figure "torch $mode: median $v us/op (runs:${T[$mode]}) = $(calc "$v / $tn")x untraced"
   done
-  sort "$STATE/traced_counts" | uniq -c | sed 's/^/records per traced run (sync, api): /'
+  sort "$STATE/traced_counts" | uniq -c | sed 's/^/records per traced run: /'
   figure "traced runs (launch then torch, in mode order per rep): kernels stored $(tr '\n' ' ' <"$STATE/traced_kernels"); dropped $(tr '\n' ' ' <"$STATE/traced_drops")"
   [[ " $LAUNCH_MODES " == *" traced "* ]] && [[ " $TORCH_MODES " == *" traced "* ]] || exit 0
   r=$(calc "$(echo "${L[traced]}" | median) / $ln")
