@@ -13,8 +13,29 @@ use tonic::{Request, Response, Status};
 use crate::Daemon;
 use crate::stats::Kind;
 
-/// Serves the API until `shutdown` fires.
+/// How long in-flight calls may run on after shutdown begins before their connections are cut.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves the API until `shutdown` fires, then lets in-flight calls finish for at most
+/// [`SHUTDOWN_GRACE`] (a client that stops reading must not hold the daemon up).
 pub async fn serve(listener: UnixListener, d: Arc<Daemon>, shutdown: CancellationToken) -> Result<()> {
+    let grace = {
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        }
+    };
+    tokio::select! {
+        r = serve_until(listener, d, shutdown) => r,
+        _ = grace => {
+            tracing::warn!("API connections still open {SHUTDOWN_GRACE:?} after shutdown began; closing them");
+            Ok(())
+        }
+    }
+}
+
+async fn serve_until(listener: UnixListener, d: Arc<Daemon>, shutdown: CancellationToken) -> Result<()> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<GpuprofServer<Api>>().await;
     let svc = GpuprofServer::new(Api { d: d.clone() });
@@ -77,7 +98,7 @@ impl Gpuprof for Api {
             gpu_count: self.d.gpus.summary(&self.d.arbiter).0,
             gpu_note: self.d.gpus.summary(&self.d.arbiter).1,
             protocol_errors: s.protocol_errors.load(Relaxed),
-            active_sessions: 0,
+            active_sessions: self.d.sessions.open_count() as u32,
             storage_error: s.storage_error(),
         }))
     }

@@ -58,6 +58,9 @@ pub enum WriterMsg {
     Call(WriterCall),
     /// Commit everything queued before this, then reply.
     Flush(oneshot::Sender<()>),
+    /// Commit everything queued before this and stop (shutdown). Handles that are still
+    /// held elsewhere get `WriterGone` from then on.
+    Stop,
 }
 
 /// Sending side of the writer channel.
@@ -90,6 +93,11 @@ impl WriterHandle {
         let (tx, rx) = oneshot::channel();
         self.send(WriterMsg::Flush(tx)).await?;
         rx.await.map_err(|_| WriterGone)
+    }
+
+    /// Asks the writer to commit everything queued so far and stop.
+    pub async fn stop(&self) -> Result<(), WriterGone> {
+        self.send(WriterMsg::Stop).await
     }
 
     /// Messages waiting in the queue.
@@ -235,16 +243,21 @@ impl Writer {
     }
 
     fn run(&mut self, mut rx: mpsc::Receiver<WriterMsg>) {
-        while let Some(first) = rx.blocking_recv() {
+        'outer: while let Some(first) = rx.blocking_recv() {
+            if matches!(first, WriterMsg::Stop) {
+                break;
+            }
             self.handle(first);
             while self.pending_total < self.commit_max_records {
                 match rx.try_recv() {
+                    Ok(WriterMsg::Stop) => break 'outer,
                     Ok(m) => self.handle(m),
                     Err(_) => break,
                 }
             }
             self.commit();
         }
+        rx.close();
         self.commit();
         if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
             tracing::warn!(error = %e, "final WAL checkpoint failed");
@@ -295,7 +308,10 @@ impl Writer {
                 }
                 tracing::error!(error = %msg, lost_records = lost, "storage error: transaction rolled back");
                 // Kept until restart (not cleared by a later successful commit): records were lost.
-                self.stats.set_storage_error(format!("{msg} ({lost} records lost at unix time {}s)", crate::agent::now_ns() / 1_000_000_000));
+                self.stats.set_storage_error(format!(
+                    "{msg} ({lost} records lost at unix time {}s)",
+                    crate::agent::now_ns() / 1_000_000_000
+                ));
             }
         }
         self.stats.queued_records.fetch_sub(self.pending_total, Relaxed);
@@ -321,6 +337,7 @@ impl Writer {
                 self.commit();
                 let _ = reply.send(());
             }
+            WriterMsg::Stop => {}
             WriterMsg::ProcessClosed { proc, reason } => {
                 self.procs.remove(&proc);
                 self.begin();

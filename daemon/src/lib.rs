@@ -15,9 +15,9 @@ pub mod error;
 pub mod export;
 pub mod glob;
 pub mod ingest;
-pub mod query;
 pub mod pmstream;
 pub mod prometheus;
+pub mod query;
 pub mod registry;
 pub mod retention;
 pub mod rollup;
@@ -130,14 +130,17 @@ pub async fn run(config: Config) -> Result<()> {
     tracing::info!("shutting down: no new connections, draining queued records");
     systemd::stopping();
     shutdown.cancel();
-    let _ = agent_task.await;
-    let api_result = api_task.await;
-    let _ = sessions_task.await;
+    // Every task gets a bounded time to wind down: a stuck one must not keep the queued
+    // records from being committed.
+    let api_result = bounded("api server", api_task).await;
+    bounded("agent connections", agent_task).await;
+    bounded("sessions", sessions_task).await;
     for t in pm_tasks {
-        let _ = t.await;
+        bounded("performance-monitor tasks", t).await;
     }
     let sock_paths = [d.config.agent_socket.clone(), d.config.api_socket.clone()];
-    // Dropping the last writer handle lets the writer drain its queue, commit and stop.
+    // Everything queued before Stop is committed; the writer then checkpoints and exits.
+    let _ = d.writer.stop().await;
     drop(d);
     tokio::task::spawn_blocking(move || writer_thread.join())
         .await
@@ -146,11 +149,26 @@ pub async fn run(config: Config) -> Result<()> {
     for p in sock_paths {
         let _ = std::fs::remove_file(p);
     }
-    if let Ok(Err(e)) = api_result {
+    if let Some(Err(e)) = api_result {
         return Err(e);
     }
     tracing::info!("gpuprofd stopped");
     Ok(())
+}
+
+/// Awaits a task for at most 10 s; `None` (and a warning) if it did not finish or panicked.
+async fn bounded<T>(what: &str, task: tokio::task::JoinHandle<T>) -> Option<T> {
+    match tokio::time::timeout(std::time::Duration::from_secs(10), task).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            tracing::error!(task = what, error = %e, "task failed during shutdown");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(task = what, "task still running 10 s after shutdown began; leaving it");
+            None
+        }
+    }
 }
 
 async fn wait_for_signal() {
