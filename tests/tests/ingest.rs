@@ -6,9 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpuprof_proto::agent::{
-    AgentMessage, InternedString, KernelRecord, RecordBatch, StringTable, agent_message::Msg,
-};
+use gpuprof_proto::agent::{AgentMessage, InternedString, KernelRecord, RecordBatch, StringTable, agent_message::Msg};
 use gpuprof_proto::frame::encode_frame;
 use gpuprof_testkit::fake_agent::hello;
 use gpuprof_testkit::{FakeAgent, Mix, Sent, TestDaemon};
@@ -186,28 +184,19 @@ fn check_config_names_the_bad_key() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("bad.toml");
     std::fs::write(&f, "[ingest]\nqueue_messages = 10\ncommit_max_recordz = 5\n").unwrap();
-    let out = std::process::Command::new(gpuprof_testkit::bin_path("gpuprofd"))
-        .arg("check-config")
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out =
+        std::process::Command::new(gpuprof_testkit::bin_path("gpuprofd")).arg("check-config").arg(&f).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("commit_max_recordz"), "{err}");
     std::fs::write(&f, "[agent]\nmax_frame_bytes = 12\n").unwrap();
-    let out = std::process::Command::new(gpuprof_testkit::bin_path("gpuprofd"))
-        .arg("check-config")
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out =
+        std::process::Command::new(gpuprof_testkit::bin_path("gpuprofd")).arg("check-config").arg(&f).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("agent.max_frame_bytes"));
     std::fs::write(&f, "log_level = \"debug\"\n[ingest]\nqueue_messages = 64\n").unwrap();
-    let out = std::process::Command::new(gpuprof_testkit::bin_path("gpuprofd"))
-        .arg("check-config")
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out =
+        std::process::Command::new(gpuprof_testkit::bin_path("gpuprofd")).arg("check-config").arg(&f).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -297,4 +286,25 @@ fn systemd_readiness_and_stopping_are_notified() {
     let n = notify.recv(&mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
     assert_eq!(code, 0);
+}
+
+#[test]
+fn fake_agent_command_streams_at_a_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let t = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuprof-fake-agent"))
+        .arg("--socket")
+        .arg(&d.agent_socket)
+        .args(["--agents", "2", "--records", "5000", "--rate", "10000", "--batch", "500"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // 5000 records at 10000/s take at least half a second per agent.
+    assert!(t.elapsed() >= Duration::from_millis(450), "rate was not honoured: {:?}", t.elapsed());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("sent 10000 records"), "{text}");
+    let st = wait_ingested(&d, 10_000);
+    let total: u64 = st["records"].as_object().unwrap().values().map(|v| v["ingested"].as_u64().unwrap()).sum();
+    assert_eq!(total, 10_000, "{st}");
 }
