@@ -77,7 +77,8 @@ fn sigkill_during_ingest_loses_nothing_committed() {
     let ok: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
     assert_eq!(ok, "ok");
     for (t, max, row) in &last {
-        let count: i64 = db.query_row(&format!("SELECT count(*) FROM {t} WHERE rowid <= ?1"), [max], |r| r.get(0)).unwrap();
+        let count: i64 =
+            db.query_row(&format!("SELECT count(*) FROM {t} WHERE rowid <= ?1"), [max], |r| r.get(0)).unwrap();
         assert_eq!(count, *max, "{t}: rows up to rowid {max} must all survive");
         assert_eq!(&row_text(&db, t, *max), row, "{t}: row {max} unchanged");
     }
@@ -101,4 +102,3 @@ fn sigkill_during_ingest_loses_nothing_committed() {
     assert_eq!(st["connected_agents"].as_u64(), Some(0));
     assert_eq!(d.terminate().unwrap(), 0);
 }
-

@@ -57,7 +57,7 @@ async fn latency(d: &TestDaemon, c: &mut Client, runs: usize) -> Result<()> {
         &d.agent_socket,
         TracedConfig { rate: 10_000.0, batch: 50, mix: Mix { kernel: 1, ..zero_mix() }, ..Default::default() },
     )?;
-    let db = rusqlite::Connection::open_with_flags(&d.db_path(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let db = rusqlite::Connection::open_with_flags(d.db_path(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     let mut ms = Vec::with_capacity(runs);
     for _ in 0..runs {
         let last: i64 = db.query_row("SELECT coalesce(max(rowid), 0) FROM kernel", [], |r| r.get(0))?;
