@@ -71,11 +71,27 @@ fn child_process_entry() {
     if let Ok(ms) = std::env::var("GPUPROF_TEST_CHILD_SLEEP_MS") {
         std::thread::sleep(Duration::from_millis(ms.parse().unwrap()));
     }
+    if std::env::var_os("GPUPROF_TEST_CHILD_FORK").is_some() {
+        // A forked child outliving the parent (a DataLoader worker, say) must not keep the
+        // parent's daemon connection open.
+        // Safety: fork in a test process; the child only sleeps and _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            std::thread::sleep(Duration::from_secs(3));
+            // Safety: leaving the forked child without running the parent's exit handlers.
+            unsafe { libc::_exit(0) };
+        }
+    }
     std::process::exit(code.parse().unwrap());
 }
 
 fn run_child(socket: &std::path::Path, code: i32, sleep_ms: u64) -> std::process::Child {
+    run_child_with(socket, code, sleep_ms, &[])
+}
+
+fn run_child_with(socket: &std::path::Path, code: i32, sleep_ms: u64, env: &[(&str, &str)]) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
+        .envs(env.iter().copied())
         .args(["child_process_entry", "--exact", "--nocapture", "--test-threads=1"])
         .env("GPUPROF_TEST_CHILD_EXIT", code.to_string())
         .env("GPUPROF_TEST_CHILD_SLEEP_MS", sleep_ms.to_string())
@@ -158,4 +174,26 @@ fn preloading_points_cuda_injection_at_the_library() {
     };
     assert_eq!(run(None).as_deref(), Some(so.to_str().unwrap()));
     assert_eq!(run(Some("/opt/other/libtool.so")).as_deref(), Some("/opt/other/libtool.so"));
+}
+
+/// After fork the child closes its copy of the connection: the daemon sees the connection end
+/// when the parent exits, not when a long-lived forked child does.
+#[test]
+fn a_forked_child_does_not_hold_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut child = run_child_with(&sock, 0, 300, &[("GPUPROF_TEST_CHILD_FORK", "1")]);
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let m: pb::AgentMessage = read_message(&mut s, 1 << 20).unwrap();
+    assert!(matches!(m.msg, Some(Out::Hello(_))));
+    let welcome =
+        pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 };
+    write_frame(&mut s, &pb::DaemonMessage { msg: Some(pb::daemon_message::Msg::Welcome(welcome)) }).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let parent_gone = Instant::now();
+    while read_message::<pb::AgentMessage, _>(&mut s, 1 << 20).is_ok() {}
+    let waited = parent_gone.elapsed();
+    assert!(waited < Duration::from_millis(1500), "connection held {waited:?} after the parent exited");
 }

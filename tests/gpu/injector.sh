@@ -9,11 +9,13 @@
 #   matmul    PyTorch: exactly 100 bf16 8192x8192 matmuls and copies of known sizes; the stored
 #             trace has the 100 GEMM kernels, the copies with their byte counts, and every GEMM
 #             joined to its launch API record by correlation id;
-#   coexist   torch.profiler inside a traced process still records CUDA events and the daemon
-#             reports the process as displaced;
+#   coexist   torch.profiler inside an injected process still records (>= 90% of) its CUDA
+#             events and the daemon reports the process as displaced, both when gpuprof traces
+#             first (late) and when torch.profiler ran first (early);
 #   overhead  200k empty launches and a PyTorch loop of 100k small kernels: untraced,
-#             injected-but-idle, traced by gpuprof, the raw-CUPTI floor, torch.profiler; ratios
-#             from this one run, plus records stored and dropped while traced.
+#             injected-but-idle, traced by gpuprof (kernels only, default preset, default without
+#             sync and external correlation), the raw-CUPTI floor, torch.profiler; ratios from
+#             this one run, plus records stored and dropped while traced.
 # Prints CHECK/FIGURE lines and a summary last; copies logs to $OUT when set.
 #
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), from a build machine:
