@@ -274,7 +274,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     d.registry.insert(agent.clone());
     tracing::info!(id, pid, uid = cred.uid(), kind, exe = %agent.exe, "agent connected");
 
-    let mut conn = Conn { d: &d, agent: &agent, next_string: 1, drops: HashMap::new() };
+    let mut conn = Conn { d: &d, agent: &agent, next_string: 1, drops: HashMap::new(), cupti_dropped: 0 };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
             Ok(m) => match conn.dispatch(m).await {
@@ -343,6 +343,8 @@ struct Conn<'a> {
     next_string: u32,
     /// Last cumulative drop count per kind.
     drops: HashMap<Kind, u64>,
+    /// Last cumulative CUPTI drop count.
+    cupti_dropped: u64,
 }
 
 impl Conn<'_> {
@@ -423,7 +425,18 @@ impl Conn<'_> {
                     }
                     d.stats.kind(k).dropped_by_agents.fetch_add(c.dropped - *last, Relaxed);
                     *last = c.dropped;
-                    counts.push((k, c.dropped));
+                    counts.push((Some(k), c.dropped));
+                }
+                if r.cupti_dropped < self.cupti_dropped {
+                    return Err(proto_err(format!(
+                        "CUPTI drop counter went backwards ({} < {})",
+                        r.cupti_dropped, self.cupti_dropped
+                    )));
+                }
+                d.stats.cupti_dropped.fetch_add(r.cupti_dropped - self.cupti_dropped, Relaxed);
+                self.cupti_dropped = r.cupti_dropped;
+                if r.cupti_dropped > 0 {
+                    counts.push((None, r.cupti_dropped));
                 }
                 d.writer.send(WriterMsg::Drops { proc: id, counts }).await.map_err(|_| ConnError::Shutdown)?;
             }

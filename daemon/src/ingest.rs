@@ -48,8 +48,8 @@ pub enum WriterMsg {
     Strings { proc: u64, values: Vec<String> },
     /// Activity records; `count` is the number of records in the batch.
     Records { proc: u64, batch: RecordBatch, count: u64 },
-    /// Cumulative drop counters of a connection.
-    Drops { proc: u64, counts: Vec<(Kind, u64)> },
+    /// Cumulative drop counters of a connection (`None`: CUPTI's own drops, kind unknown).
+    Drops { proc: u64, counts: Vec<(Option<Kind>, u64)> },
     /// PM samples from a sampler.
     PmSamples { proc: u64, batch: wire::PmSampleBatch },
     /// PC samples (aggregated) from an injector.
@@ -381,7 +381,7 @@ impl Writer {
                          ON CONFLICT(proc, kind) DO UPDATE SET dropped = excluded.dropped",
                     )?;
                     for (k, n) in &counts {
-                        stmt.execute(params![proc as i64, k.name(), *n as i64])?;
+                        stmt.execute(params![proc as i64, k.map_or("cupti", |k| k.name()), *n as i64])?;
                     }
                     Ok(())
                 })();

@@ -245,10 +245,13 @@ impl Collect {
             memset: default,
             runtime_api: default,
             driver_api: full,
-            sync: default,
+            // SYNCHRONIZATION and EXTERNAL_CORRELATION make CUPTI intercept every sync and
+            // every framework op (measured on the H100: +0.35x and +0.12x on a PyTorch loop of
+            // small kernels); the sync API calls themselves are still recorded by default.
+            sync: full,
             overhead: full,
             nvtx: default,
-            external_correlation: default,
+            external_correlation: full,
             graphs: default,
             flush_interval_ms: 0,
         }
@@ -577,6 +580,9 @@ pub async fn stop(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session
         Some(rx) => {
             d.sessions.wake.notify_one();
             let _ = tokio::time::timeout(STOP_FLUSH_TIMEOUT + Duration::from_secs(2), rx).await;
+            // Records a process sent before reporting idle are queued ahead of this flush: once
+            // it returns they are committed, so the caller's next query sees all of them.
+            let _ = d.writer.flush().await;
             get(d, caller, id).await
         }
         None => {
@@ -1356,7 +1362,9 @@ mod tests {
         let k = Collect { preset: "kernels".into(), ..Default::default() }.trace_config();
         assert!(k.kernels && !k.memcpy && !k.runtime_api);
         let f = Collect { preset: "full".into(), ..Default::default() }.trace_config();
-        assert!(f.driver_api && f.overhead && f.nvtx);
+        assert!(f.driver_api && f.overhead && f.nvtx && f.sync && f.external_correlation);
+        let d = Collect::from_pb(None).unwrap().trace_config();
+        assert!(d.memcpy && d.runtime_api && d.nvtx && !d.sync && !d.external_correlation && !d.driver_api);
     }
 
     #[test]

@@ -106,10 +106,16 @@ pub struct Stats {
     pub kinds: [KindCounters; 14],
     pub connected_agents: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Records CUPTI dropped inside agents (no kind known), sum of their cumulative reports.
+    pub cupti_dropped: AtomicU64,
     /// Records accepted from sockets but not yet committed.
     pub queued_records: AtomicU64,
     /// Last storage error, empty when healthy.
     pub storage_error: std::sync::Mutex<String>,
+    /// Sessions deleted by retention since start.
+    pub expired_sessions: AtomicU64,
+    /// Records deleted by retention since start (of those sessions, and outside sessions).
+    pub expired_records: AtomicU64,
 }
 
 impl Default for Stats {
@@ -119,8 +125,11 @@ impl Default for Stats {
             kinds: Default::default(),
             connected_agents: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
+            cupti_dropped: AtomicU64::new(0),
             queued_records: AtomicU64::new(0),
             storage_error: std::sync::Mutex::new(String::new()),
+            expired_sessions: AtomicU64::new(0),
+            expired_records: AtomicU64::new(0),
         }
     }
 }

@@ -78,7 +78,7 @@ struct Conn {
     max_frame: usize,
     heartbeat: Duration,
     last_sent: Instant,
-    last_drops: Vec<pb::DropCount>,
+    last_drops: pb::DropReport,
 }
 
 /// What the process tells the daemon about itself.
@@ -260,7 +260,7 @@ impl<B: Backend> Agent<B> {
                     max_frame: gpuprof_proto::frame::DEFAULT_MAX_FRAME_BYTES as usize,
                     heartbeat: Duration::from_secs(10),
                     last_sent: Instant::now(),
-                    last_drops: Vec::new(),
+                    last_drops: pb::DropReport::default(),
                 });
                 self.control.connected.store(true, Ordering::SeqCst);
                 self.conv.reset_connection();
@@ -509,14 +509,14 @@ impl<B: Backend> Agent<B> {
             }
         }
         let Some(c) = &self.conn else { return };
-        if !c.welcomed || report.counts == c.last_drops {
+        if !c.welcomed || report == c.last_drops {
             return;
         }
-        let counts = report.counts.clone();
+        let sent = report.clone();
         if self.send(Out::Drops(report))
             && let Some(c) = &mut self.conn
         {
-            c.last_drops = counts;
+            c.last_drops = sent;
         }
     }
 

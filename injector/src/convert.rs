@@ -397,7 +397,7 @@ impl Converter {
 
     /// Cumulative drop counters for the kinds that have any.
     pub fn drop_report(&self, cupti_dropped: u64) -> pb::DropReport {
-        let mut counts: Vec<pb::DropCount> = (1..16)
+        let counts: Vec<pb::DropCount> = (1..16)
             .filter(|&i| self.dropped[i] > 0)
             .filter_map(|i| {
                 pb::RecordKind::try_from(i as i32)
@@ -405,11 +405,7 @@ impl Converter {
                     .map(|kind| pb::DropCount { kind: kind as i32, dropped: self.dropped[i] })
             })
             .collect();
-        if cupti_dropped > 0 {
-            // CUPTI's own drop count does not say which kind; reported as UNSPECIFIED.
-            counts.push(pb::DropCount { kind: pb::RecordKind::Unspecified as i32, dropped: cupti_dropped });
-        }
-        pb::DropReport { counts }
+        pb::DropReport { counts, cupti_dropped }
     }
 }
 
@@ -462,13 +458,8 @@ mod tests {
         c.push_raw(&kernel_bytes(1, 0, 0, 0), &rd);
         assert!(c.is_empty());
         let r = c.drop_report(3);
-        assert_eq!(
-            r.counts,
-            vec![
-                pb::DropCount { kind: pb::RecordKind::Kernel as i32, dropped: 1 },
-                pb::DropCount { kind: pb::RecordKind::Unspecified as i32, dropped: 3 }
-            ]
-        );
+        assert_eq!(r.counts, vec![pb::DropCount { kind: pb::RecordKind::Kernel as i32, dropped: 1 }]);
+        assert_eq!(r.cupti_dropped, 3);
     }
 
     #[test]

@@ -393,6 +393,7 @@ impl Sink for ChannelSink {
                 self.dropped += n;
                 let drops = wire::DropReport {
                     counts: vec![wire::DropCount { kind: wire::RecordKind::PmSample as i32, dropped: self.dropped }],
+                    cupti_dropped: 0,
                 };
                 let _ = self.tx.try_send(AgentMessage { msg: Some(Msg::Drops(drops)) });
             }
