@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};
-use gpuprofctl::{DEFAULT_API_SOCKET, connect, pb};
+use gpuprofctl::{DEFAULT_API_SOCKET, Remote, Target, connect_to, pb};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +24,22 @@ struct Cli {
     /// gpuprofd's API socket.
     #[arg(long, global = true, env = "GPUPROF_API_SOCKET", default_value = DEFAULT_API_SOCKET)]
     socket: PathBuf,
+    /// A remote gpuprofd, https://HOST:PORT (its `[api] tcp_listen`), instead of --socket.
+    /// Needs --token-file, or --cert and --key.
+    #[arg(long, global = true, env = "GPUPROF_ADDR", value_name = "URL")]
+    addr: Option<String>,
+    /// CA certificate (PEM) that signed the server's certificate (default: the system's roots).
+    #[arg(long, global = true, env = "GPUPROF_CA_FILE", value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// File holding the node's bearer token (the server's `api.token_file`).
+    #[arg(long, global = true, env = "GPUPROF_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mTLS; with --key.
+    #[arg(long, global = true, env = "GPUPROF_CERT_FILE", value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, global = true, env = "GPUPROF_KEY_FILE", value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -77,17 +93,37 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
+    let remote_with_cert = cli.addr.is_some() && cli.cert.is_some();
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if remote_with_cert && connection_dropped(&e) {
+                eprintln!(
+                    "hint: gpuprofd closes TLS connections whose client certificate it does not trust; \
+                     --cert must be signed by the CA in the server's api.client_ca_file"
+                );
+            }
             ExitCode::from(output::exit_code(&e))
         }
     }
 }
 
+/// Whether a call failed because the connection went away (as when the server rejects the
+/// client certificate after the TLS handshake), not with an answer from gpuprofd.
+fn connection_dropped(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<tonic::Status>()
+        .is_some_and(|s| matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unavailable | tonic::Code::Unknown))
+}
+
 async fn run(cli: Cli) -> Result<()> {
-    let mut client = connect(&cli.socket).await?;
+    let target = match cli.addr {
+        Some(addr) => {
+            Target::Remote(Remote { addr, ca: cli.ca, token_file: cli.token_file, cert: cli.cert, key: cli.key })
+        }
+        None => Target::Socket(cli.socket),
+    };
+    let mut client = connect_to(&target).await?;
     match cli.cmd {
         Cmd::Status => {
             let s = client.get_status(pb::GetStatusRequest {}).await?.into_inner();
@@ -130,6 +166,9 @@ fn status_json(s: &pb::GetStatusResponse) -> serde_json::Value {
         "protocol_errors": s.protocol_errors,
         "active_sessions": s.active_sessions,
         "storage_error": s.storage_error,
+        "expired_sessions": s.expired_sessions,
+        "expired_records": s.expired_records,
+        "cupti_dropped": s.cupti_dropped,
     })
 }
 
@@ -138,6 +177,9 @@ fn print_status(s: &pb::GetStatusResponse) {
     println!("agents connected   {}", s.connected_agents);
     println!("active sessions    {}", s.active_sessions);
     println!("database           {} ({})", s.database_path, human_bytes(s.database_bytes));
+    if s.expired_sessions > 0 || s.expired_records > 0 {
+        println!("expired            {} sessions, {} records (retention)", s.expired_sessions, s.expired_records);
+    }
     println!("ingest queue       {} records", s.ingest_queue_depth);
     println!("protocol errors    {}", s.protocol_errors);
     println!(
@@ -147,6 +189,9 @@ fn print_status(s: &pb::GetStatusResponse) {
     );
     if !s.storage_error.is_empty() {
         println!("STORAGE ERROR      {}", s.storage_error);
+    }
+    if s.cupti_dropped > 0 {
+        println!("CUPTI dropped      {} records (buffers full in traced processes)", s.cupti_dropped);
     }
     println!();
     println!("{:<22} {:>14} {:>10}", "KIND", "INGESTED", "DROPPED");

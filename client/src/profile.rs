@@ -5,8 +5,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, bail};
 use clap::{ArgGroup, Args, Subcommand};
-use gpuprof_proto::api::gpuprof_client::GpuprofClient;
-use tonic::transport::Channel;
 
 use crate::pb;
 
@@ -105,7 +103,7 @@ fn describe(r: &pb::Reservation) -> String {
 }
 
 /// Runs `gpuprofctl profile ...`.
-pub async fn profile(client: &mut GpuprofClient<Channel>, a: ProfileArgs, json: bool) -> Result<()> {
+pub async fn profile(client: &mut gpuprofctl::Client, a: ProfileArgs, json: bool) -> Result<()> {
     let all = a.all || a.gpus.is_empty();
     if a.pause {
         let r = client
@@ -177,7 +175,7 @@ pub async fn profile(client: &mut GpuprofClient<Channel>, a: ProfileArgs, json: 
 }
 
 /// Runs `gpuprofctl pm ...`.
-pub async fn pm(client: &mut GpuprofClient<Channel>, cmd: PmCmd, json: bool) -> Result<()> {
+pub async fn pm(client: &mut gpuprofctl::Client, cmd: PmCmd, json: bool) -> Result<()> {
     let PmCmd::Watch(a) = cmd;
     let ms = a.downsample.as_millis();
     if ms > u128::from(u32::MAX) {

@@ -4,16 +4,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use gpuprof_proto::api::gpuprof_client::GpuprofClient;
 use gpuprofctl::pb;
-use tonic::transport::Channel;
 
 use crate::output::{
     Usage, human_bytes, human_ns, now_ns, print_summary, session_json, shorten, state_name, summary_json, table,
     target_text, wall,
 };
 
-pub type Client = GpuprofClient<Channel>;
+pub use gpuprofctl::Client;
 
 /// Which processes a session covers (at least one).
 #[derive(Args, Debug, Clone, Default)]

@@ -1,14 +1,23 @@
-//! Who is calling the API, from the api socket's `SO_PEERCRED`, and what they may do.
+//! Who is calling the API, and what they may do.
 //!
-//! Root and members of the admin group (`api.admin_group`, primary or supplementary)
-//! see and control everything. Other users see and control only sessions they created,
-//! and those cover only their own processes. Callers without peer credentials (TCP) are
-//! anonymous and own nothing.
+//! On the api Unix socket the caller is identified by `SO_PEERCRED`: root and members of the
+//! admin group (`api.admin_group`, primary or supplementary) see and control everything;
+//! other users see and control only sessions they created, and those cover only their own
+//! processes.
+//!
+//! TCP carries no peer credentials. Every TCP call passes [`TcpAuth`] first: a caller that
+//! presents the node's bearer token (`api.token_file`) or a client certificate signed by
+//! `api.client_ca_file` is an admin of the node and acts as root (uid 0); any other call is
+//! refused with UNAUTHENTICATED before it reaches a handler. The token is the node's admin
+//! credential. Callers with neither peer credentials nor that proof are anonymous and own
+//! nothing.
 
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
-use tonic::Request;
 use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Status};
 
 use crate::error::ApiError;
 
@@ -35,9 +44,19 @@ impl Caller {
         Caller { uid: u32::MAX, gid: u32::MAX, pid: None, admin: false, authenticated: false }
     }
 
-    /// The caller of `req`, with its admin status resolved against `admin_group`.
+    /// A TCP caller that proved it holds the node's admin credential (see [`TcpAuth`]).
+    pub fn remote_admin() -> Caller {
+        Caller::root()
+    }
+
+    /// The caller of `req`: from the api socket's peer credentials, with its admin status
+    /// resolved against `admin_group`, or an admin when [`TcpAuth`] authenticated the TCP
+    /// call; anonymous otherwise.
     pub fn of<T>(req: &Request<T>, admin_group: &str) -> Caller {
         let Some(cred) = req.extensions().get::<UdsConnectInfo>().and_then(|i| i.peer_cred) else {
+            if req.extensions().get::<RemoteAdmin>().is_some() {
+                return Caller::remote_admin();
+            }
             return Caller::anonymous();
         };
         let pid = cred.pid().and_then(|p| u32::try_from(p).ok());
@@ -58,8 +77,8 @@ impl Caller {
             Ok(())
         } else {
             Err(ApiError::PermissionDenied(
-                "this connection carries no user identity (TCP); use the api Unix socket, where gpuprofd \
-                 identifies callers by SO_PEERCRED"
+                "this connection carries no user identity; use the api Unix socket, where gpuprofd \
+                 identifies callers by SO_PEERCRED, or on TCP the node's token or a client certificate"
                     .into(),
             ))
         }
@@ -73,6 +92,123 @@ impl Caller {
             self.uid
         ))
     }
+}
+
+/// Proof that a TCP call was authenticated, put into the request's extensions by [`TcpAuth`]
+/// (clients cannot set extensions; only the TCP server's interceptor does).
+#[derive(Debug, Clone)]
+pub struct RemoteAdmin {
+    pub peer: Option<SocketAddr>,
+    /// "token" or "client certificate".
+    pub method: &'static str,
+}
+
+/// The interceptor in front of every service on TCP: admits a call that carries the node's
+/// bearer token (`authorization: Bearer TOKEN`, compared in constant time) or arrived over a
+/// TLS connection with a verified client certificate, marks it [`RemoteAdmin`], and refuses
+/// anything else with UNAUTHENTICATED.
+#[derive(Clone)]
+pub struct TcpAuth {
+    token: Option<Arc<[u8]>>,
+    /// Client certificates are verified by TLS against `api.client_ca_file`.
+    client_certs: bool,
+}
+
+impl std::fmt::Debug for TcpAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpAuth")
+            .field("token", &self.token.is_some())
+            .field("client_certs", &self.client_certs)
+            .finish()
+    }
+}
+
+impl TcpAuth {
+    pub fn new(token: Option<Vec<u8>>, client_certs: bool) -> TcpAuth {
+        TcpAuth { token: token.map(Arc::from), client_certs }
+    }
+
+    /// What a caller must present, for error messages.
+    fn needed(&self) -> String {
+        let token = "the node's bearer token (header \"authorization: Bearer TOKEN\"; gpuprofctl --token-file FILE)";
+        let cert = "a client certificate signed by the node's client CA (gpuprofctl --cert FILE --key FILE)";
+        match (self.token.is_some(), self.client_certs) {
+            (true, true) => format!("{token} or {cert}"),
+            (true, false) => token.to_string(),
+            _ => cert.to_string(),
+        }
+    }
+
+    /// Checks one call: `metadata` its headers, `peer_certs` whether its TLS connection
+    /// carries a client certificate (verified by rustls against the client CA).
+    pub fn check(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        peer_certs: bool,
+        peer: Option<SocketAddr>,
+    ) -> Result<RemoteAdmin, ApiError> {
+        if self.client_certs && peer_certs {
+            return Ok(RemoteAdmin { peer, method: "client certificate" });
+        }
+        let Some(header) = metadata.get("authorization") else {
+            return Err(ApiError::Unauthenticated(format!(
+                "gpuprofd's TCP API needs {}; this call presented none",
+                self.needed()
+            )));
+        };
+        let Some(expected) = &self.token else {
+            return Err(ApiError::Unauthenticated(format!(
+                "gpuprofd's TCP API does not accept tokens here; it needs {}",
+                self.needed()
+            )));
+        };
+        let presented = header.as_bytes();
+        let Some(presented) = presented
+            .get(..7)
+            .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+            .and_then(|_| presented.get(7..))
+        else {
+            return Err(ApiError::Unauthenticated(
+                "the authorization header must be \"Bearer TOKEN\" (gpuprofctl --token-file FILE)".into(),
+            ));
+        };
+        if constant_time_eq(expected, presented.trim_ascii()) {
+            Ok(RemoteAdmin { peer, method: "token" })
+        } else {
+            Err(ApiError::Unauthenticated(format!(
+                "the bearer token is not this node's token (api.token_file on the server); gpuprofd's TCP API needs {}",
+                self.needed()
+            )))
+        }
+    }
+}
+
+impl tonic::service::Interceptor for TcpAuth {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let peer = req.remote_addr();
+        let certs = req.peer_certs().is_some_and(|c| !c.is_empty());
+        match self.check(req.metadata(), certs, peer) {
+            Ok(who) => {
+                tracing::debug!(peer = ?who.peer, method = who.method, "authenticated TCP call");
+                req.extensions_mut().insert(who);
+                Ok(req)
+            }
+            Err(e) => {
+                tracing::debug!(?peer, error = %e, "refused unauthenticated TCP call");
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Compares a secret with a presented value in time that depends only on the secret's
+/// length, never on where they first differ or on the presented length.
+fn constant_time_eq(secret: &[u8], presented: &[u8]) -> bool {
+    let mut diff = u8::from(secret.len() != presented.len());
+    for (i, s) in secret.iter().enumerate() {
+        diff |= s ^ presented.get(i).copied().unwrap_or(!s);
+    }
+    std::hint::black_box(diff) == 0
 }
 
 /// Whether the user is in group `group`: as primary gid, as a supplementary group of the
@@ -167,5 +303,55 @@ mod tests {
         assert!(Caller::anonymous().require_authenticated().is_err());
         let e = user.denied("session 3", 1001, "gpuprof");
         assert!(e.to_string().contains("uid 1001") && e.to_string().contains("gpuprof"), "{e}");
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(constant_time_eq(b"0123456789abcdef", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b"0123456789abcdeX"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b"0123456789abcde"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b"0123456789abcdef0"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b""));
+    }
+
+    #[test]
+    fn tcp_auth_token_and_certificates() {
+        use tonic::metadata::{MetadataMap, MetadataValue};
+        let with = |v: &'static str| {
+            let mut m = MetadataMap::new();
+            m.insert("authorization", MetadataValue::from_static(v));
+            m
+        };
+        let token = TcpAuth::new(Some(b"s3cret-s3cret-s3cret".to_vec()), false);
+        assert_eq!(token.check(&with("Bearer s3cret-s3cret-s3cret"), false, None).unwrap().method, "token");
+        assert!(token.check(&with("bearer s3cret-s3cret-s3cret"), false, None).is_ok());
+        for bad in ["Bearer s3cret-s3cret-s3creT", "Bearer ", "Basic s3cret-s3cret-s3cret", "s3cret"] {
+            let e = token.check(&with(bad), false, None).unwrap_err();
+            assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unauthenticated, "{bad}");
+        }
+        let e = token.check(&MetadataMap::new(), false, None).unwrap_err();
+        assert!(e.to_string().contains("--token-file"), "{e}");
+        // Without client_ca_file a certificate proves nothing.
+        assert!(token.check(&MetadataMap::new(), true, None).is_err());
+
+        let certs = TcpAuth::new(None, true);
+        assert_eq!(certs.check(&MetadataMap::new(), true, None).unwrap().method, "client certificate");
+        let e = certs.check(&with("Bearer s3cret-s3cret-s3cret"), false, None).unwrap_err();
+        assert!(e.to_string().contains("--cert"), "{e}");
+
+        let both = TcpAuth::new(Some(b"s3cret-s3cret-s3cret".to_vec()), true);
+        assert!(both.check(&MetadataMap::new(), true, None).is_ok());
+        assert!(both.check(&with("Bearer s3cret-s3cret-s3cret"), false, None).is_ok());
+        let e = both.check(&MetadataMap::new(), false, None).unwrap_err();
+        assert!(e.to_string().contains("--token-file") && e.to_string().contains("--cert"), "{e}");
+    }
+
+    #[test]
+    fn remote_admin_only_with_proof() {
+        let mut req = Request::new(());
+        assert_eq!(Caller::of(&req, "gpuprof"), Caller::anonymous());
+        req.extensions_mut().insert(RemoteAdmin { peer: None, method: "token" });
+        let c = Caller::of(&req, "gpuprof");
+        assert!(c.admin && c.authenticated && c.uid == 0, "{c:?}");
     }
 }

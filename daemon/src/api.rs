@@ -1,24 +1,137 @@
 //! The gRPC API (`gpuprof.v1`) on the api Unix socket, and on TCP when configured.
+//!
+//! TCP is served with TLS only (`api.tls_cert_file`, `api.tls_key_file`), and every call on
+//! it must carry the node's bearer token or come over a connection with a client certificate
+//! signed by `api.client_ca_file`; [`crate::access::TcpAuth`] checks that before any handler.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use gpuprof_proto::api::{self as pb, gpuprof_server::Gpuprof, gpuprof_server::GpuprofServer};
-use tokio::net::UnixListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 
 use crate::Daemon;
+use crate::access::TcpAuth;
+use crate::config::ApiConfig;
 use crate::stats::Kind;
 
 /// How long in-flight calls may run on after shutdown begins before their connections are cut.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// A TLS handshake on the TCP API that takes longer is abandoned.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Shortest bearer token accepted in `api.token_file`.
+const MIN_TOKEN_LEN: usize = 16;
+
+/// TLS and authentication of the API on TCP, loaded and checked from `[api]`.
+#[derive(Debug, Clone)]
+pub struct TcpSecurity {
+    pub tls: ServerTlsConfig,
+    pub auth: TcpAuth,
+}
+
+impl TcpSecurity {
+    /// Reads and checks the certificate, key, client CA and token named in `[api]` (None when
+    /// `tcp_listen` is empty). Every error names the key and the file.
+    pub fn load(api: &ApiConfig) -> Result<Option<TcpSecurity>> {
+        if api.tcp_listen.is_empty() {
+            return Ok(None);
+        }
+        let is_set = |p: &Path| !p.as_os_str().is_empty();
+        let read =
+            |key: &str, p: &Path| std::fs::read(p).with_context(|| format!("api.{key}: cannot read {}", p.display()));
+        let cert = read("tls_cert_file", &api.tls_cert_file)?;
+        let key = read("tls_key_file", &api.tls_key_file)?;
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key)).timeout(TLS_HANDSHAKE_TIMEOUT);
+        tonic::transport::Server::builder().tls_config(tls.clone()).map_err(|e| {
+            anyhow::Error::new(e).context(format!(
+                "api.tls_cert_file {} and api.tls_key_file {} must be a PEM certificate chain and its PEM private key",
+                api.tls_cert_file.display(),
+                api.tls_key_file.display()
+            ))
+        })?;
+        let token = if is_set(&api.token_file) {
+            let text = read("token_file", &api.token_file)?;
+            let token = text.trim_ascii().to_vec();
+            if token.len() < MIN_TOKEN_LEN || token.iter().any(|b| !b.is_ascii_graphic()) {
+                anyhow::bail!(
+                    "api.token_file {}: the token must be at least {MIN_TOKEN_LEN} printable characters \
+                     without spaces (e.g. from `openssl rand -hex 32`)",
+                    api.token_file.display()
+                );
+            }
+            warn_if_readable_by_others(&api.token_file);
+            Some(token)
+        } else {
+            None
+        };
+        let client_certs = is_set(&api.client_ca_file);
+        if client_certs {
+            let ca = read("client_ca_file", &api.client_ca_file)?;
+            // A certificate that is presented must chain to the CA or the handshake fails. One
+            // that is missing does not fail the handshake: TcpAuth then refuses each call with
+            // UNAUTHENTICATED and says what is needed (or admits it by its token).
+            tls = tls.client_ca_root(Certificate::from_pem(ca)).client_auth_optional(true);
+            tonic::transport::Server::builder().tls_config(tls.clone()).map_err(|e| {
+                anyhow::Error::new(e).context(format!(
+                    "api.client_ca_file {} must hold a PEM CA certificate",
+                    api.client_ca_file.display()
+                ))
+            })?;
+        }
+        Ok(Some(TcpSecurity { tls, auth: TcpAuth::new(token, client_certs) }))
+    }
+}
+
+fn warn_if_readable_by_others(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(path = %path.display(), "api.token_file is readable by group or others; chmod 600 it");
+    }
+}
+
+/// The API's TCP listener and its security, bound before the daemon reports ready.
+#[derive(Debug)]
+pub struct TcpApi {
+    pub listener: TcpListener,
+    pub security: TcpSecurity,
+}
+
+/// Loads the TCP security settings and binds `api.tcp_listen` (None when it is empty).
+pub async fn bind_tcp(api: &ApiConfig) -> Result<Option<TcpApi>> {
+    let Some(security) = TcpSecurity::load(api)? else {
+        return Ok(None);
+    };
+    let addr: std::net::SocketAddr =
+        api.tcp_listen.parse().with_context(|| format!("api.tcp_listen: {:?} is not an address", api.tcp_listen))?;
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("api.tcp_listen: cannot listen on {addr}"))?;
+    tracing::info!(
+        addr = %listener.local_addr().unwrap_or(addr),
+        token = !api.token_file.as_os_str().is_empty(),
+        client_certificates = !api.client_ca_file.as_os_str().is_empty(),
+        "serving the API on TCP with TLS; authenticated callers are admins"
+    );
+    Ok(Some(TcpApi { listener, security }))
+}
+
 /// Serves the API until `shutdown` fires, then lets in-flight calls finish for at most
 /// [`SHUTDOWN_GRACE`] (a client that stops reading must not hold the daemon up).
-pub async fn serve(listener: UnixListener, d: Arc<Daemon>, shutdown: CancellationToken) -> Result<()> {
+pub async fn serve(
+    listener: UnixListener,
+    tcp: Option<TcpApi>,
+    d: Arc<Daemon>,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let grace = {
         let shutdown = shutdown.clone();
         async move {
@@ -27,7 +140,7 @@ pub async fn serve(listener: UnixListener, d: Arc<Daemon>, shutdown: Cancellatio
         }
     };
     tokio::select! {
-        r = serve_until(listener, d, shutdown) => r,
+        r = serve_until(listener, tcp, d, shutdown) => r,
         _ = grace => {
             tracing::warn!("API connections still open {SHUTDOWN_GRACE:?} after shutdown began; closing them");
             Ok(())
@@ -35,25 +148,34 @@ pub async fn serve(listener: UnixListener, d: Arc<Daemon>, shutdown: Cancellatio
     }
 }
 
-async fn serve_until(listener: UnixListener, d: Arc<Daemon>, shutdown: CancellationToken) -> Result<()> {
+async fn serve_until(
+    listener: UnixListener,
+    tcp: Option<TcpApi>,
+    d: Arc<Daemon>,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<GpuprofServer<Api>>().await;
     let svc = GpuprofServer::new(Api { d: d.clone() });
-    let tcp = d.config.api.tcp_listen.clone();
     let uds = tonic::transport::Server::builder()
         .add_service(health_service.clone())
         .add_service(svc.clone())
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.clone().cancelled_owned());
-    if tcp.is_empty() {
-        uds.await?;
-    } else {
-        let addr: std::net::SocketAddr = tcp.parse()?;
-        tracing::warn!(%addr, "serving the API on TCP without TLS; restrict access with a firewall");
-        let tcp = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(svc)
-            .serve_with_shutdown(addr, shutdown.cancelled_owned());
-        tokio::try_join!(uds, tcp)?;
+    match tcp {
+        None => uds.await?,
+        Some(TcpApi { listener, security }) => {
+            // Every service on TCP, health included, sits behind the authentication check.
+            let tcp = tonic::transport::Server::builder()
+                .tls_config(security.tls)?
+                .layer(tonic::service::InterceptorLayer::new(security.auth))
+                .add_service(health_service)
+                .add_service(svc)
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    shutdown.cancelled_owned(),
+                );
+            tokio::try_join!(uds, tcp)?;
+        }
     }
     Ok(())
 }
@@ -64,7 +186,7 @@ pub struct Api {
 }
 
 impl Api {
-    /// Who is calling (SO_PEERCRED of the api socket connection).
+    /// Who is calling (SO_PEERCRED of the api socket connection, or an authenticated TCP caller).
     fn caller<T>(&self, req: &Request<T>) -> crate::access::Caller {
         crate::access::Caller::of(req, &self.d.config.api.admin_group)
     }
@@ -100,6 +222,9 @@ impl Gpuprof for Api {
             protocol_errors: s.protocol_errors.load(Relaxed),
             active_sessions: self.d.sessions.open_count() as u32,
             storage_error: s.storage_error(),
+            expired_sessions: s.expired_sessions.load(Relaxed),
+            expired_records: s.expired_records.load(Relaxed),
+            cupti_dropped: s.cupti_dropped.load(Relaxed),
         }))
     }
 

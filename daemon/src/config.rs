@@ -118,6 +118,51 @@ pub struct ApiConfig {
     pub tcp_listen: String,
     pub admin_group: String,
     pub socket_mode: u32,
+    /// Server certificate chain (PEM) for the API on TCP; empty: none.
+    pub tls_cert_file: PathBuf,
+    /// Private key (PEM) of `tls_cert_file`.
+    pub tls_key_file: PathBuf,
+    /// CA (PEM) that TCP clients' certificates must chain to (mTLS); empty: no client certificates.
+    pub client_ca_file: PathBuf,
+    /// File holding the bearer token TCP clients must present; empty: no token.
+    pub token_file: PathBuf,
+}
+
+impl ApiConfig {
+    /// With `tcp_listen` set: TLS (certificate and key) and at least one way for callers to
+    /// authenticate (client certificates or a token) are required, and every file must be
+    /// readable. The contents are checked by [`crate::api::TcpSecurity::load`].
+    fn validate_tcp(&self) -> Result<()> {
+        if self.tcp_listen.is_empty() {
+            return Ok(());
+        }
+        let set = |p: &Path| !p.as_os_str().is_empty();
+        if !set(&self.tls_cert_file) || !set(&self.tls_key_file) {
+            bail!(
+                "api.tcp_listen is set, so api.tls_cert_file and api.tls_key_file (PEM) are required: \
+                 the API is served on TCP with TLS only"
+            );
+        }
+        if !set(&self.client_ca_file) && !set(&self.token_file) {
+            bail!(
+                "api.tcp_listen is set, so api.token_file or api.client_ca_file (or both) is required: \
+                 TCP callers must present a bearer token or a client certificate"
+            );
+        }
+        for (key, p) in [
+            ("api.tls_cert_file", &self.tls_cert_file),
+            ("api.tls_key_file", &self.tls_key_file),
+            ("api.client_ca_file", &self.client_ca_file),
+            ("api.token_file", &self.token_file),
+        ] {
+            if set(p)
+                && let Err(e) = std::fs::read(p)
+            {
+                bail!("{key}: cannot read {}: {e}", p.display());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Values from flags and environment that override the file.
@@ -212,6 +257,7 @@ impl Config {
         if !self.api.tcp_listen.is_empty() && self.api.tcp_listen.parse::<std::net::SocketAddr>().is_err() {
             bail!("api.tcp_listen must be an address like \"0.0.0.0:7461\", got {:?}", self.api.tcp_listen);
         }
+        self.api.validate_tcp()?;
         self.validate_pm()?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             bail!("log_level {:?} is not a valid filter: {e}", self.log_level);

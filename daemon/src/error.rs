@@ -25,6 +25,9 @@ pub enum ApiError {
     /// The caller's uid and groups do not allow it.
     #[error("{0}")]
     PermissionDenied(String),
+    /// The caller did not prove who it is (a TCP call without a valid token or certificate).
+    #[error("{0}")]
+    Unauthenticated(String),
     /// The daemon is shutting down or a part of it is not running.
     #[error("{0}")]
     Unavailable(String),
@@ -49,6 +52,7 @@ impl ApiError {
             ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
             ApiError::ResourceExhausted(_) => Code::ResourceExhausted,
             ApiError::PermissionDenied(_) => Code::PermissionDenied,
+            ApiError::Unauthenticated(_) => Code::Unauthenticated,
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::Internal(_) => Code::Internal,
         }
@@ -117,5 +121,7 @@ mod tests {
         assert_eq!(s.code(), Code::NotFound);
         let s: Status = ApiError::PermissionDenied("x".into()).into();
         assert_eq!(s.code(), Code::PermissionDenied);
+        let s: Status = ApiError::Unauthenticated("x".into()).into();
+        assert_eq!(s.code(), Code::Unauthenticated);
     }
 }

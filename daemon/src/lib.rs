@@ -93,6 +93,8 @@ pub async fn run(config: Config) -> Result<()> {
     let gpus = Arc::new(sampler::Gpus::from_config(&config));
     let (writer, writer_thread) =
         ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
+    // TCP first: once the sockets answer, the whole API is up (tests and units rely on it).
+    let api_tcp = api::bind_tcp(&config.api).await?;
     let agent_listener = agent::bind(&config.agent_socket)?;
     let api_listener = agent::bind_unix(&config.api_socket, config.api.socket_mode)?;
     let shutdown = CancellationToken::new();
@@ -115,7 +117,7 @@ pub async fn run(config: Config) -> Result<()> {
     let sessions_task = sessions::spawn(d.clone());
 
     let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
-    let api_task = tokio::spawn(api::serve(api_listener, d.clone(), shutdown.clone()));
+    let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));
 
     tracing::info!(
         database = %db_path.display(),

@@ -43,7 +43,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::CheckConfig { file }) => {
-            return match Config::load(Some(&file), &Overrides::default()) {
+            let checked = Config::load(Some(&file), &Overrides::default()).and_then(|cfg| {
+                // The TLS certificate, key, client CA and token must be usable, not just readable.
+                gpuprofd::api::TcpSecurity::load(&cfg.api)?;
+                Ok(cfg)
+            });
+            return match checked {
                 Ok(cfg) => match gpuprofd::sampler::check_metrics(&cfg) {
                     Ok(note) => {
                         if !note.is_empty() {

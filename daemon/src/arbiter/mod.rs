@@ -345,7 +345,8 @@ pub fn require_operator(caller: &crate::access::Caller, what: &str) -> Result<u3
     }
     if !caller.authenticated {
         return Err(tonic::Status::permission_denied(format!(
-            "only operators may {what}; this connection carries no user identity (TCP): use the api Unix socket"
+            "only operators may {what}; this connection carries no user identity: use the api Unix socket, \
+             or on TCP the node's token or a client certificate"
         )));
     }
     Err(tonic::Status::permission_denied(format!(
