@@ -71,7 +71,56 @@ pub struct ArbiterConfig {
     pub external_retry_max: Dur,
 }
 
-/// How long samples are kept.
+/// A size written like "20GiB", "512MiB" or "0" (binary units B, KiB, MiB, GiB, TiB; decimal
+/// kB, MB, GB, TB also accepted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl Size {
+    pub fn parse(s: &str) -> std::result::Result<Size, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        let (num, unit) = (&t[..split], t[split..].trim());
+        let mult: u64 = match unit {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "TiB" => 1 << 40,
+            "kB" | "KB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            "TB" => 1_000_000_000_000,
+            _ => return Err(format!("{s:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB or TiB)")),
+        };
+        let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a size like \"20GiB\" or \"512MiB\""))?;
+        let bytes = v * mult as f64;
+        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+            return Err(format!("{s:?} is too large"));
+        }
+        Ok(Size(bytes as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(0) => Ok(Size(0)),
+            Raw::Int(n) => {
+                Err(serde::de::Error::custom(format!("{n} has no unit; write a string like \"{n}MiB\" or \"{n}GiB\"")))
+            }
+            Raw::Text(s) => Size::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// How long samples, sessions and records are kept.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionConfig {
@@ -79,6 +128,23 @@ pub struct RetentionConfig {
     pub pm_rollup_width: Dur,
     pub pm_rollup_keep: Dur,
     pub interval: Dur,
+    /// Finished sessions and records outside sessions older than this are deleted (0: kept).
+    pub sessions_max_age: Dur,
+    /// Past this size the oldest finished sessions are deleted (0: no limit).
+    pub database_max_size: Size,
+}
+
+impl RetentionConfig {
+    /// The size retention keeps the database under (0: none): `database_max_size`, and at
+    /// most 90% of `storage.max_database_mib` when that hard cap is set (past it writes fail).
+    pub fn max_bytes(&self, storage: &StorageConfig) -> u64 {
+        let cap = storage.max_database_mib.saturating_mul(1 << 20) / 10 * 9;
+        match (self.database_max_size.0, cap) {
+            (0, cap) => cap,
+            (size, 0) => size,
+            (size, cap) => size.min(cap),
+        }
+    }
 }
 
 /// The Prometheus text endpoint.
@@ -316,6 +382,13 @@ impl Config {
         if r.interval.0 < Duration::from_millis(100) {
             bail!("retention.interval must be at least 100ms");
         }
+        if !r.sessions_max_age.0.is_zero() && r.sessions_max_age.0 < Duration::from_secs(1) {
+            bail!("retention.sessions_max_age must be 0 (keep forever) or at least 1s");
+        }
+        let size = r.database_max_size.0;
+        if size != 0 && size < 1 << 20 {
+            bail!("retention.database_max_size must be 0 (no limit) or at least 1MiB, got {size} bytes");
+        }
         if !self.prometheus.listen.is_empty() && self.prometheus.listen.parse::<std::net::SocketAddr>().is_err() {
             bail!("prometheus.listen must be an address like \"127.0.0.1:9464\", got {:?}", self.prometheus.listen);
         }
@@ -366,6 +439,36 @@ mod tests {
         assert!(format!("{e:#}").contains("agent.max_frame_bytes"), "{e:#}");
         let e = Config::from_toml("[agent]\nmax_frame_bytes = \"big\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("max_frame_bytes"), "{e:#}");
+    }
+
+    #[test]
+    fn retention_limits_parse_and_are_checked() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.retention.sessions_max_age.0, std::time::Duration::from_secs(14 * 24 * 3600));
+        assert_eq!(c.retention.database_max_size, Size(20 << 30));
+        let c = Config::from_toml("[retention]\nsessions_max_age = \"0\"\ndatabase_max_size = 0\n").unwrap();
+        assert!(c.retention.sessions_max_age.0.is_zero());
+        assert_eq!(c.retention.database_max_size, Size(0));
+        assert_eq!(Size::parse("512MiB"), Ok(Size(512 << 20)));
+        assert_eq!(Size::parse("1.5 GiB"), Ok(Size(3 << 29)));
+        assert_eq!(Size::parse("2GB"), Ok(Size(2_000_000_000)));
+        // Under a hard cap, retention keeps the database below 90% of it.
+        let c = Config::from_toml("[storage]\nmax_database_mib = 1000\n").unwrap();
+        assert_eq!(c.retention.max_bytes(&c.storage), 900 << 20);
+        let c = Config::from_toml("[storage]\nmax_database_mib = 1000\n[retention]\ndatabase_max_size = 0\n").unwrap();
+        assert_eq!(c.retention.max_bytes(&c.storage), 900 << 20);
+        let c = Config::from_toml("[retention]\ndatabase_max_size = \"5MiB\"\n").unwrap();
+        assert_eq!(c.retention.max_bytes(&c.storage), 5 << 20);
+        for (toml, key) in [
+            ("[retention]\ndatabase_max_size = \"20 parsecs\"\n", "database_max_size"),
+            ("[retention]\ndatabase_max_size = 20\n", "database_max_size"),
+            ("[retention]\ndatabase_max_size = \"100KiB\"\n", "retention.database_max_size"),
+            ("[retention]\nsessions_max_age = \"7 fortnights\"\n", "sessions_max_age"),
+            ("[retention]\nsessions_max_age = \"10ms\"\n", "retention.sessions_max_age"),
+        ] {
+            let e = Config::from_toml(toml).unwrap_err();
+            assert!(format!("{e:#}").contains(key), "{toml}: {e:#}");
+        }
     }
 
     #[test]

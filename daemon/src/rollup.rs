@@ -4,7 +4,8 @@
 //! the rows committed since its last pass, in rowid order, on a read connection, and hands
 //! small aggregates to the writer (`migrations/0002_sessions.sql` describes the tables):
 //! rows and rowid range per (session, table, process), kernel duration histograms, copy
-//! and API totals, device busy time. Queries then read a session's rows by rowid range and
+//! and API totals, device busy time. Records outside sessions (session 0) get rows and
+//! rowid ranges too, which retention uses to find them. Queries then read a session's rows by rowid range and
 //! answer summaries from the aggregates, whatever the size of the database.
 //!
 //! Passes run every second while sessions are open and before every query ([`catch_up`]),
@@ -29,6 +30,15 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub struct Rollup {
     lock: tokio::sync::Mutex<()>,
+}
+
+impl Rollup {
+    /// Holds rollup passes off. Retention deletes record rows only while it holds this: a
+    /// pass reads on its own connection and writes later, and must not write progress or
+    /// ranges computed from rows deleted in between.
+    pub async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
 }
 
 /// Brings the rollups up to the rows committed now.
@@ -154,13 +164,15 @@ fn read_delta(c: &Connection, chunk: i64) -> rusqlite::Result<Delta> {
             let rowid: i64 = r.get(0)?;
             max_rowid = rowid;
             let session: i64 = r.get(1)?;
-            if session == 0 {
-                continue;
-            }
             let proc: i64 = r.get(2)?;
+            // Session 0 (records outside sessions) gets its rows and rowid ranges too, for
+            // retention; no aggregates.
             let e = delta.rows.entry((session, t, proc)).or_insert((0, rowid, rowid));
             e.0 += 1;
             e.2 = rowid;
+            if session == 0 {
+                continue;
+            }
             let (a, b, k): (i64, i64, i64) = (r.get(3)?, r.get(4)?, r.get(5)?);
             let (start, dur, bytes): (i64, i64, i64) = (r.get(6)?, r.get(7)?, r.get(8)?);
             let dur = dur.max(0);

@@ -14,6 +14,7 @@ use crate::config::StorageConfig;
 pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
     ("0002_sessions.sql", include_str!("../../migrations/0002_sessions.sql")),
+    ("0003_retention.sql", include_str!("../../migrations/0003_retention.sql")),
 ];
 
 /// Opens (creating if needed) the database for writing and brings the schema up to date.
@@ -23,6 +24,13 @@ pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
     }
     let conn = Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // A new database gets incremental auto-vacuum, so that retention can hand the pages of
+    // deleted rows back to the file system; it can only be chosen before the first table
+    // (and before WAL mode) exists. Older databases keep reusing their free pages instead.
+    let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    if pages == 0 {
+        conn.execute_batch("PRAGMA auto_vacuum=INCREMENTAL")?;
+    }
     // WAL: readers never block the writer. synchronous=NORMAL: a crash of the process (or
     // SIGKILL) loses nothing committed; only power loss can lose the last transactions.
     let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
@@ -38,6 +46,11 @@ pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
         cfg.cache_mib * 1024,
         cfg.wal_autocheckpoint_pages
     ))?;
+    // After a checkpoint resets the WAL, a WAL that grew past its checkpoint size (a long
+    // read, a big deletion) is truncated back to it instead of keeping its peak size.
+    let page: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    let limit = i64::from(cfg.wal_autocheckpoint_pages) * page;
+    let _: i64 = conn.query_row(&format!("PRAGMA journal_size_limit={limit}"), [], |r| r.get(0))?;
     migrate(&conn)?;
     if cfg.max_database_mib > 0 {
         let page: u64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
@@ -90,6 +103,42 @@ pub fn database_bytes(path: &Path) -> u64 {
         }
     }
     total
+}
+
+/// Size of the WAL file, in bytes (0 when there is none).
+pub fn wal_bytes(path: &Path) -> u64 {
+    let mut p = path.as_os_str().to_owned();
+    p.push("-wal");
+    std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Pages of the database as a connection sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pages {
+    pub page_size: u64,
+    /// Pages in the database, free ones included.
+    pub count: u64,
+    /// Free pages (reused by later writes; handed back to the file system only by vacuum).
+    pub free: u64,
+    /// `PRAGMA auto_vacuum`: 0 none, 1 full, 2 incremental.
+    pub auto_vacuum: i64,
+}
+
+impl Pages {
+    pub fn read(c: &Connection) -> rusqlite::Result<Pages> {
+        let q = |sql: &str| c.query_row(sql, [], |r| r.get::<_, i64>(0));
+        Ok(Pages {
+            page_size: q("PRAGMA page_size")?.max(0) as u64,
+            count: q("PRAGMA page_count")?.max(0) as u64,
+            free: q("PRAGMA freelist_count")?.max(0) as u64,
+            auto_vacuum: q("PRAGMA auto_vacuum")?,
+        })
+    }
+
+    /// Bytes of the pages in use (free pages not counted).
+    pub fn used_bytes(&self) -> u64 {
+        self.count.saturating_sub(self.free) * self.page_size
+    }
 }
 
 #[cfg(test)]
