@@ -209,6 +209,7 @@ fn agent_drop_reports_show_in_status_and_database() {
     let report = |k: &[(RecordKind, u64)]| {
         Msg::Drops(DropReport {
             counts: k.iter().map(|(kind, n)| DropCount { kind: *kind as i32, dropped: *n }).collect(),
+            cupti_dropped: 7,
         })
     };
     a.send(report(&[(RecordKind::Kernel, 5), (RecordKind::Api, 3)])).unwrap();
@@ -218,7 +219,8 @@ fn agent_drop_reports_show_in_status_and_database() {
     let t = Instant::now();
     loop {
         let st = d.status().unwrap();
-        if st["records"]["kernel"]["dropped"] == 12 && st["records"]["api"]["dropped"] == 3 {
+        if st["records"]["kernel"]["dropped"] == 12 && st["records"]["api"]["dropped"] == 3 && st["cupti_dropped"] == 7
+        {
             break;
         }
         assert!(t.elapsed() < Duration::from_secs(20), "drops not reported: {st}");
