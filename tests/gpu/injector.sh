@@ -13,8 +13,8 @@
 #             events and the daemon reports the process as displaced, both when gpuprof traces
 #             first (late) and when torch.profiler ran first (early);
 #   overhead  200k empty launches and a PyTorch loop of 100k small kernels: untraced,
-#             injected-but-idle, traced by gpuprof (kernels only, default preset, default without
-#             sync and external correlation), the raw-CUPTI floor, torch.profiler; ratios from
+#             injected-but-idle, traced by gpuprof (kernels only, default preset, full preset),
+#             the raw-CUPTI floor, torch.profiler; ratios from
 #             this one run, plus records stored and dropped while traced.
 # Prints CHECK/FIGURE lines and a summary last; copies logs to $OUT when set.
 #
@@ -202,11 +202,13 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR
 # skips (GPUPROF_TRACE_SKIP): kernels (kernels only), traced (default preset), and for a cost
 # breakdown rt_only (kernels + runtime API), drv_only (kernels + driver API), no_rt (default
 # without runtime API), full_no_rt (full preset without runtime API and overhead).
-LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced lean floor}
-TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced lean floor kineto}
+LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced full floor}
+TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced full floor kineto}
 # rt_sync, rt_ext, rt_nvtx, rt_copy: rt_only plus one part (sync, external correlation, NVTX,
-# memcpy+memset); lean: default without sync and external correlation.
-declare -A PRESET=([kernels]=kernels [traced]=default [rt_only]=default [drv_only]=full [no_rt]=default
+# memcpy+memset); full: the full preset (default plus sync, external correlation, overhead,
+# driver API); lean: default without sync and external correlation (the default preset before
+# those moved to full).
+declare -A PRESET=([kernels]=kernels [traced]=default [full]=full [rt_only]=default [drv_only]=full [no_rt]=default
   [full_no_rt]=full [rt_sync]=default [rt_ext]=default [rt_nvtx]=default [rt_copy]=default [lean]=default)
 declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
   [drv_only]=runtime_api,memcpy,memset,sync,overhead,nvtx,external_correlation,graphs
