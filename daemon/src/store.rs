@@ -172,6 +172,7 @@ mod tests {
         assert_eq!(v, MIGRATIONS.len() as i64);
         let ok: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
         assert_eq!(ok, "ok");
+        assert_eq!(Pages::read(&conn).unwrap().auto_vacuum, 2, "a new database vacuums incrementally");
         let tables: Vec<String> = conn
             .prepare("SELECT name FROM sqlite_master WHERE type IN ('table','view')")
             .unwrap()
@@ -203,6 +204,47 @@ mod tests {
             assert!(!types.is_empty());
             assert!(types.iter().all(|ty| ty == "INTEGER"), "{t}: {types:?}");
         }
+    }
+
+    #[test]
+    fn version_3_keeps_sessions_and_stops_reusing_their_ids() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("PRAGMA foreign_keys=OFF").unwrap();
+        for (_, sql) in &MIGRATIONS[..2] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version=2;
+             INSERT INTO processes(id, pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns,
+                                   connected_ns) VALUES (4, 1, 0, 0, 'injector', 'x', '[]', '', 0, 0, 0);
+             INSERT INTO sessions VALUES (7, 'a', 'completed', '[]', '{}', 1000, 1, 2, 3, 4, 0, 0, 'done');
+             INSERT INTO session_processes(session, proc, joined_ns, state) VALUES (7, 4, 0, 'stopped');",
+        )
+        .unwrap();
+        migrate(&conn).unwrap();
+        let row: (String, u32, String) = conn
+            .query_row("SELECT name, owner_uid, stop_reason FROM sessions WHERE id = 7", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
+        assert_eq!(row, ("a".into(), 1000, "done".into()));
+        let floor: i64 = conn
+            .query_row("SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'retention_process_floor'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(floor, 4);
+        conn.execute("DELETE FROM sessions WHERE id = 7", []).unwrap();
+        conn.execute(
+            "INSERT INTO sessions(name, state, targets, collect, owner_uid, created_ns, start_at_ns, duration_ms,
+                                  max_records) VALUES ('b', 'active', '[]', '{}', 0, 0, 0, 0, 0)",
+            [],
+        )
+        .unwrap();
+        assert_eq!(conn.last_insert_rowid(), 8);
+        let plan: String =
+            conn.query_row("EXPLAIN QUERY PLAN SELECT * FROM sessions WHERE owner_uid = 1", [], |r| r.get(3)).unwrap();
+        assert!(plan.contains("sessions_owner"), "{plan}");
     }
 
     #[test]
