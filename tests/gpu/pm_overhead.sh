@@ -25,7 +25,14 @@ print(f"{it / (time.perf_counter() - t0):.3f}")
 PYEOF
 FOUR=gr__cycles_active.avg.pct_of_peak_sustained_elapsed,sm__cycles_active.avg.pct_of_peak_sustained_elapsed,sm__inst_executed_realtime.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
 NODRAM=gr__cycles_active.avg,sm__cycles_active.avg,sm__inst_executed_realtime.avg.per_cycle_active,gr__cycles_elapsed.max
-CONFIGS=("1ms $FOUR" "1ms $NODRAM" "10ms $FOUR" "100ms $FOUR")
+ONE=sm__cycles_active.avg.pct_of_peak_sustained_elapsed
+TWO=gr__cycles_active.avg.pct_of_peak_sustained_elapsed,sm__cycles_active.avg.pct_of_peak_sustained_elapsed
+# "INTERVAL METRICS" pairs; CONFIGS_SET=metrics compares metric counts at 1 ms instead.
+if [ "${CONFIGS_SET:-}" = metrics ]; then
+  CONFIGS=("1ms $ONE" "1ms $TWO" "1ms $FOUR" "1ms $NODRAM")
+else
+  CONFIGS=("1ms $FOUR" "1ms $NODRAM" "10ms $FOUR" "100ms $FOUR")
+fi
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 run_mm() { $PY "$T/mm.py" "$SECS"; }
 declare -A ON
@@ -49,5 +56,5 @@ for i in "${!CONFIGS[@]}"; do
   # shellcheck disable=SC2086
   on=$(median ${ON[$i]})
   pct=$(awk -v a="$off" -v b="$on" 'BEGIN { printf "%.3f", (a - b) / a * 100 }')
-  echo "sampling every $iv, $(tr ',' '\n' <<<"$m" | wc -l) metrics ($( [ "$m" = "$FOUR" ] && echo with || echo without ) dram): median $on matmul/s, slowdown $pct % (runs${ON[$i]})"
+  echo "sampling every $iv, $m: median $on matmul/s, slowdown $pct % (runs${ON[$i]})"
 done
