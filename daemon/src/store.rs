@@ -145,21 +145,10 @@ impl Pages {
 mod tests {
     use super::*;
 
-    const RECORD_TABLES: &[&str] = &[
-        "kernel",
-        "memcpy",
-        "memset",
-        "api",
-        "sync",
-        "overhead",
-        "marker",
-        "external_correlation",
-        "context",
-        "stream",
-        "graph",
-        "pm_sample",
-        "pc_sample",
-    ];
+    /// Activity record tables plus the sample tables.
+    fn record_tables() -> Vec<&'static str> {
+        crate::query::RECORD_TABLES.iter().copied().chain(["pm_sample", "pc_sample"]).collect()
+    }
 
     #[test]
     fn migrations_apply_and_are_idempotent() {
@@ -180,7 +169,7 @@ mod tests {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap();
-        for t in RECORD_TABLES.iter().chain(&[
+        for t in record_tables().iter().chain(&[
             "strings",
             "processes",
             "devices",
@@ -193,7 +182,7 @@ mod tests {
             assert!(tables.iter().any(|x| x == t), "table {t} missing from schema: {tables:?}");
         }
         // Record tables hold integers only except PM values: every column is INTEGER.
-        for t in RECORD_TABLES.iter().filter(|t| **t != "pm_sample") {
+        for t in record_tables().iter().filter(|t| **t != "pm_sample") {
             let types: Vec<String> = conn
                 .prepare(&format!("SELECT type FROM pragma_table_info('{t}')"))
                 .unwrap()
