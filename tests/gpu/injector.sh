@@ -9,6 +9,8 @@
 #   matmul    PyTorch: exactly 100 bf16 8192x8192 matmuls and copies of known sizes; the stored
 #             trace has the 100 GEMM kernels, the copies with their byte counts, and every GEMM
 #             joined to its launch API record by correlation id;
+#   nvtx      PyTorch NVTX ranges and marks (NVTX_INJECTION64_PATH): exactly the ranges pushed and
+#             the marks made are stored, with their names;
 #   coexist   torch.profiler inside an injected process still records (>= 90% of) its CUDA
 #             events and the daemon reports the process as displaced, both when gpuprof traces
 #             first (late) and when torch.profiler ran first (early);
@@ -29,7 +31,7 @@ BIN=${GPUPROF_BIN:-$PWD/.gpu}
 INJ=$BIN/libgpuprof_inject.so
 OUTDIR=${OUT:-}
 PY=${PYTHON:-python3}
-SCENARIOS=${SCENARIOS:-nodaemon count matmul coexist overhead}
+SCENARIOS=${SCENARIOS:-nodaemon count matmul nvtx coexist overhead}
 REPS=${REPS:-3}
 export PATH="/usr/local/cuda/bin:$PATH"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -161,6 +163,22 @@ EOF
   res=$(grep -c "RESULT ok" "$STATE/matmul.check")
   pass_if "PyTorch: 100 GEMM kernels, all joined to their launch API record, 3 known copies" "$res" \
     "$(head -1 "$STATE/matmul.check"); $(sed -n 3p "$STATE/matmul.check"); exit $rc"
+fi
+
+# ---------------------------------------------------------------- nvtx
+if [[ " $SCENARIOS " == *" nvtx "* ]]; then
+  s=$(session_start --preset default --name nvtx)
+  CUDA_INJECTION64_PATH="$INJ" NVTX_INJECTION64_PATH="$INJ" "$PY" "$HERE/nvtx.py" 50 7 2.0 >>"$STATE/run_nvtx.log" 2>&1; rc=$?
+  session_stop "$s"
+  records "$s" marker >"$STATE/nvtx.jsonl"
+  read -r nr nm <<<"$("$PY" -c '
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+r = sum(1 for x in recs if x["name"] == "gpuprof_step" and not x["is_mark"] and x["end_ns"] > x["start_ns"])
+m = sum(1 for x in recs if x["name"] == "gpuprof_mark" and x["is_mark"])
+print(r, m)' "$STATE/nvtx.jsonl")"
+  pass_if "NVTX: 50 ranges and 7 marks stored with their names" "$([ "$nr" = 50 ] && [ "$nm" = 7 ] && [ $rc = 0 ] && echo 1)" \
+    "ranges $nr, marks $nm, marker rows $(wc -l <"$STATE/nvtx.jsonl"), exit $rc"
 fi
 
 # ---------------------------------------------------------------- coexist
