@@ -54,7 +54,8 @@ impl TargetArgs {
 /// What and how long to collect.
 #[derive(Args, Debug, Clone)]
 pub struct CollectArgs {
-    /// What to collect: kernels, default (kernels, copies, sets, API calls, sync, NVTX) or full.
+    /// What to collect: kernels, default (kernels, copies, sets, launch/copy/sync/alloc API calls, NVTX, graphs)
+    /// or full (also sync and external-correlation records, overhead, driver API).
     #[arg(long, default_value = "default")]
     pub preset: String,
     /// Stop after this long (e.g. 10s, 2m, 1h30m).
@@ -69,9 +70,6 @@ pub struct CollectArgs {
     /// A label for the session.
     #[arg(long, default_value = "")]
     pub name: String,
-    /// Also sample PCs (needs the device's performance monitor).
-    #[arg(long)]
-    pub pc_sampling: bool,
 }
 
 impl CollectArgs {
@@ -83,12 +81,7 @@ impl CollectArgs {
         Ok(pb::StartSessionRequest {
             name: self.name.clone(),
             targets,
-            collect: Some(pb::CollectOptions {
-                preset: self.preset.clone(),
-                pc_sampling: self.pc_sampling,
-                pc_sampling_period_log2: 0,
-                pm_metrics: Vec::new(),
-            }),
+            collect: Some(pb::CollectOptions { preset: self.preset.clone(), ..Default::default() }),
             start_at_ns,
             duration_ms: self.duration.map(|d| d.as_millis() as u64).unwrap_or(0),
             max_records: self.max_records.unwrap_or(0),

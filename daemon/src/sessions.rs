@@ -211,6 +211,21 @@ impl Collect {
                 format!("unknown preset {preset:?}; use \"kernels\", \"default\" or \"full\""),
             ));
         }
+        // Refused rather than silently ignored: the injector has no PC sampling yet, and PM
+        // metrics come from the device samplers ([sampler] metrics, StreamPmSamples).
+        if c.pc_sampling {
+            return Err(ApiError::invalid(
+                "collect.pc_sampling",
+                "PC sampling in sessions is not supported by this gpuprofd yet; leave it unset",
+            ));
+        }
+        if !c.pm_metrics.is_empty() {
+            return Err(ApiError::invalid(
+                "collect.pm_metrics",
+                "per-session PM metrics are not supported yet; the device samplers collect the metrics in \
+                 [sampler] metrics for every GPU (gpuprofctl pm watch, StreamPmSamples)",
+            ));
+        }
         let p = c.pc_sampling_period_log2;
         if p != 0 && !(5..=31).contains(&p) {
             return Err(ApiError::invalid("collect.pc_sampling_period_log2", format!("{p} is outside 5..31 (0: 10)")));
@@ -1357,6 +1372,9 @@ mod tests {
     #[test]
     fn presets() {
         assert!(Collect::from_pb(Some(&pb::CollectOptions { preset: "bogus".into(), ..Default::default() })).is_err());
+        assert!(Collect::from_pb(Some(&pb::CollectOptions { pc_sampling: true, ..Default::default() })).is_err());
+        let pm = pb::CollectOptions { pm_metrics: vec!["sm__cycles_active.avg".into()], ..Default::default() };
+        assert!(Collect::from_pb(Some(&pm)).is_err());
         let c = Collect::from_pb(None).unwrap();
         assert_eq!(c.preset, "default");
         let k = Collect { preset: "kernels".into(), ..Default::default() }.trace_config();
