@@ -176,7 +176,7 @@ fn print_status(s: &pb::GetStatusResponse) {
     println!("gpuprofd {}  up {}s", s.version, s.uptime_seconds);
     println!("agents connected   {}", s.connected_agents);
     println!("active sessions    {}", s.active_sessions);
-    println!("database           {} ({})", s.database_path, human_bytes(s.database_bytes));
+    println!("database           {} ({})", s.database_path, output::human_bytes(s.database_bytes));
     if s.expired_sessions > 0 || s.expired_records > 0 {
         println!("expired            {} sessions, {} records (retention)", s.expired_sessions, s.expired_records);
     }
@@ -198,15 +198,4 @@ fn print_status(s: &pb::GetStatusResponse) {
     for r in s.records.iter().filter(|r| r.ingested > 0 || r.dropped > 0) {
         println!("{:<22} {:>14} {:>10}", r.kind, r.ingested, r.dropped);
     }
-}
-
-fn human_bytes(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
 }
