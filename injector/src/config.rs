@@ -24,6 +24,21 @@ pub struct Config {
     /// (comma separated: runtime_api, driver_api, memcpy, memset, sync, overhead, nvtx,
     /// external_correlation, graphs), e.g. to keep an expensive kind off one workload.
     pub skip: Vec<String>,
+    /// `GPUPROF_CUPTI_ZEROED` (default on): activity buffers are handed to CUPTI already zeroed
+    /// (zeroed on the background thread when they come back), and CUPTI is told so
+    /// (`CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER`) instead of zeroing each buffer on the
+    /// application thread that asks for it.
+    pub zeroed_buffers: bool,
+    /// `GPUPROF_PREFILL_BUFFERS`: buffers allocated and zeroed at trace start, so the first
+    /// requests do not fault in fresh pages on the application thread.
+    pub prefill_buffers: usize,
+    /// `GPUPROF_CUPTI_PINNED` (0/1): CUPTI's per-context profiling buffers in pinned host memory
+    /// instead of device memory (`CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED`); unset
+    /// keeps CUPTI's default.
+    pub cupti_pinned: Option<bool>,
+    /// `GPUPROF_CUPTI_DEVICE_BUFFER_MB`: size of each of CUPTI's per-context profiling buffers
+    /// (`CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE`); unset keeps CUPTI's default (~3 MB).
+    pub cupti_device_buffer: Option<usize>,
 }
 
 impl Default for Config {
@@ -36,6 +51,10 @@ impl Default for Config {
             exit_timeout: Duration::from_millis(800),
             max_backoff: Duration::from_secs(5),
             skip: Vec::new(),
+            zeroed_buffers: true,
+            prefill_buffers: 4,
+            cupti_pinned: None,
+            cupti_device_buffer: None,
         }
     }
 }
@@ -59,6 +78,18 @@ impl Config {
         if let Some(s) = get("GPUPROF_TRACE_SKIP") {
             c.skip = s.split(',').map(|p| p.trim().to_ascii_lowercase()).filter(|p| !p.is_empty()).collect();
         }
+        let flag = |k: &str| get(k).map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"));
+        if let Some(z) = flag("GPUPROF_CUPTI_ZEROED") {
+            c.zeroed_buffers = z;
+        }
+        if let Some(n) = get("GPUPROF_PREFILL_BUFFERS").and_then(|s| s.parse::<usize>().ok()) {
+            c.prefill_buffers = n;
+        }
+        c.prefill_buffers = c.prefill_buffers.min(c.max_buffers);
+        c.cupti_pinned = flag("GPUPROF_CUPTI_PINNED");
+        if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
+            c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
+        }
         c
     }
 }
@@ -78,5 +109,23 @@ mod tests {
         assert_eq!(c.buffer_bytes, 64 << 10);
         assert_eq!(c.max_buffers, Config::default().max_buffers);
         assert_eq!(Config::from_lookup(|_| None).socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn cupti_buffer_settings() {
+        let d = Config::from_lookup(|_| None);
+        assert!(d.zeroed_buffers && d.cupti_pinned.is_none() && d.cupti_device_buffer.is_none());
+        let c = Config::from_lookup(|k| match k {
+            "GPUPROF_CUPTI_ZEROED" => Some("0".into()),
+            "GPUPROF_CUPTI_PINNED" => Some("1".into()),
+            "GPUPROF_CUPTI_DEVICE_BUFFER_MB" => Some("32".into()),
+            "GPUPROF_MAX_BUFFERS" => Some("3".into()),
+            "GPUPROF_PREFILL_BUFFERS" => Some("10".into()),
+            _ => None,
+        });
+        assert!(!c.zeroed_buffers);
+        assert_eq!(c.cupti_pinned, Some(true));
+        assert_eq!(c.cupti_device_buffer, Some(32 << 20));
+        assert_eq!(c.prefill_buffers, 3, "never more than the cap");
     }
 }

@@ -257,6 +257,18 @@ impl Cupti {
         check(unsafe { self.raw.cuptiActivityEnableAllSyncRecords(enable as u8) })
     }
 
+    /// `cuptiActivitySetAttribute(attr, sizeof(T), &value)` for a `u8` or `usize` attribute.
+    pub fn set_attribute<T: Copy>(&self, attr: sys::CUpti_ActivityAttribute, value: T) -> Result<(), CuptiError> {
+        let Ok(f) = &self.raw.cuptiActivitySetAttribute else {
+            return Err(CuptiError(sys::CUPTI_ERROR_NOT_SUPPORTED));
+        };
+        let mut v = value;
+        let mut size = std::mem::size_of::<T>();
+        // Safety: `size` and `v` are valid for the call; CUPTI reads `size` bytes of `v` (the
+        // attribute's documented type, u8 or size_t, chosen by the caller).
+        check(unsafe { f(attr, &mut size, (&mut v as *mut T).cast()) })
+    }
+
     /// `cuptiActivityRegisterCallbacks(request, complete)`.
     pub fn register_callbacks(
         &self,

@@ -105,7 +105,11 @@ impl LazyCupti {
                     let shared = crate::tracer::install(Arc::new(Shared {
                         pid: std::process::id(),
                         cupti: cupti.clone(),
-                        pool: crate::pool::Pool::new(self.cfg.buffer_bytes, self.cfg.max_buffers),
+                        pool: crate::pool::Pool::new(
+                            self.cfg.buffer_bytes,
+                            self.cfg.max_buffers,
+                            self.cfg.zeroed_buffers,
+                        ),
                         tx: self.tx.clone(),
                         wake: self.wake.clone(),
                         last_callback_ms: Default::default(),
@@ -114,7 +118,12 @@ impl LazyCupti {
                         buffers_completed: Default::default(),
                         foreign_buffers: Default::default(),
                     }));
-                    self.inner = Some(CuptiBackend::new(shared));
+                    let tuning = crate::tracer::Tuning {
+                        prefill_buffers: self.cfg.prefill_buffers,
+                        pinned: self.cfg.cupti_pinned,
+                        device_buffer: self.cfg.cupti_device_buffer,
+                    };
+                    self.inner = Some(CuptiBackend::new(shared, tuning));
                 }
                 Err(f) => {
                     log!(Warn, "CUPTI unusable: {}", f.message);

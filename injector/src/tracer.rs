@@ -170,7 +170,7 @@ impl RecordSource for CuptiBuffer {
 impl Drop for CuptiBuffer {
     fn drop(&mut self) {
         if let Some(b) = self.buf.take() {
-            self.shared.pool.put(b);
+            self.shared.pool.recycle(b);
         }
     }
 }
@@ -301,8 +301,17 @@ fn summarize(failures: &[String]) -> String {
 /// How long without any buffer callback before checking for another subscriber.
 const QUIET_BEFORE_PROBE: Duration = Duration::from_secs(1);
 
+/// CUPTI buffer settings applied at each trace start (see [`crate::config::Config`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tuning {
+    pub prefill_buffers: usize,
+    pub pinned: Option<bool>,
+    pub device_buffer: Option<usize>,
+}
+
 pub struct CuptiBackend {
     shared: Arc<Shared>,
+    tuning: Tuning,
     enabled: Vec<u32>,
     runtime_on: bool,
     driver_on: bool,
@@ -311,9 +320,10 @@ pub struct CuptiBackend {
 }
 
 impl CuptiBackend {
-    pub fn new(shared: Arc<Shared>) -> CuptiBackend {
+    pub fn new(shared: Arc<Shared>, tuning: Tuning) -> CuptiBackend {
         CuptiBackend {
             shared,
+            tuning,
             enabled: Vec::new(),
             runtime_on: false,
             driver_on: false,
@@ -324,6 +334,32 @@ impl CuptiBackend {
 
     fn cupti(&self) -> &Cupti {
         &self.shared.cupti
+    }
+
+    /// Buffer attributes, set before the callbacks are registered and any kind is enabled (as
+    /// CUPTI asks), and the pool's first buffers. A refused attribute is logged and skipped.
+    fn apply_tuning(&self) {
+        let c = self.cupti();
+        let set = |name: &str, r: Result<(), crate::cupti::CuptiError>| {
+            if let Err(e) = r {
+                log!(Warn, "{name}: {e}");
+            }
+        };
+        let zeroed = self.shared.pool.zeroed();
+        set(
+            "ZEROED_OUT_ACTIVITY_BUFFER",
+            c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, zeroed as u8),
+        );
+        if let Some(p) = self.tuning.pinned {
+            set(
+                "MEM_ALLOCATION_TYPE_HOST_PINNED",
+                c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, p as u8),
+            );
+        }
+        if let Some(n) = self.tuning.device_buffer {
+            set("DEVICE_BUFFER_SIZE", c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, n));
+        }
+        self.shared.pool.prefill(self.tuning.prefill_buffers);
     }
 
     fn displaced_detail(e: crate::cupti::CuptiError) -> String {
@@ -347,6 +383,7 @@ impl Backend for CuptiBackend {
             }
             log!(Warn, "subscriber probe: {e}");
         }
+        self.apply_tuning();
         if let Err(e) = self.cupti().register_callbacks(Some(buffer_requested), Some(buffer_completed)) {
             return StartOutcome::Failed(format!("cuptiActivityRegisterCallbacks: {e}"));
         }

@@ -14,6 +14,11 @@
 #   coexist   torch.profiler inside an injected process still records (>= 90% of) its CUDA
 #             events and the daemon reports the process as displaced, both when gpuprof traces
 #             first (late) and when torch.profiler ran first (early);
+#   attach    late attach and external correlation: a CUDA program (tests/gpu/attach.cu) creates
+#             its context and a stream and runs kernels untraced; then a session starts (full
+#             preset); the N kernels it launches afterwards are stored exactly, with context and
+#             stream records for the context and stream created before the trace, and each of
+#             the N kernels tagged with an external correlation id is joined to its id;
 #   overhead  200k empty launches and a PyTorch loop of 100k small kernels: untraced,
 #             injected-but-idle, traced by gpuprof (kernels only, default preset, full preset),
 #             the raw-CUPTI floor, torch.profiler; ratios from
@@ -31,7 +36,7 @@ BIN=${GPUPROF_BIN:-$PWD/.gpu}
 INJ=$BIN/libgpuprof_inject.so
 OUTDIR=${OUT:-}
 PY=${PYTHON:-python3}
-SCENARIOS=${SCENARIOS:-nodaemon count matmul nvtx coexist overhead}
+SCENARIOS=${SCENARIOS:-nodaemon count matmul nvtx coexist attach overhead}
 REPS=${REPS:-3}
 export PATH="/usr/local/cuda/bin:$PATH"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -68,6 +73,7 @@ nvidia-smi -L
 # ---------------------------------------------------------------- build the workloads
 nvcc -O2 -arch=sm_90 -o "$STATE/launch_count" "$HERE/launch_count.cu" || exit 2
 nvcc -O2 -arch=sm_90 -o "$STATE/bench_launch" "$HERE/bench_launch.cu" || exit 2
+nvcc -O2 -arch=sm_90 -I/usr/local/cuda/include -o "$STATE/attach" "$HERE/attach.cu" -L/usr/local/cuda/lib64 -lcupti || exit 2
 gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o "$STATE/libfloor.so" "$HERE/anchors/floor_inj.c" \
   -L/usr/local/cuda/lib64 -lcupti || exit 2
 
@@ -212,6 +218,68 @@ if [[ " $SCENARIOS " == *" coexist "* ]]; then
   done
 fi
 
+# ---------------------------------------------------------------- attach
+if [[ " $SCENARIOS " == *" attach "* ]]; then
+  N=500
+  rm -f "$STATE/attach.ready" "$STATE/attach.go"
+  CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info "$STATE/attach" "$STATE/attach.ready" "$STATE/attach.go" $N \
+    >"$STATE/run_attach.log" 2>&1 &
+  apid=$!
+  for _ in $(seq 300); do [ -e "$STATE/attach.ready" ] && break; sleep 0.1; done
+  sleep 0.5 # connected and idle: no session yet
+  s=$(session_start --preset full --name attach)
+  traced=
+  for _ in $(seq 100); do
+    st=$("${CTL[@]}" --json session show "$s" | "$PY" -c 'import json,sys; print(" ".join(p.get("state","?") for p in json.load(sys.stdin).get("processes",[])))')
+    [[ " $st " == *" tracing "* ]] && traced=1 && break
+    sleep 0.1
+  done
+  touch "$STATE/attach.go"
+  wait $apid; rc=$?
+  session_stop "$s"
+  cat "$STATE/run_attach.log" | grep -v "^gpuprof" | tail -3
+  res=$("$PY" - "$STATE/gpuprof.db" "$s" "$apid" $N <<'PYEOF'
+import sqlite3, sys
+db, sess, pid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+proc = c.execute("SELECT id FROM processes WHERE pid=? ORDER BY id DESC LIMIT 1", (pid,)).fetchone()[0]
+k = c.execute("SELECT s.value, k.ctx, k.stream, k.corr FROM kernel k JOIN strings s ON s.id = k.name "
+              "WHERE k.session=? AND k.proc=?", (sess, proc)).fetchall()
+by = {}
+for name, ctx, stream, corr in k:
+    by.setdefault(name, []).append((ctx, stream, corr))
+ext, dflt, warm = by.get("gpuprof_ext_kernel", []), by.get("gpuprof_default_kernel", []), by.get("gpuprof_warmup_kernel", [])
+ctxs = {r[0] for r in c.execute("SELECT ctx FROM context WHERE session=? AND proc=?", (sess, proc))}
+streams = {r[0] for r in c.execute("SELECT stream FROM stream WHERE session=? AND proc=?", (sess, proc))}
+ec = c.execute("SELECT ext_kind, ext_id, corr FROM external_correlation WHERE session=? AND proc=?", (sess, proc)).fetchall()
+custom0 = [r for r in ec if r[0] == 3]
+by_corr = {r[2]: r[1] for r in custom0}
+joined = [by_corr.get(corr) for _, _, corr in ext]
+ids_ok = sorted(j for j in joined if j is not None) == list(range(5000, 5000 + n))
+dflt_tagged = sum(1 for _, _, corr in dflt if corr in by_corr)
+kctx = {x[0] for x in ext + dflt}
+kstreams = {x[1] for x in ext + dflt}
+print(f"ext_kernels={len(ext)} default_kernels={len(dflt)} warmup_kernels={len(warm)} "
+      f"context_rows={len(ctxs)} kernel_contexts_known={kctx <= ctxs} stream_rows={len(streams)} "
+      f"kernel_streams={sorted(kstreams)} kernel_streams_known={kstreams <= streams} "
+      f"ext_records={len(ec)} custom0={len(custom0)} ext_joined={sum(j is not None for j in joined)} "
+      f"ids_exact={ids_ok} default_tagged={dflt_tagged}")
+PYEOF
+)
+  echo "attach: $res"
+  kv() { grep -oE "(^| )$1=[^ ]+" <<<"$res" | cut -d= -f2; }
+  pass_if "late attach: the process was idle, then traced by a session started later" "$([ -n "$traced" ] && [ $rc = 0 ] && echo 1)" "exit $rc"
+  pass_if "late attach: exactly N=$N kernels on each stream after the start, none from before" \
+    "$([ "$(kv ext_kernels)" = $N ] && [ "$(kv default_kernels)" = $N ] && [ "$(kv warmup_kernels)" = 0 ] && echo 1)" \
+    "ext $(kv ext_kernels), default $(kv default_kernels), warm-up $(kv warmup_kernels)"
+  pass_if "late attach: context and stream records for the context and streams made before the trace" \
+    "$([ "$(kv kernel_contexts_known)" = True ] && [ "$(kv kernel_streams_known)" = True ] && echo 1)" \
+    "contexts $(kv context_rows), streams $(kv stream_rows), kernel streams $(kv kernel_streams)"
+  pass_if "external correlation: each of the N tagged kernels joined to its id 5000+i, untagged ones to none" \
+    "$([ "$(kv ext_joined)" = $N ] && [ "$(kv ids_exact)" = True ] && [ "$(kv default_tagged)" = 0 ] && echo 1)" \
+    "records $(kv ext_records) (CUSTOM0 $(kv custom0)), joined $(kv ext_joined), default tagged $(kv default_tagged)"
+fi
+
 # ---------------------------------------------------------------- overhead
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 # Modes: none (no injector), idle (injected, connected, no session), inert (injected with
@@ -234,18 +302,26 @@ declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
   [rt_sync]=memcpy,memset,nvtx,external_correlation,graphs [rt_ext]=memcpy,memset,sync,nvtx,graphs
   [rt_nvtx]=memcpy,memset,sync,external_correlation,graphs [rt_copy]=sync,nvtx,external_correlation,graphs
   [lean]=sync,external_correlation)
+# CUPTI buffer variants of the default preset (injector environment): nozero (CUPTI zeroes
+# each activity buffer itself, on the thread that asks), pinned (CUPTI's profiling buffers in
+# pinned host memory), devbuf (32 MB profiling buffers), bigbuf (16 MB activity buffers).
+declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [pinned]=GPUPROF_CUPTI_PINNED=1
+  [devbuf]=GPUPROF_CUPTI_DEVICE_BUFFER_MB=32 [bigbuf]=GPUPROF_BUFFER_KB=16384
+  [pinned_devbuf]="GPUPROF_CUPTI_PINNED=1 GPUPROF_CUPTI_DEVICE_BUFFER_MB=32")
+for v in "${!MODE_ENV[@]}"; do PRESET[$v]=default; done
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
   declare -A L T
-  traced_run() { # preset skip command... ; one session per run; kernels stored and drops to files
-    local preset=$1 skip=$2; shift 2
+  traced_run() { # preset skip env command... ; one session per run; kernels stored and drops to files
+    local preset=$1 skip=$2 envs=$3; shift 3
     local s; s=$(session_start --preset "$preset" --name overhead)
-    CUDA_INJECTION64_PATH="$INJ" GPUPROF_TRACE_SKIP="$skip" "$@"
+    # shellcheck disable=SC2086
+    env CUDA_INJECTION64_PATH="$INJ" GPUPROF_TRACE_SKIP="$skip" $envs "$@"
     session_stop "$s"
     "${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])' >>"$STATE/traced_kernels"
     local sync api
     sync=$("${CTL[@]}" --json query "$s" --kind sync --limit 200000 | wc -l)
     api=$("${CTL[@]}" --json top "$s" | "$PY" -c 'import json,sys; print(sum(a["count"] for a in json.load(sys.stdin)["api_calls"]))')
-    echo "$preset/${skip:-none}: sync records ${sync} (capped at 200000), api records ${api}" >>"$STATE/traced_counts"
+    echo "$preset/${skip:-none}${envs:+/$envs}: sync records ${sync} (capped at 200000), api records ${api}" >>"$STATE/traced_counts"
     "${CTL[@]}" --json session show "$s" |
       "$PY" -c 'import json,sys; print(sum(p.get("dropped",0) for p in json.load(sys.stdin).get("processes",[])))' >>"$STATE/traced_drops"
   }
@@ -256,7 +332,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       idle) CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       inert) CUDA_INJECTION64_PATH="$INJ" GPUPROF_DISABLE=1 "$@" ;;
       floor) CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$@" 2>&1 | tr '\n' ' ' ;;
-      *) traced_run "${PRESET[$mode]}" "${SKIP[$mode]:-}" "$@" ;;
+      *) traced_run "${PRESET[$mode]}" "${SKIP[$mode]:-}" "${MODE_ENV[$mode]:-}" "$@" ;;
     esac
   }
   : >"$STATE/traced_kernels"; : >"$STATE/traced_drops"; : >"$STATE/traced_counts"

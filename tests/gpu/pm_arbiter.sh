@@ -8,7 +8,8 @@
 #   3. while the sampler holds GPU 0, `ncu` on a kernel fails; after
 #      `gpuprofctl profile --pause --gpu 0` the same `ncu` succeeds; after `--resume` samples
 #      flow again; a pause `--for 5s` expires by itself;
-#   4. the PyTorch loop's slowdown with 1 ms sampling (paused vs sampling, alternated);
+#   4. the PyTorch loop's slowdown with 1 ms sampling: one matmul process, windows paused and
+#      sampling alternated, each sampling window against the paused windows either side;
 #   5. the Prometheus endpoint serves the latest PM values.
 # It prints a summary last (CHECK lines and figures) and copies logs to $OUT when set.
 #
@@ -208,24 +209,36 @@ if w=$(wait_sampling 15); then
 else check "pause --for 5s expires by itself" FAIL "not sampling 16 s later"; fi
 
 # ---------------------------------------------------------------- 4. slowdown of the PyTorch loop with 1 ms sampling
-rates_off=(); rates_on=()
-for round in 1 2 3; do
-  "${CTL[@]}" profile --pause --gpu "$GPU" --for 60s --reason "slowdown baseline" >/dev/null; sleep 0.5
-  rates_off+=("$(CUDA_VISIBLE_DEVICES=$GPU $PY "$STATE/mm.py" 5 | awk '/ITERS_PER_S/{print $2}')")
-  "${CTL[@]}" profile --resume --gpu "$GPU" >/dev/null; wait_sampling 10 >/dev/null; sleep 0.5
-  rates_on+=("$(CUDA_VISIBLE_DEVICES=$GPU $PY "$STATE/mm.py" 5 | awk '/ITERS_PER_S/{print $2}')")
+# One matmul process runs throughout (tests/gpu/mm_windows.py); windows with the GPU paused
+# ("off") alternate with windows sampling every 1 ms ("on"), starting and ending with "off";
+# each "on" window is compared with the "off" windows on either side, so warm-up and thermal
+# drift cancel instead of counting against whichever state comes second.
+HERE=$(cd "$(dirname "$0")" && pwd)
+CYCLES=${SLOWDOWN_CYCLES:-8}
+WIN=${SLOWDOWN_WINDOW_S:-3}
+: >"$STATE/windows"
+CUDA_VISIBLE_DEVICES=$GPU $PY "$HERE/mm_windows.py" run "$STATE/mm_log" "$STATE/mm_stop" 300 &
+MMW=$!
+for _ in $(seq 600); do [ -s "$STATE/mm_log" ] && break; sleep 0.05; done
+sleep 8 # to a steady clock and temperature
+window() { # label
+  local t0 t1; sleep 0.5; t0=$(date +%s.%N); sleep "$WIN"; t1=$(date +%s.%N); echo "$1 $t0 $t1" >>"$STATE/windows"
+}
+pause_gpu() { "${CTL[@]}" profile --pause --gpu "$GPU" --for 120s --reason "slowdown baseline" >/dev/null; }
+pause_gpu; window off
+for _ in $(seq "$CYCLES"); do
+  "${CTL[@]}" profile --resume --gpu "$GPU" >/dev/null; wait_sampling 10 >/dev/null; window on
+  pause_gpu; window off
 done
-slow=$($PY - "${rates_off[*]}" "${rates_on[*]}" <<'EOF'
-import sys, statistics as st
-off = [float(x) for x in sys.argv[1].split()]; on = [float(x) for x in sys.argv[2].split()]
-a, b = st.median(off), st.median(on)
-print(f"{(a - b) / a * 100:.3f} % (matmul/s median without sampling {a:.1f}, with 1 ms sampling {b:.1f}; runs off {off} on {on})")
-EOF
-)
-figure "PyTorch matmul loop slowdown with 1 ms PM sampling: $slow"
-pct=$(awk '{print $1}' <<<"$slow")
-$PY -c "import sys; sys.exit(0 if $pct <= 0.5 else 1)" 2>/dev/null && check "slowdown at 1 ms <= 0.5 %" PASS "$pct %" \
-  || check "slowdown at 1 ms <= 0.5 %" FAIL "$pct %"
+touch "$STATE/mm_stop"; wait $MMW
+"${CTL[@]}" profile --resume --gpu "$GPU" >/dev/null
+analysis=$($PY "$HERE/mm_windows.py" analyze "$STATE/mm_log" "$STATE/windows")
+echo "$analysis"
+slow=$(grep -oE "^on: slowdown median [-0-9.]+" <<<"$analysis" | awk '{print $4}')
+detail=$(grep "^on:" <<<"$analysis" | sed 's/^on: //')
+figure "PyTorch matmul loop slowdown with 1 ms PM sampling: ${slow:-?} % ($detail; baseline $(grep '^off:' <<<"$analysis" | grep -oE 'median [0-9.]+ matmul/s'))"
+$PY -c "import sys; sys.exit(0 if ${slow:-99} <= 0.5 else 1)" 2>/dev/null && check "slowdown at 1 ms <= 0.5 %" PASS "${slow} %" \
+  || check "slowdown at 1 ms <= 0.5 %" FAIL "${slow:-?} %"
 
 # ---------------------------------------------------------------- 5. Prometheus, status, audit
 prom=$($PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())" 2>&1)
