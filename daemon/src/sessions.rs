@@ -914,8 +914,9 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
         return false;
     }
     let now = now_ns();
+    // "starting" until the agent confirms with a trace state (tracing, displaced or failed).
     let (state, detail) = if a.send(start_trace(id, &l.collect)) {
-        ("tracing", String::new())
+        ("starting", String::new())
     } else {
         ("failed", "could not send StartTrace: the agent's command queue is full or it is disconnecting".to_string())
     };
@@ -927,10 +928,10 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
             joined_ns: now,
             state: state.into(),
             detail: detail.clone(),
-            settled: state != "tracing",
+            settled: state != "starting",
         },
     );
-    if state == "tracing" {
+    if state == "starting" {
         g.busy.insert(a.id, id);
     }
     tracing::info!(session = id, process = a.id, pid = a.pid, state, "process joined session");
@@ -1018,7 +1019,7 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
             g.busy.remove(pid);
             freed.push(*pid);
         }
-        if m.state == "tracing" {
+        if m.state == "tracing" || m.state == "starting" {
             m.state = "stopped".into();
         }
         d.sessions.op(Op::Member {

@@ -225,3 +225,48 @@ fn duration_and_record_limit_stop_sessions() {
     });
     agent.finish().unwrap();
 }
+
+/// A process asked to trace shows as "starting" until its agent confirms, then "tracing".
+#[test]
+fn member_is_starting_until_the_agent_confirms() {
+    use gpuprof_proto::agent as wire;
+    use gpuprof_testkit::fake_agent::FakeAgent;
+    use gpuprof_testkit::records::Mix;
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let mut a = FakeAgent::connect(&d.agent_socket, 7, Mix::default()).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&d).await;
+        let pid = a.process_id;
+        let member_state = |s: &pb::Session| s.processes.iter().find(|p| p.process_id == pid).map(|p| p.state.clone());
+        let s = c.start_session(start_req(vec![target(pb::target::Target::All(true))])).await.unwrap().into_inner();
+        let s = wait_state(&mut c, s.id, pb::SessionState::Active, Duration::from_secs(5)).await;
+        assert_eq!(member_state(&s).as_deref(), Some("starting"), "{s:?}");
+        // The agent gets StartTrace and confirms.
+        let t = Instant::now();
+        loop {
+            let m = a.recv(Duration::from_secs(5)).unwrap();
+            if matches!(m.msg, Some(wire::daemon_message::Msg::StartTrace(_))) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no StartTrace");
+        }
+        a.send(wire::agent_message::Msg::TraceState(wire::TraceState {
+            status: wire::TraceStatus::Tracing as i32,
+            session_id: s.id,
+            detail: String::new(),
+        }))
+        .unwrap();
+        a.flush().unwrap();
+        let t = Instant::now();
+        loop {
+            let s = c.get_session(pb::GetSessionRequest { session_id: s.id }).await.unwrap().into_inner();
+            if member_state(&s).as_deref() == Some("tracing") {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "still {:?}", member_state(&s));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
