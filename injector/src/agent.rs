@@ -320,6 +320,9 @@ impl<B: Backend> Agent<B> {
         let m = pb::AgentMessage { msg: Some(msg) };
         if m.encoded_len() > c.max_frame {
             log!(Warn, "dropping a {} byte frame over the daemon's limit", m.encoded_len());
+            if let Some(pb::agent_message::Msg::Records(b)) = &m.msg {
+                self.conv.count_batch_dropped(b);
+            }
             return false;
         }
         let mut buf = Vec::with_capacity(m.encoded_len() + 4);

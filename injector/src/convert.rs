@@ -116,6 +116,8 @@ pub struct Converter {
     pub interner: Interner,
     batch: pb::RecordBatch,
     count: usize,
+    /// Full batches waiting to be sent (a large CUPTI buffer fills several).
+    ready: Vec<pb::RecordBatch>,
     open_markers: HashMap<u32, OpenMarker>,
     /// Records sent per kind (index = RecordKind as i32).
     pub sent: [u64; 16],
@@ -137,6 +139,7 @@ impl Converter {
         self.interner = Interner::default();
         self.batch = pb::RecordBatch::default();
         self.count = 0;
+        self.ready.clear();
         self.open_markers.clear();
     }
 
@@ -148,20 +151,51 @@ impl Converter {
         self.batch.session_id
     }
 
+    /// Records waiting to be sent.
     pub fn len(&self) -> usize {
-        self.count
+        self.count + self.ready.len() * BATCH_RECORDS
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.count == 0 && self.ready.is_empty()
     }
 
+    /// At least one full batch is waiting.
     pub fn full(&self) -> bool {
-        self.count >= BATCH_RECORDS
+        !self.ready.is_empty() || self.count >= BATCH_RECORDS
+    }
+
+    /// Closes the current batch so no frame grows past `BATCH_RECORDS` records.
+    fn seal(&mut self) {
+        let session_id = self.batch.session_id;
+        let batch = std::mem::replace(&mut self.batch, pb::RecordBatch { session_id, ..Default::default() });
+        self.count = 0;
+        self.ready.push(batch);
     }
 
     pub fn count_drop(&mut self, kind: pb::RecordKind, n: u64) {
         self.dropped[kind as usize] += n;
+    }
+
+    /// Counts every record of a batch that could not be sent as dropped.
+    pub fn count_batch_dropped(&mut self, b: &pb::RecordBatch) {
+        use pb::RecordKind as K;
+        for (k, n) in [
+            (K::Kernel, b.kernels.len()),
+            (K::Memcpy, b.memcpys.len()),
+            (K::Memset, b.memsets.len()),
+            (K::Api, b.api_calls.len()),
+            (K::Sync, b.syncs.len()),
+            (K::Overhead, b.overheads.len()),
+            (K::Marker, b.markers.len()),
+            (K::ExternalCorrelation, b.external_correlations.len()),
+            (K::Device, b.devices.len()),
+            (K::Context, b.contexts.len()),
+            (K::Stream, b.streams.len()),
+            (K::Graph, b.graphs.len()),
+        ] {
+            self.count_drop(k, n as u64);
+        }
     }
 
     /// Decodes one raw record and adds it to the batch.
@@ -361,6 +395,9 @@ impl Converter {
         }
         self.sent[kind as usize] += 1;
         self.count += 1;
+        if self.count >= BATCH_RECORDS {
+            self.seal();
+        }
     }
 
     /// Adds the cached device/context/stream records (late attach, new connection).
@@ -387,11 +424,9 @@ impl Converter {
             out.push(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Strings(t)) });
         }
         if self.count > 0 {
-            let session_id = self.batch.session_id;
-            let batch = std::mem::replace(&mut self.batch, pb::RecordBatch { session_id, ..Default::default() });
-            self.count = 0;
-            out.push(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Records(batch)) });
+            self.seal();
         }
+        out.extend(self.ready.drain(..).map(|b| pb::AgentMessage { msg: Some(pb::agent_message::Msg::Records(b)) }));
         out
     }
 
@@ -449,6 +484,37 @@ mod tests {
         assert_eq!(msgs.len(), 1);
         assert!(matches!(msgs[0].msg, Some(pb::agent_message::Msg::Records(_))));
         assert_eq!(c.sent[pb::RecordKind::Kernel as usize], 7);
+    }
+
+    #[test]
+    fn a_large_buffer_becomes_several_bounded_batches() {
+        use prost::Message;
+        let names: HashMap<u64, &str> = [(0x10, "k")].into();
+        let rd = strings(&names);
+        let mut c = Converter::new();
+        c.set_session(3);
+        let n = BATCH_RECORDS * 2 + 100;
+        for i in 0..n as u32 {
+            c.push_raw(&kernel_bytes(i, 10, 20, 0x10), &rd);
+        }
+        assert!(c.full());
+        assert_eq!(c.len(), n);
+        let msgs = c.take_messages();
+        assert!(matches!(msgs[0].msg, Some(pb::agent_message::Msg::Strings(_))), "strings first");
+        let sizes: Vec<usize> = msgs[1..]
+            .iter()
+            .map(|m| match &m.msg {
+                Some(pb::agent_message::Msg::Records(b)) => {
+                    assert_eq!(b.session_id, 3);
+                    b.kernels.len()
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, vec![BATCH_RECORDS, BATCH_RECORDS, 100]);
+        let biggest = msgs.iter().map(|m| m.encoded_len()).max().unwrap();
+        assert!(biggest < gpuprof_proto::frame::DEFAULT_MAX_FRAME_BYTES as usize / 2, "{biggest} bytes");
+        assert!(c.is_empty() && !c.full());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 // Late attach and external correlation, for a trace started while the process already runs.
-// usage: attach READY_FILE GO_FILE N
+// usage: attach READY_FILE GO_FILE N [DELAY_MS]
 // Before the trace: creates a non-blocking stream, launches `gpuprof_warmup_kernel` on it and on
 // the default stream, then writes READY_FILE and waits (up to 60 s) for GO_FILE. After GO_FILE:
 // N launches of `gpuprof_ext_kernel` on the stream, each inside an external correlation id
@@ -15,6 +15,7 @@ __global__ void gpuprof_default_kernel(int *p) { if (threadIdx.x == 0) atomicAdd
 int main(int argc, char **argv) {
   if (argc < 4) { fprintf(stderr, "usage: attach READY GO N\n"); return 2; }
   int n = atoi(argv[3]);
+  int delay_ms = argc > 4 ? atoi(argv[4]) : 0;
   int *d;
   cudaStream_t s;
   if (cudaMalloc(&d, 4 * 8) != cudaSuccess) { fprintf(stderr, "cudaMalloc failed\n"); return 99; }
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
   FILE *f = fopen(argv[1], "w"); if (f) { fputs("ready\n", f); fclose(f); }
   int waited = 0;
   while (access(argv[2], F_OK) != 0) { usleep(10000); if (++waited > 6000) { fprintf(stderr, "no GO\n"); return 97; } }
+  usleep(delay_ms * 1000);
   int pushed = 0;
   for (int i = 0; i < n; i++) {
     if (cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, 5000 + i) == CUPTI_SUCCESS) pushed++;
