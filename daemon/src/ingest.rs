@@ -148,23 +148,39 @@ const MULTI_ROWS: usize = 64;
 struct Table {
     name: &'static str,
     cols: usize,
+    /// Appended to the INSERT (an upsert clause), or "".
+    on_conflict: &'static str,
 }
 
-const KERNEL: Table = Table { name: "kernel", cols: 19 };
-const MEMCPY: Table = Table { name: "memcpy", cols: 16 };
-const MEMSET: Table = Table { name: "memset", cols: 12 };
-const API: Table = Table { name: "api", cols: 9 };
-const SYNC: Table = Table { name: "sync", cols: 9 };
-const OVERHEAD: Table = Table { name: "overhead", cols: 7 };
-const MARKER: Table = Table { name: "marker", cols: 9 };
-const EXTCORR: Table = Table { name: "external_correlation", cols: 5 };
-const CONTEXT: Table = Table { name: "context", cols: 5 };
-const STREAM: Table = Table { name: "stream", cols: 6 };
-const GRAPH: Table = Table { name: "graph", cols: 9 };
+/// Marks a field the injector could not know (a context or stream created before the trace).
+pub const UNKNOWN: i64 = u32::MAX as i64;
+
+const KERNEL: Table = Table { name: "kernel", cols: 19, on_conflict: "" };
+const MEMCPY: Table = Table { name: "memcpy", cols: 16, on_conflict: "" };
+const MEMSET: Table = Table { name: "memset", cols: 12, on_conflict: "" };
+const API: Table = Table { name: "api", cols: 9, on_conflict: "" };
+const SYNC: Table = Table { name: "sync", cols: 9, on_conflict: "" };
+const OVERHEAD: Table = Table { name: "overhead", cols: 7, on_conflict: "" };
+const MARKER: Table = Table { name: "marker", cols: 9, on_conflict: "" };
+const EXTCORR: Table = Table { name: "external_correlation", cols: 5, on_conflict: "" };
+// A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
+const CONTEXT: Table = Table {
+    name: "context",
+    cols: 5,
+    on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
+                  WHERE excluded.null_stream != 4294967295",
+};
+const STREAM: Table = Table {
+    name: "stream",
+    cols: 6,
+    on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
+                  flags = excluded.flags WHERE excluded.flags != 4294967295",
+};
+const GRAPH: Table = Table { name: "graph", cols: 9, on_conflict: "" };
 
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
-    format!("INSERT INTO {} VALUES {}", t.name, vec![one.as_str(); rows].join(","))
+    format!("INSERT INTO {} VALUES {}{}", t.name, vec![one.as_str(); rows].join(","), t.on_conflict)
 }
 
 fn now_ns() -> i64 {
@@ -684,4 +700,47 @@ fn upsert_device(c: &Connection, proc: u64, d: &wire::Device, now: i64) -> rusql
     c.prepare_cached("INSERT OR REPLACE INTO process_devices(proc, device_id, device) VALUES (?1,?2,?3)")?
         .execute(params![proc as i64, d.id, dev])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A context/stream row CUPTI reported replaces a derived one (unknown fields), never
+    /// the other way round; one row per key, also within one multi-row statement.
+    #[test]
+    fn topology_rows_upsert_reported_over_derived() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::config::Config::from_toml("").unwrap().storage;
+        let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+        let ctx = |ctx: i64, null_stream: i64| [7, 1, ctx, 0, null_stream];
+        // Derived first, then reported: the reported values win.
+        insert_rows(&c, &CONTEXT, &[ctx(1, UNKNOWN)], |x, v| v.copy_from_slice(x)).unwrap();
+        insert_rows(&c, &CONTEXT, &[ctx(1, 7)], |x, v| v.copy_from_slice(x)).unwrap();
+        // Reported first, then derived: the reported values stay.
+        insert_rows(&c, &CONTEXT, &[ctx(2, 9)], |x, v| v.copy_from_slice(x)).unwrap();
+        insert_rows(&c, &CONTEXT, &[ctx(2, UNKNOWN)], |x, v| v.copy_from_slice(x)).unwrap();
+        let rows: Vec<(i64, i64)> = c
+            .prepare("SELECT ctx, null_stream FROM context ORDER BY ctx")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(rows, [(1, 7), (2, 9)]);
+        // 70 stream rows (a multi-row statement and a remainder) over 10 keys, derived and
+        // reported mixed: one row per key, reported flags where any was reported.
+        let streams: Vec<[i64; 6]> =
+            (0..70).map(|i| [7, 1, i % 10, 1, 0, if i % 10 < 5 && i >= 35 { 1 } else { UNKNOWN }]).collect();
+        insert_rows(&c, &STREAM, &streams, |x, v| v.copy_from_slice(x)).unwrap();
+        let rows: Vec<(i64, i64)> = c
+            .prepare("SELECT stream, flags FROM stream ORDER BY stream")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let want: Vec<(i64, i64)> = (0..10).map(|s| (s, if s < 5 { 1 } else { UNKNOWN })).collect();
+        assert_eq!(rows, want);
+    }
 }

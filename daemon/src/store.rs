@@ -15,6 +15,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
     ("0002_sessions.sql", include_str!("../../migrations/0002_sessions.sql")),
     ("0003_retention.sql", include_str!("../../migrations/0003_retention.sql")),
+    ("0004_topology_keys.sql", include_str!("../../migrations/0004_topology_keys.sql")),
 ];
 
 /// Opens (creating if needed) the database for writing and brings the schema up to date.

@@ -39,6 +39,11 @@ pub struct Config {
     /// `GPUPROF_CUPTI_DEVICE_BUFFER_MB`: size of each of CUPTI's per-context profiling buffers
     /// (`CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE`); unset keeps CUPTI's default (~3 MB).
     pub cupti_device_buffer: Option<usize>,
+    /// `GPUPROF_API_MODE`: `kind` (default) enables the whole RUNTIME/DRIVER activity kind and
+    /// switches off the callback ids gpuprof does not record; `cbid` only switches on the
+    /// recorded ones. `cbid` alone records nothing when the trace starts after the CUDA runtime
+    /// initialised (a late attach, or most PyTorch processes), as measured on the H200.
+    pub api_by_kind: bool,
 }
 
 impl Default for Config {
@@ -55,6 +60,7 @@ impl Default for Config {
             prefill_buffers: 4,
             cupti_pinned: None,
             cupti_device_buffer: None,
+            api_by_kind: true,
         }
     }
 }
@@ -87,6 +93,9 @@ impl Config {
         }
         c.prefill_buffers = c.prefill_buffers.min(c.max_buffers);
         c.cupti_pinned = flag("GPUPROF_CUPTI_PINNED");
+        if let Some(m) = get("GPUPROF_API_MODE") {
+            c.api_by_kind = !m.trim().eq_ignore_ascii_case("cbid");
+        }
         if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
             c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
         }
@@ -114,7 +123,8 @@ mod tests {
     #[test]
     fn cupti_buffer_settings() {
         let d = Config::from_lookup(|_| None);
-        assert!(d.zeroed_buffers && d.cupti_pinned.is_none() && d.cupti_device_buffer.is_none());
+        assert!(d.zeroed_buffers && d.cupti_pinned.is_none() && d.cupti_device_buffer.is_none() && d.api_by_kind);
+        assert!(!Config::from_lookup(|k| (k == "GPUPROF_API_MODE").then(|| "cbid".into())).api_by_kind);
         let c = Config::from_lookup(|k| match k {
             "GPUPROF_CUPTI_ZEROED" => Some("0".into()),
             "GPUPROF_CUPTI_PINNED" => Some("1".into()),

@@ -222,6 +222,15 @@ impl Converter {
     /// Adds one decoded record.
     pub fn push(&mut self, r: Record, strings: StrReader<'_>) {
         let kind = kind_of(&r);
+        let placement = match &r {
+            Record::Kernel(k) if k.start != 0 && k.end != 0 => Some((k.device_id, k.context_id, k.stream_id)),
+            Record::Memcpy(m) => Some((m.device_id, m.context_id, m.stream_id)),
+            Record::Memset(m) => Some((m.device_id, m.context_id, m.stream_id)),
+            _ => None,
+        };
+        if let Some((dev, ctx, stream)) = placement {
+            self.place(dev, ctx, stream);
+        }
         let b = &mut self.batch;
         match r {
             Record::Kernel(k) => {
@@ -400,6 +409,27 @@ impl Converter {
         }
     }
 
+    /// CUPTI reports a context or stream only when it is created: for one created before the
+    /// trace started, derive the record from the first activity on it, with what cannot be
+    /// known (null stream id, stream flags) as `u32::MAX`. The daemon keeps a record CUPTI
+    /// reported over a derived one.
+    fn place(&mut self, dev: u32, ctx: u32, stream: u32) {
+        if !self.contexts.contains_key(&ctx) {
+            let rec = pb::ContextRecord { context_id: ctx, device_id: dev, null_stream_id: u32::MAX };
+            self.contexts.insert(ctx, rec);
+            self.batch.contexts.push(rec);
+            self.sent[pb::RecordKind::Context as usize] += 1;
+            self.count += 1;
+        }
+        if self.streams.len() < 1 << 16 && !self.streams.contains_key(&(ctx, stream)) {
+            let rec = pb::StreamRecord { stream_id: stream, context_id: ctx, priority: 0, flags: u32::MAX };
+            self.streams.insert((ctx, stream), rec);
+            self.batch.streams.push(rec);
+            self.sent[pb::RecordKind::Stream as usize] += 1;
+            self.count += 1;
+        }
+    }
+
     /// Adds the cached device/context/stream records (late attach, new connection).
     pub fn replay_topology(&mut self) {
         let mut devs: Vec<_> = self.devices.values().cloned().collect();
@@ -494,11 +524,12 @@ mod tests {
         let mut c = Converter::new();
         c.set_session(3);
         let n = BATCH_RECORDS * 2 + 100;
+        assert_eq!(n, (BATCH_RECORDS - 2) + BATCH_RECORDS + 102);
         for i in 0..n as u32 {
             c.push_raw(&kernel_bytes(i, 10, 20, 0x10), &rd);
         }
         assert!(c.full());
-        assert_eq!(c.len(), n);
+        assert_eq!(c.len(), n + 2, "the kernels and the derived context and stream");
         let msgs = c.take_messages();
         assert!(matches!(msgs[0].msg, Some(pb::agent_message::Msg::Strings(_))), "strings first");
         let sizes: Vec<usize> = msgs[1..]
@@ -511,10 +542,51 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(sizes, vec![BATCH_RECORDS, BATCH_RECORDS, 100]);
+        // The first batch also carries the context and stream derived from the first kernel.
+        assert_eq!(sizes, vec![BATCH_RECORDS - 2, BATCH_RECORDS, 102]);
         let biggest = msgs.iter().map(|m| m.encoded_len()).max().unwrap();
         assert!(biggest < gpuprof_proto::frame::DEFAULT_MAX_FRAME_BYTES as usize / 2, "{biggest} bytes");
         assert!(c.is_empty() && !c.full());
+    }
+
+    #[test]
+    fn contexts_and_streams_from_before_the_trace_are_derived_once() {
+        let rd = |_| None;
+        let mut c = Converter::new();
+        c.set_session(4);
+        // kernel_bytes: device 0, context 1, stream 7 (see records::tests).
+        c.push_raw(&kernel_bytes(1, 10, 20, 0), &rd);
+        c.push_raw(&kernel_bytes(2, 30, 40, 0), &rd);
+        c.push_raw(&memcpy_bytes(3, 64, 1, false), &rd);
+        let msgs = c.take_messages();
+        let Some(pb::agent_message::Msg::Records(b)) = &msgs.last().unwrap().msg else { panic!("{msgs:?}") };
+        let k = &b.kernels[0];
+        assert_eq!(
+            b.contexts,
+            vec![pb::ContextRecord { context_id: k.context_id, device_id: k.device_id, null_stream_id: u32::MAX }]
+        );
+        let m = &b.memcpys[0];
+        let mut want =
+            vec![pb::StreamRecord { stream_id: k.stream_id, context_id: k.context_id, priority: 0, flags: u32::MAX }];
+        if (m.context_id, m.stream_id) != (k.context_id, k.stream_id) {
+            want.push(pb::StreamRecord {
+                stream_id: m.stream_id,
+                context_id: m.context_id,
+                priority: 0,
+                flags: u32::MAX,
+            });
+        }
+        assert_eq!(b.streams, want, "one derived stream per (context, stream)");
+        // Known now: later activity derives nothing, and a reconnect replays what was learned.
+        c.push_raw(&kernel_bytes(4, 50, 60, 0), &rd);
+        let msgs = c.take_messages();
+        let Some(pb::agent_message::Msg::Records(b)) = &msgs.last().unwrap().msg else { panic!() };
+        assert!(b.contexts.is_empty() && b.streams.is_empty());
+        c.reset_connection();
+        c.replay_topology();
+        let msgs = c.take_messages();
+        let Some(pb::agent_message::Msg::Records(b)) = &msgs.last().unwrap().msg else { panic!() };
+        assert_eq!((b.contexts.len(), b.streams.len()), (1, want.len()));
     }
 
     #[test]

@@ -119,6 +119,7 @@ impl LazyCupti {
                         foreign_buffers: Default::default(),
                     }));
                     let tuning = crate::tracer::Tuning {
+                        api_by_kind: self.cfg.api_by_kind,
                         prefill_buffers: self.cfg.prefill_buffers,
                         pinned: self.cfg.cupti_pinned,
                         device_buffer: self.cfg.cupti_device_buffer,

@@ -304,6 +304,10 @@ const QUIET_BEFORE_PROBE: Duration = Duration::from_secs(1);
 /// CUPTI buffer settings applied at each trace start (see [`crate::config::Config`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Tuning {
+    /// Enable the whole RUNTIME/DRIVER activity kind and switch off the callback ids gpuprof
+    /// does not record (`GPUPROF_API_MODE=kind`, the default), instead of switching on only the
+    /// ones it does (`cbid`).
+    pub api_by_kind: bool,
     pub prefill_buffers: usize,
     pub pinned: Option<bool>,
     pub device_buffer: Option<usize>,
@@ -398,17 +402,41 @@ impl Backend for CuptiBackend {
             }
         }
         if cfg.runtime_api {
-            for &cbid in cbids::RUNTIME {
-                if let Err(e) = self.cupti().enable_runtime_api(cbid, true) {
-                    failures.push(format!("runtime cbid {cbid}: {e}"));
+            if self.tuning.api_by_kind {
+                match self.cupti().activity_enable(sys::CUPTI_ACTIVITY_KIND_RUNTIME) {
+                    Ok(()) => self.enabled.push(sys::CUPTI_ACTIVITY_KIND_RUNTIME),
+                    Err(e) => failures.push(format!("kind RUNTIME: {e}")),
+                }
+                for cbid in 1..sys::CUPTI_RUNTIME_TRACE_CBID_SIZE {
+                    if !cbids::RUNTIME.contains(&cbid) {
+                        let _ = self.cupti().enable_runtime_api(cbid, false);
+                    }
+                }
+            } else {
+                for &cbid in cbids::RUNTIME {
+                    if let Err(e) = self.cupti().enable_runtime_api(cbid, true) {
+                        failures.push(format!("runtime cbid {cbid}: {e}"));
+                    }
                 }
             }
             self.runtime_on = true;
         }
         if cfg.driver_api {
-            for &cbid in cbids::DRIVER {
-                if let Err(e) = self.cupti().enable_driver_api(cbid, true) {
-                    failures.push(format!("driver cbid {cbid}: {e}"));
+            if self.tuning.api_by_kind {
+                match self.cupti().activity_enable(sys::CUPTI_ACTIVITY_KIND_DRIVER) {
+                    Ok(()) => self.enabled.push(sys::CUPTI_ACTIVITY_KIND_DRIVER),
+                    Err(e) => failures.push(format!("kind DRIVER: {e}")),
+                }
+                for cbid in 1..sys::CUPTI_DRIVER_TRACE_CBID_SIZE {
+                    if !cbids::DRIVER.contains(&cbid) {
+                        let _ = self.cupti().enable_driver_api(cbid, false);
+                    }
+                }
+            } else {
+                for &cbid in cbids::DRIVER {
+                    if let Err(e) = self.cupti().enable_driver_api(cbid, true) {
+                        failures.push(format!("driver cbid {cbid}: {e}"));
+                    }
                 }
             }
             self.driver_on = true;
@@ -441,13 +469,26 @@ impl Backend for CuptiBackend {
             let _ = self.shared.cupti.activity_disable(kind);
         }
         if std::mem::take(&mut self.runtime_on) {
-            for &cbid in cbids::RUNTIME {
-                let _ = self.shared.cupti.enable_runtime_api(cbid, false);
+            if self.tuning.api_by_kind {
+                // Back to CUPTI's default (every cbid on with the kind), for the next client.
+                for cbid in 1..sys::CUPTI_RUNTIME_TRACE_CBID_SIZE {
+                    let _ = self.shared.cupti.enable_runtime_api(cbid, true);
+                }
+            } else {
+                for &cbid in cbids::RUNTIME {
+                    let _ = self.shared.cupti.enable_runtime_api(cbid, false);
+                }
             }
         }
         if std::mem::take(&mut self.driver_on) {
-            for &cbid in cbids::DRIVER {
-                let _ = self.shared.cupti.enable_driver_api(cbid, false);
+            if self.tuning.api_by_kind {
+                for cbid in 1..sys::CUPTI_DRIVER_TRACE_CBID_SIZE {
+                    let _ = self.shared.cupti.enable_driver_api(cbid, true);
+                }
+            } else {
+                for &cbid in cbids::DRIVER {
+                    let _ = self.shared.cupti.enable_driver_api(cbid, false);
+                }
             }
         }
         // Completed buffers first, then the partly filled ones.

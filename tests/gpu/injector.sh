@@ -86,15 +86,18 @@ start_daemon() {
 }
 # Starts a session over every process (one process joins one session) and prints its id.
 session_start() { "${CTL[@]}" --json session start --all "$@" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["id"])'; }
-# Stops a session, then waits until its stored kernel count stops changing (the daemon's
-# writer may still be committing what the process sent just before it exited).
+# Stops a session, then waits until what the process sent is committed: the daemon's ingest
+# queue is empty and the session's stored kernel count has not changed for two looks.
 session_stop() {
   "${CTL[@]}" session stop "$1" >/dev/null
-  local prev=-1 cur
-  for _ in $(seq 20); do
+  local prev=-1 cur q same=0
+  for _ in $(seq 50); do
+    sleep 0.2
+    q=$("${CTL[@]}" --json status 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["ingest_queue_depth"])' 2>/dev/null)
     cur=$("${CTL[@]}" --json top "$1" 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["kernel_count"])' 2>/dev/null)
-    [ "$cur" = "$prev" ] && return 0
-    prev=$cur; sleep 0.3
+    if [ "$q" = 0 ] && [ "$cur" = "$prev" ]; then same=$((same + 1)); else same=0; fi
+    [ $same -ge 2 ] && return 0
+    prev=$cur
   done
 }
 records() { "${CTL[@]}" --json query "$1" --kind "$2" --limit 100000000; }
@@ -273,7 +276,8 @@ PYEOF
     "$([ "$(kv ext_kernels)" = $N ] && [ "$(kv default_kernels)" = $N ] && [ "$(kv warmup_kernels)" = 0 ] && echo 1)" \
     "ext $(kv ext_kernels), default $(kv default_kernels), warm-up $(kv warmup_kernels)"
   pass_if "late attach: context and stream records for the context and streams made before the trace" \
-    "$([ "$(kv kernel_contexts_known)" = True ] && [ "$(kv kernel_streams_known)" = True ] && echo 1)" \
+    "$([ "$(kv kernel_contexts_known)" = True ] && [ "$(kv kernel_streams_known)" = True ] && [ "$(kv context_rows)" -ge 1 ] \
+       && [ "$(kv stream_rows)" -ge 2 ] && echo 1)" \
     "contexts $(kv context_rows), streams $(kv stream_rows), kernel streams $(kv kernel_streams)"
   pass_if "external correlation: each of the N tagged kernels joined to its id 5000+i, untagged ones to none" \
     "$([ "$(kv ext_joined)" = $N ] && [ "$(kv ids_exact)" = True ] && [ "$(kv default_tagged)" = 0 ] && echo 1)" \
@@ -302,10 +306,12 @@ declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
   [rt_sync]=memcpy,memset,nvtx,external_correlation,graphs [rt_ext]=memcpy,memset,sync,nvtx,graphs
   [rt_nvtx]=memcpy,memset,sync,external_correlation,graphs [rt_copy]=sync,nvtx,external_correlation,graphs
   [lean]=sync,external_correlation)
-# CUPTI buffer variants of the default preset (injector environment): nozero (CUPTI zeroes
-# each activity buffer itself, on the thread that asks), pinned (CUPTI's profiling buffers in
-# pinned host memory), devbuf (32 MB profiling buffers), bigbuf (16 MB activity buffers).
-declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [pinned]=GPUPROF_CUPTI_PINNED=1
+# Variants of the default preset (injector environment): nozero (CUPTI zeroes each activity
+# buffer itself, on the thread that asks), cbid (API records switched on per callback id only:
+# records none when the trace starts after the CUDA runtime initialised), pinned (CUPTI's
+# profiling buffers in pinned host memory), devbuf (32 MB profiling buffers), bigbuf (16 MB
+# activity buffers).
+declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [cbid]=GPUPROF_API_MODE=cbid [pinned]=GPUPROF_CUPTI_PINNED=1
   [devbuf]=GPUPROF_CUPTI_DEVICE_BUFFER_MB=32 [bigbuf]=GPUPROF_BUFFER_KB=16384
   [pinned_devbuf]="GPUPROF_CUPTI_PINNED=1 GPUPROF_CUPTI_DEVICE_BUFFER_MB=32")
 for v in "${!MODE_ENV[@]}"; do PRESET[$v]=default; done
