@@ -248,10 +248,9 @@ c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
 proc = c.execute("SELECT id FROM processes WHERE pid=? ORDER BY id DESC LIMIT 1", (pid,)).fetchone()[0]
 k = c.execute("SELECT s.value, k.ctx, k.stream, k.corr FROM kernel k JOIN strings s ON s.id = k.name "
               "WHERE k.session=? AND k.proc=?", (sess, proc)).fetchall()
-by = {}
-for name, ctx, stream, corr in k:
-    by.setdefault(name, []).append((ctx, stream, corr))
-ext, dflt, warm = by.get("gpuprof_ext_kernel", []), by.get("gpuprof_default_kernel", []), by.get("gpuprof_warmup_kernel", [])
+def named(part):  # kernel names are stored as compiled (mangled): match the part
+    return [(ctx, stream, corr) for name, ctx, stream, corr in k if part in name]
+ext, dflt, warm = named("gpuprof_ext_kernel"), named("gpuprof_default_kernel"), named("gpuprof_warmup_kernel")
 ctxs = {r[0] for r in c.execute("SELECT ctx FROM context WHERE session=? AND proc=?", (sess, proc))}
 streams = {r[0] for r in c.execute("SELECT stream FROM stream WHERE session=? AND proc=?", (sess, proc))}
 ec = c.execute("SELECT ext_kind, ext_id, corr FROM external_correlation WHERE session=? AND proc=?", (sess, proc)).fetchall()
