@@ -414,9 +414,9 @@ impl Converter {
     /// known (null stream id, stream flags) as `u32::MAX`. The daemon keeps a record CUPTI
     /// reported over a derived one.
     fn place(&mut self, dev: u32, ctx: u32, stream: u32) {
-        if !self.contexts.contains_key(&ctx) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.contexts.entry(ctx) {
             let rec = pb::ContextRecord { context_id: ctx, device_id: dev, null_stream_id: u32::MAX };
-            self.contexts.insert(ctx, rec);
+            e.insert(rec);
             self.batch.contexts.push(rec);
             self.sent[pb::RecordKind::Context as usize] += 1;
             self.count += 1;
