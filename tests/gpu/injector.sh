@@ -148,7 +148,9 @@ fi
 # ---------------------------------------------------------------- matmul
 if [[ " $SCENARIOS " == *" matmul "* ]]; then
   s=$(session_start --preset full --name matmul)
-  CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/matmul.py" 0 2.0 >>"$STATE/run_matmul.log" 2>&1; rc=$?
+  # MATMUL_SKIP: parts the injector leaves out (GPUPROF_TRACE_SKIP), e.g. runtime_api to see the
+  # GEMMs joined to driver API records instead.
+  CUDA_INJECTION64_PATH="$INJ" GPUPROF_TRACE_SKIP="${MATMUL_SKIP:-}" "$PY" "$HERE/matmul.py" 0 2.0 >>"$STATE/run_matmul.log" 2>&1; rc=$?
   session_stop "$s"
   "${CTL[@]}" top "$s" --top 5 | tee -a "$STATE/run_matmul.log"
   records "$s" kernel,memcpy,api >"$STATE/matmul.jsonl"
@@ -289,7 +291,8 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR
 # GPUPROF_DISABLE=1: the driver's own cost of an injection library), floor (gpu-anchors raw
 # CUPTI), kineto (torch.profiler), and traced modes, each a daemon preset plus parts the injector
 # skips (GPUPROF_TRACE_SKIP): kernels (kernels only), traced (default preset), and for a cost
-# breakdown rt_only (kernels + runtime API), drv_only (kernels + driver API), no_rt (default
+# breakdown rt_only (kernels + runtime API), drv_only (kernels + driver API), drv (default with
+# driver instead of runtime API records), no_rt (default
 # without runtime API), full_no_rt (full preset without runtime API and overhead).
 LAUNCH_MODES=${LAUNCH_MODES:-none idle inert kernels traced full floor}
 TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced full floor kineto}
@@ -297,14 +300,14 @@ TORCH_MODES=${TORCH_MODES:-none idle inert kernels traced full floor kineto}
 # memcpy+memset); full: the full preset (default plus sync, external correlation, overhead,
 # driver API); lean: default without sync and external correlation (the default preset before
 # those moved to full).
-declare -A PRESET=([kernels]=kernels [traced]=default [full]=full [rt_only]=default [drv_only]=full [no_rt]=default
+declare -A PRESET=([kernels]=kernels [traced]=default [full]=full [rt_only]=default [drv_only]=full [drv]=full [no_rt]=default
   [full_no_rt]=full [rt_sync]=default [rt_ext]=default [rt_nvtx]=default [rt_copy]=default [lean]=default)
 declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
   [drv_only]=runtime_api,memcpy,memset,sync,overhead,nvtx,external_correlation,graphs
   [no_rt]=runtime_api [full_no_rt]=runtime_api,overhead
   [rt_sync]=memcpy,memset,nvtx,external_correlation,graphs [rt_ext]=memcpy,memset,sync,nvtx,graphs
   [rt_nvtx]=memcpy,memset,sync,external_correlation,graphs [rt_copy]=sync,nvtx,external_correlation,graphs
-  [lean]=sync,external_correlation)
+  [lean]=sync,external_correlation [drv]=runtime_api,sync,external_correlation,overhead,graphs)
 # Variants of the default preset (injector environment): nozero (CUPTI zeroes each activity
 # buffer itself, on the thread that asks), cbid (API records switched on per callback id only:
 # records none when the trace starts after the CUDA runtime initialised), pinned (CUPTI's

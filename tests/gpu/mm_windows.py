@@ -3,13 +3,14 @@ compare windows of one long-running process instead of separate runs (no start-u
 drift cancels when each window is compared with its neighbours).
 
   mm_windows.py run LOG STOP_FILE [MAX_SECONDS]
-      bf16 8192x8192 matmuls in batches of 10, appending "unix_time cumulative_matmuls" to LOG
-      after each batch, until STOP_FILE exists (or MAX_SECONDS pass).
-  mm_windows.py analyze LOG WINDOWS
+      8192x8192 matmuls (bf16, or MM_DTYPE=float32) in batches of 10, appending "unix_time
+      cumulative_matmuls" to LOG after each batch, until STOP_FILE exists (or MAX_SECONDS pass).
+  mm_windows.py analyze LOG WINDOWS [GPU_LOG]
       WINDOWS has lines "LABEL T0 T1" (unix times); label "off" is the baseline. For every other
       window, its rate is compared with the mean rate of the nearest "off" window before it and
       the nearest after it. Prints one line per label: the median slowdown in %, the mean and
-      its standard error, and the windows' rates.
+      its standard error, and the windows' rates. With GPU_LOG (lines "unix_time sm_clock_mhz
+      power_w"), also the mean SM clock and power draw over each label's windows.
 """
 import os
 import statistics as st
@@ -21,8 +22,9 @@ def run(log, stop, max_s):
     import torch
 
     n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    dtype = getattr(torch, os.environ.get("MM_DTYPE", "bfloat16"))
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
     for _ in range(20):
         c = a @ b
     torch.cuda.synchronize()
@@ -53,16 +55,35 @@ def count_at(points, t):
     return c0 + (c1 - c0) * (t - t0) / (t1 - t0)
 
 
-def analyze(log, windows):
+def gpu_means(gpu_log, wins_t):
+    """Mean SM clock and power over the samples inside the given (t0, t1) windows."""
+    rows = []
+    for l in open(gpu_log):
+        p = l.replace(",", " ").split()
+        try:
+            rows.append((float(p[0]), float(p[1]), float(p[2])))
+        except (ValueError, IndexError):
+            continue
+    inside = [(c, w) for t, c, w in rows if any(t0 <= t <= t1 for t0, t1 in wins_t)]
+    if not inside:
+        return "no GPU samples"
+    return f"SM clock {st.mean(c for c, _ in inside):.0f} MHz, power {st.mean(w for _, w in inside):.1f} W ({len(inside)} samples)"
+
+
+def analyze(log, windows, gpu_log=None):
     points = [tuple(map(float, l.split())) for l in open(log) if l.strip()]
-    wins = []
+    wins, spans = [], {}
     for l in open(windows):
         if l.strip():
             label, t0, t1 = l.split()
             t0, t1 = float(t0), float(t1)
             wins.append((label, (count_at(points, t1) - count_at(points, t0)) / (t1 - t0)))
+            spans.setdefault(label, []).append((t0, t1))
     offs = [r for lab, r in wins if lab == "off"]
     print(f"off: {len(offs)} windows, median {st.median(offs):.2f} matmul/s, rates {[round(r, 2) for r in offs]}")
+    if gpu_log:
+        for lab, sp in spans.items():
+            print(f"gpu {lab}: {gpu_means(gpu_log, sp)}")
     per = {}
     for i, (lab, r) in enumerate(wins):
         if lab == "off":
@@ -84,4 +105,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 600)
     else:
-        analyze(sys.argv[2], sys.argv[3])
+        analyze(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)

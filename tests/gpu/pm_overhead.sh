@@ -16,7 +16,9 @@ NODRAM=gr__cycles_active.avg,sm__cycles_active.avg,sm__inst_executed_realtime.av
 ONE=sm__cycles_active.avg.pct_of_peak_sustained_elapsed
 TWO=gr__cycles_active.avg.pct_of_peak_sustained_elapsed,sm__cycles_active.avg.pct_of_peak_sustained_elapsed
 # "INTERVAL METRICS" pairs; CONFIGS_SET=metrics compares metric counts at 1 ms instead.
-if [ "${CONFIGS_SET:-}" = metrics ]; then
+if [ "${CONFIGS_SET:-}" = one ]; then
+  CONFIGS=("1ms $FOUR")
+elif [ "${CONFIGS_SET:-}" = metrics ]; then
   CONFIGS=("1ms $ONE" "1ms $TWO" "1ms $FOUR" "1ms $NODRAM")
 else
   CONFIGS=("1ms $FOUR" "1ms $NODRAM" "10ms $FOUR" "100ms $FOUR")
@@ -29,6 +31,10 @@ WIN=${WIN:-3}
 # each sampling window is compared with the "off" windows either side of it.
 $PY "$HERE/mm_windows.py" run "$T/mm_log" "$T/mm_stop" 900 &
 MMW=$!
+# SM clock and power draw every 0.2 s, to see whether sampling costs clock (power headroom).
+(while [ ! -e "$T/mm_stop" ]; do
+  echo "$(date +%s.%N) $(nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits)"; sleep 0.2
+done >"$T/gpu_log") &
 for _ in $(seq 600); do [ -s "$T/mm_log" ] && break; sleep 0.05; done
 sleep 8 # to a steady clock and temperature
 window() { # label
@@ -50,8 +56,10 @@ done
 touch "$T/mm_stop"; wait $MMW
 echo "================ pm_overhead summary ================"
 nvidia-smi -L | head -1
-analysis=$($PY "$HERE/mm_windows.py" analyze "$T/mm_log" "$T/windows")
+analysis=$($PY "$HERE/mm_windows.py" analyze "$T/mm_log" "$T/windows" "$T/gpu_log")
+echo "workload: 8192x8192 ${MM_DTYPE:-bfloat16} matmuls"
 grep "^off:" <<<"$analysis" | sed 's/^off:/no sampling:/'
+grep "^gpu " <<<"$analysis"
 for i in "${!CONFIGS[@]}"; do
   read -r iv m <<<"${CONFIGS[$i]}"
   echo "sampling every $iv, $m: $(grep "^c$i:" <<<"$analysis" | sed "s/^c$i: //")"
