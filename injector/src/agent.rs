@@ -142,9 +142,24 @@ pub struct Agent<B: Backend> {
     session: u64,
     flush_every: Duration,
     next_flush: Instant,
+    /// Watches a trace with API records on until the first one arrives (see `check_api`).
+    api_watch: Option<ApiWatch>,
     /// Frames written on this connection (tests and logs).
     pub frames_sent: u64,
 }
+
+/// Kernel and API record counts when the watch (re)started, and the re-enables done.
+#[derive(Debug, Clone, Copy)]
+struct ApiWatch {
+    kernels: u64,
+    api: u64,
+    attempts: u32,
+}
+
+/// Kernels without a single API record after which API recording is switched off and on again.
+const API_WATCH_KERNELS: u64 = 64;
+/// How often that is tried in one trace.
+const API_WATCH_ATTEMPTS: u32 = 3;
 
 impl<B: Backend> Agent<B> {
     pub fn new(
@@ -173,6 +188,7 @@ impl<B: Backend> Agent<B> {
             session: 0,
             flush_every,
             next_flush: Instant::now(),
+            api_watch: None,
             frames_sent: 0,
         }
     }
@@ -214,6 +230,7 @@ impl<B: Backend> Agent<B> {
             }
             self.next_flush = Instant::now() + self.flush_every;
             self.drain_queue();
+            self.check_api();
             self.send_records();
             self.send_drops();
         }
@@ -417,6 +434,11 @@ impl<B: Backend> Agent<B> {
         match self.backend.start(&cfg) {
             StartOutcome::Tracing => {
                 self.status = Status::Tracing;
+                self.api_watch = (cfg.runtime_api || cfg.driver_api).then(|| ApiWatch {
+                    kernels: self.conv.sent[pb::RecordKind::Kernel as usize],
+                    api: self.conv.sent[pb::RecordKind::Api as usize],
+                    attempts: 0,
+                });
                 self.next_flush = Instant::now() + self.flush_every;
                 self.conv.replay_topology();
                 self.send_records();
@@ -434,6 +456,26 @@ impl<B: Backend> Agent<B> {
                 self.send_state(pb::TraceStatus::Failed, s.session_id, d);
             }
         }
+    }
+
+    /// CUPTI can miss hooking the CUDA runtime when a trace starts while the runtime is still
+    /// initialising (seen in PyTorch processes): kernels then arrive but no API call ever does.
+    /// Once `API_WATCH_KERNELS` kernels came without one, API recording is switched off and on
+    /// again (at most `API_WATCH_ATTEMPTS` times); the first API record ends the watch.
+    fn check_api(&mut self) {
+        let Some(w) = self.api_watch else { return };
+        let kernels = self.conv.sent[pb::RecordKind::Kernel as usize];
+        let api = self.conv.sent[pb::RecordKind::Api as usize];
+        if api > w.api || w.attempts >= API_WATCH_ATTEMPTS {
+            self.api_watch = None;
+            return;
+        }
+        if kernels.saturating_sub(w.kernels) < API_WATCH_KERNELS {
+            return;
+        }
+        let redone = self.backend.reapply_api();
+        log!(Info, "{} kernels and no API record: API recording re-enabled ({redone})", kernels - w.kernels);
+        self.api_watch = redone.then_some(ApiWatch { kernels, api, attempts: w.attempts + 1 });
     }
 
     fn stop_trace(&mut self, session_id: u64) {
@@ -580,6 +622,7 @@ mod e2e {
         n: u32,
         tail: u32,
         displace_on_tick: bool,
+        reapplied: Arc<std::sync::atomic::AtomicU32>,
     }
     impl FakeBackend {
         fn queue(&self, first: u32, n: u32) {
@@ -606,6 +649,10 @@ mod e2e {
         }
         fn external_drops(&self) -> ([u64; 16], u64) {
             ([0; 16], 0)
+        }
+        fn reapply_api(&mut self) -> bool {
+            self.reapplied.fetch_add(1, Ordering::SeqCst);
+            true
         }
     }
 
@@ -634,7 +681,7 @@ mod e2e {
     fn start_agent(
         dir: &std::path::Path,
         displace: bool,
-    ) -> (UnixListener, Arc<Control>, Arc<Wake>, std::thread::JoinHandle<()>) {
+    ) -> (UnixListener, Arc<Control>, Arc<Wake>, std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicU32>) {
         let sock = dir.join("agent.sock");
         let listener = UnixListener::bind(&sock).unwrap();
         let (tx, rx) = crossbeam_channel::bounded(16);
@@ -642,16 +689,24 @@ mod e2e {
         let control = Arc::new(Control::default());
         let cfg = Config { socket: sock, flush_interval: Duration::from_millis(20), ..Config::default() };
         let ident = Identity { pid: 4242, exe: "/usr/bin/python3".into(), ..Default::default() };
-        let backend = FakeBackend { tx, wake: wake.clone(), n: 20_000, tail: 5, displace_on_tick: displace };
+        let reapplied = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let backend = FakeBackend {
+            tx,
+            wake: wake.clone(),
+            n: 20_000,
+            tail: 5,
+            displace_on_tick: displace,
+            reapplied: reapplied.clone(),
+        };
         let (c2, w2) = (control.clone(), wake.clone());
         let h = std::thread::spawn(move || Agent::new(cfg, ident, backend, rx, w2, c2).run());
-        (listener, control, wake, h)
+        (listener, control, wake, h, reapplied)
     }
 
     #[test]
     fn hello_trace_stop_and_exit_over_a_socket() {
         let dir = tempfile::tempdir().unwrap();
-        let (listener, control, wake, h) = start_agent(dir.path(), false);
+        let (listener, control, wake, h, reapplied) = start_agent(dir.path(), false);
         let (mut s, _) = listener.accept().unwrap();
         let Out::Hello(hello) = next(&mut s) else { panic!("hello first") };
         assert_eq!(hello.protocol_version, pb::PROTOCOL_VERSION);
@@ -704,6 +759,9 @@ mod e2e {
         let rest = until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Idle as i32));
         let tail: usize = rest.iter().map(|m| if let Out::Records(b) = m { b.kernels.len() } else { 0 }).sum();
         assert_eq!(tail, 5, "the final flush is sent before the idle state");
+        // 20,000 kernels and no API record with API recording on: re-enabled, at most 3 times.
+        let n = reapplied.load(Ordering::SeqCst);
+        assert!((1..=API_WATCH_ATTEMPTS).contains(&n), "re-enabled {n} times");
 
         let t0 = Instant::now();
         let ok = control.request_exit(&wake, Duration::from_secs(2));
@@ -716,7 +774,7 @@ mod e2e {
     #[test]
     fn reports_displacement_and_reconnects_after_a_daemon_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let (listener, control, wake, h) = start_agent(dir.path(), true);
+        let (listener, control, wake, h, _) = start_agent(dir.path(), true);
         let (mut s, _) = listener.accept().unwrap();
         assert!(matches!(next(&mut s), Out::Hello(_)));
         daemon_send(
@@ -749,7 +807,14 @@ mod e2e {
         let wake = Arc::new(Wake::new().unwrap());
         let control = Arc::new(Control::default());
         let cfg = Config { socket: dir.path().join("absent.sock"), ..Config::default() };
-        let backend = FakeBackend { tx, wake: wake.clone(), n: 1, tail: 0, displace_on_tick: false };
+        let backend = FakeBackend {
+            tx,
+            wake: wake.clone(),
+            n: 1,
+            tail: 0,
+            displace_on_tick: false,
+            reapplied: Default::default(),
+        };
         let (c2, w2) = (control.clone(), wake.clone());
         let h = std::thread::spawn(move || Agent::new(cfg, Identity::default(), backend, rx, w2, c2).run());
         std::thread::sleep(Duration::from_millis(300));

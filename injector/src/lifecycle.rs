@@ -162,6 +162,9 @@ impl Backend for LazyCupti {
     fn external_drops(&self) -> ([u64; 16], u64) {
         self.inner.as_ref().map_or(([0; 16], 0), |b| b.external_drops())
     }
+    fn reapply_api(&mut self) -> bool {
+        self.inner.as_mut().is_some_and(|b| b.reapply_api())
+    }
 }
 
 extern "C" fn at_exit() {

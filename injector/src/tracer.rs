@@ -197,6 +197,11 @@ pub trait Backend: Send {
     fn tick(&mut self) -> Option<String>;
     /// Drops counted outside the converter: (per-kind queue drops, CUPTI's own drops).
     fn external_drops(&self) -> ([u64; 16], u64);
+    /// Switches API recording off and on again (the trace started while the CUDA runtime was
+    /// initialising and CUPTI missed hooking it). False when there was nothing to redo.
+    fn reapply_api(&mut self) -> bool {
+        false
+    }
 }
 
 /// The trace configuration used when the daemon sends none (or an all-false one).
@@ -518,6 +523,28 @@ impl Backend for CuptiBackend {
             }
         }
         None
+    }
+
+    fn reapply_api(&mut self) -> bool {
+        if self.displaced || !(self.runtime_on || self.driver_on) {
+            return false;
+        }
+        let c = &self.shared.cupti;
+        for (on, kind) in
+            [(self.runtime_on, sys::CUPTI_ACTIVITY_KIND_RUNTIME), (self.driver_on, sys::CUPTI_ACTIVITY_KIND_DRIVER)]
+        {
+            if on && self.enabled.contains(&kind) {
+                let _ = c.activity_disable(kind);
+                let _ = c.activity_enable(kind);
+            }
+        }
+        if !self.tuning.api_by_kind {
+            for &cbid in cbids::RUNTIME.iter().filter(|_| self.runtime_on) {
+                let _ = c.enable_runtime_api(cbid, false);
+                let _ = c.enable_runtime_api(cbid, true);
+            }
+        }
+        true
     }
 
     fn external_drops(&self) -> ([u64; 16], u64) {
