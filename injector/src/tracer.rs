@@ -306,6 +306,32 @@ fn summarize(failures: &[String]) -> String {
 /// How long without any buffer callback before checking for another subscriber.
 const QUIET_BEFORE_PROBE: Duration = Duration::from_secs(1);
 
+/// An API domain whose calls a trace records: its activity kind, one past its last callback
+/// id, the ids gpuprof records (`cbids.rs`) and the per-id switch.
+struct ApiDomain {
+    name: &'static str,
+    kind: sys::CUpti_ActivityKind,
+    ids: u32,
+    recorded: &'static [u32],
+    set: fn(&Cupti, u32, bool) -> Result<(), crate::cupti::CuptiError>,
+}
+
+static RUNTIME_API: ApiDomain = ApiDomain {
+    name: "RUNTIME",
+    kind: sys::CUPTI_ACTIVITY_KIND_RUNTIME,
+    ids: sys::CUPTI_RUNTIME_TRACE_CBID_SIZE,
+    recorded: cbids::RUNTIME,
+    set: Cupti::enable_runtime_api,
+};
+
+static DRIVER_API: ApiDomain = ApiDomain {
+    name: "DRIVER",
+    kind: sys::CUPTI_ACTIVITY_KIND_DRIVER,
+    ids: sys::CUPTI_DRIVER_TRACE_CBID_SIZE,
+    recorded: cbids::DRIVER,
+    set: Cupti::enable_driver_api,
+};
+
 /// CUPTI buffer settings applied at each trace start (see [`crate::config::Config`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Tuning {
@@ -322,8 +348,8 @@ pub struct CuptiBackend {
     shared: Arc<Shared>,
     tuning: Tuning,
     enabled: Vec<u32>,
-    runtime_on: bool,
-    driver_on: bool,
+    /// The API domains whose calls this trace records.
+    apis: Vec<&'static ApiDomain>,
     displaced: bool,
     last_probe: Instant,
 }
@@ -334,8 +360,7 @@ impl CuptiBackend {
             shared,
             tuning,
             enabled: Vec::new(),
-            runtime_on: false,
-            driver_on: false,
+            apis: Vec::new(),
             displaced: false,
             last_probe: Instant::now(),
         }
@@ -382,7 +407,7 @@ impl Backend for CuptiBackend {
     }
 
     fn start(&mut self, cfg: &pb::TraceConfig) -> StartOutcome {
-        if !self.enabled.is_empty() || self.runtime_on || self.driver_on {
+        if !self.enabled.is_empty() || !self.apis.is_empty() {
             self.stop();
         }
         self.displaced = false;
@@ -406,45 +431,26 @@ impl Backend for CuptiBackend {
                 Err(e) => failures.push(format!("kind {kind}: {e}")),
             }
         }
-        if cfg.runtime_api {
+        for (wanted, d) in [(cfg.runtime_api, &RUNTIME_API), (cfg.driver_api, &DRIVER_API)] {
+            if !wanted {
+                continue;
+            }
             if self.tuning.api_by_kind {
-                match self.cupti().activity_enable(sys::CUPTI_ACTIVITY_KIND_RUNTIME) {
-                    Ok(()) => self.enabled.push(sys::CUPTI_ACTIVITY_KIND_RUNTIME),
-                    Err(e) => failures.push(format!("kind RUNTIME: {e}")),
+                match self.cupti().activity_enable(d.kind) {
+                    Ok(()) => self.enabled.push(d.kind),
+                    Err(e) => failures.push(format!("kind {}: {e}", d.name)),
                 }
-                for cbid in 1..sys::CUPTI_RUNTIME_TRACE_CBID_SIZE {
-                    if !cbids::RUNTIME.contains(&cbid) {
-                        let _ = self.cupti().enable_runtime_api(cbid, false);
-                    }
+                for cbid in (1..d.ids).filter(|c| !d.recorded.contains(c)) {
+                    let _ = (d.set)(self.cupti(), cbid, false);
                 }
             } else {
-                for &cbid in cbids::RUNTIME {
-                    if let Err(e) = self.cupti().enable_runtime_api(cbid, true) {
-                        failures.push(format!("runtime cbid {cbid}: {e}"));
+                for &cbid in d.recorded {
+                    if let Err(e) = (d.set)(self.cupti(), cbid, true) {
+                        failures.push(format!("{} cbid {cbid}: {e}", d.name));
                     }
                 }
             }
-            self.runtime_on = true;
-        }
-        if cfg.driver_api {
-            if self.tuning.api_by_kind {
-                match self.cupti().activity_enable(sys::CUPTI_ACTIVITY_KIND_DRIVER) {
-                    Ok(()) => self.enabled.push(sys::CUPTI_ACTIVITY_KIND_DRIVER),
-                    Err(e) => failures.push(format!("kind DRIVER: {e}")),
-                }
-                for cbid in 1..sys::CUPTI_DRIVER_TRACE_CBID_SIZE {
-                    if !cbids::DRIVER.contains(&cbid) {
-                        let _ = self.cupti().enable_driver_api(cbid, false);
-                    }
-                }
-            } else {
-                for &cbid in cbids::DRIVER {
-                    if let Err(e) = self.cupti().enable_driver_api(cbid, true) {
-                        failures.push(format!("driver cbid {cbid}: {e}"));
-                    }
-                }
-            }
-            self.driver_on = true;
+            self.apis.push(d);
         }
         let summary = summarize(&failures);
         if !failures.is_empty() {
@@ -466,33 +472,21 @@ impl Backend for CuptiBackend {
             // The other client owns the callbacks and the kinds now; disabling shared kinds
             // would break its trace. Leave CUPTI as it is.
             self.enabled.clear();
-            self.runtime_on = false;
-            self.driver_on = false;
+            self.apis.clear();
             return;
         }
         for kind in self.enabled.drain(..) {
             let _ = self.shared.cupti.activity_disable(kind);
         }
-        if std::mem::take(&mut self.runtime_on) {
+        for d in std::mem::take(&mut self.apis) {
             if self.tuning.api_by_kind {
                 // Back to CUPTI's default (every cbid on with the kind), for the next client.
-                for cbid in 1..sys::CUPTI_RUNTIME_TRACE_CBID_SIZE {
-                    let _ = self.shared.cupti.enable_runtime_api(cbid, true);
+                for cbid in 1..d.ids {
+                    let _ = (d.set)(&self.shared.cupti, cbid, true);
                 }
             } else {
-                for &cbid in cbids::RUNTIME {
-                    let _ = self.shared.cupti.enable_runtime_api(cbid, false);
-                }
-            }
-        }
-        if std::mem::take(&mut self.driver_on) {
-            if self.tuning.api_by_kind {
-                for cbid in 1..sys::CUPTI_DRIVER_TRACE_CBID_SIZE {
-                    let _ = self.shared.cupti.enable_driver_api(cbid, true);
-                }
-            } else {
-                for &cbid in cbids::DRIVER {
-                    let _ = self.shared.cupti.enable_driver_api(cbid, false);
+                for &cbid in d.recorded {
+                    let _ = (d.set)(&self.shared.cupti, cbid, false);
                 }
             }
         }
@@ -526,22 +520,20 @@ impl Backend for CuptiBackend {
     }
 
     fn reapply_api(&mut self) -> bool {
-        if self.displaced || !(self.runtime_on || self.driver_on) {
+        if self.displaced || self.apis.is_empty() {
             return false;
         }
         let c = &self.shared.cupti;
-        for (on, kind) in
-            [(self.runtime_on, sys::CUPTI_ACTIVITY_KIND_RUNTIME), (self.driver_on, sys::CUPTI_ACTIVITY_KIND_DRIVER)]
-        {
-            if on && self.enabled.contains(&kind) {
-                let _ = c.activity_disable(kind);
-                let _ = c.activity_enable(kind);
+        for d in &self.apis {
+            if self.enabled.contains(&d.kind) {
+                let _ = c.activity_disable(d.kind);
+                let _ = c.activity_enable(d.kind);
             }
-        }
-        if !self.tuning.api_by_kind {
-            for &cbid in cbids::RUNTIME.iter().filter(|_| self.runtime_on) {
-                let _ = c.enable_runtime_api(cbid, false);
-                let _ = c.enable_runtime_api(cbid, true);
+            if !self.tuning.api_by_kind {
+                for &cbid in d.recorded {
+                    let _ = (d.set)(c, cbid, false);
+                    let _ = (d.set)(c, cbid, true);
+                }
             }
         }
         true
