@@ -119,6 +119,8 @@ pub struct Converter {
     /// Full batches waiting to be sent (a large CUPTI buffer fills several).
     ready: Vec<pb::RecordBatch>,
     open_markers: HashMap<u32, OpenMarker>,
+    /// The (context, stream) `place` saw last: consecutive records mostly share it.
+    last_placed: Option<(u32, u32)>,
     /// Records sent per kind (index = RecordKind as i32).
     pub sent: [u64; 16],
     /// Records dropped by the injector per kind (could not be queued or were incomplete).
@@ -414,6 +416,10 @@ impl Converter {
     /// known (null stream id, stream flags) as `u32::MAX`. The daemon keeps a record CUPTI
     /// reported over a derived one.
     fn place(&mut self, dev: u32, ctx: u32, stream: u32) {
+        if self.last_placed == Some((ctx, stream)) {
+            return;
+        }
+        self.last_placed = Some((ctx, stream));
         if let std::collections::hash_map::Entry::Vacant(e) = self.contexts.entry(ctx) {
             let rec = pb::ContextRecord { context_id: ctx, device_id: dev, null_stream_id: u32::MAX };
             e.insert(rec);
