@@ -39,11 +39,37 @@ pub struct Config {
     /// `GPUPROF_CUPTI_DEVICE_BUFFER_MB`: size of each of CUPTI's per-context profiling buffers
     /// (`CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE`); unset keeps CUPTI's default (~3 MB).
     pub cupti_device_buffer: Option<usize>,
-    /// `GPUPROF_API_MODE`: `kind` (default) enables the whole RUNTIME/DRIVER activity kind and
-    /// switches off the callback ids gpuprof does not record; `cbid` only switches on the
-    /// recorded ones. `cbid` alone records nothing when the trace starts after the CUDA runtime
-    /// initialised (a late attach, or most PyTorch processes), as measured on the H200.
-    pub api_by_kind: bool,
+    /// `GPUPROF_API_MODE`: how API recording is switched on (see [`ApiMode`]).
+    pub api_mode: ApiMode,
+    /// `GPUPROF_CUPTI_PER_THREAD` (0/1): CUPTI keeps API records in per-thread buffers
+    /// (`CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER`); unset keeps CUPTI's default.
+    pub cupti_per_thread: Option<bool>,
+}
+
+/// How a trace switches on the API records it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ApiMode {
+    /// `kind` (default): enable the whole RUNTIME/DRIVER activity kind, then switch off the
+    /// callback ids gpuprof does not record.
+    #[default]
+    Kind,
+    /// `cbid`: only switch on the recorded callback ids. Records nothing when the trace starts
+    /// after the CUDA runtime initialised (a late attach, or most PyTorch processes).
+    Cbid,
+    /// `hooked`: enable the kind for a moment (so CUPTI hooks an already initialised runtime),
+    /// disable it, then switch on only the recorded callback ids.
+    Hooked,
+}
+
+impl ApiMode {
+    fn parse(s: &str) -> Option<ApiMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "kind" => Some(ApiMode::Kind),
+            "cbid" => Some(ApiMode::Cbid),
+            "hooked" => Some(ApiMode::Hooked),
+            _ => None,
+        }
+    }
 }
 
 impl Default for Config {
@@ -60,7 +86,8 @@ impl Default for Config {
             prefill_buffers: 4,
             cupti_pinned: None,
             cupti_device_buffer: None,
-            api_by_kind: true,
+            api_mode: ApiMode::Kind,
+            cupti_per_thread: None,
         }
     }
 }
@@ -93,9 +120,10 @@ impl Config {
         }
         c.prefill_buffers = c.prefill_buffers.min(c.max_buffers);
         c.cupti_pinned = flag("GPUPROF_CUPTI_PINNED");
-        if let Some(m) = get("GPUPROF_API_MODE") {
-            c.api_by_kind = !m.trim().eq_ignore_ascii_case("cbid");
+        if let Some(m) = get("GPUPROF_API_MODE").and_then(|m| ApiMode::parse(&m)) {
+            c.api_mode = m;
         }
+        c.cupti_per_thread = flag("GPUPROF_CUPTI_PER_THREAD");
         if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
             c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
         }
@@ -123,16 +151,22 @@ mod tests {
     #[test]
     fn cupti_buffer_settings() {
         let d = Config::from_lookup(|_| None);
-        assert!(d.zeroed_buffers && d.cupti_pinned.is_none() && d.cupti_device_buffer.is_none() && d.api_by_kind);
-        assert!(!Config::from_lookup(|k| (k == "GPUPROF_API_MODE").then(|| "cbid".into())).api_by_kind);
+        assert!(d.zeroed_buffers && d.cupti_pinned.is_none() && d.cupti_device_buffer.is_none());
+        assert_eq!(d.api_mode, ApiMode::Kind);
+        let mode = |v: &str| Config::from_lookup(|k| (k == "GPUPROF_API_MODE").then(|| v.into())).api_mode;
+        assert_eq!(mode("cbid"), ApiMode::Cbid);
+        assert_eq!(mode(" Hooked "), ApiMode::Hooked);
+        assert_eq!(mode("bogus"), ApiMode::Kind, "an unknown mode keeps the default");
         let c = Config::from_lookup(|k| match k {
             "GPUPROF_CUPTI_ZEROED" => Some("0".into()),
             "GPUPROF_CUPTI_PINNED" => Some("1".into()),
             "GPUPROF_CUPTI_DEVICE_BUFFER_MB" => Some("32".into()),
             "GPUPROF_MAX_BUFFERS" => Some("3".into()),
             "GPUPROF_PREFILL_BUFFERS" => Some("10".into()),
+            "GPUPROF_CUPTI_PER_THREAD" => Some("1".into()),
             _ => None,
         });
+        assert_eq!(c.cupti_per_thread, Some(true));
         assert!(!c.zeroed_buffers);
         assert_eq!(c.cupti_pinned, Some(true));
         assert_eq!(c.cupti_device_buffer, Some(32 << 20));

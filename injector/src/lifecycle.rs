@@ -119,7 +119,8 @@ impl LazyCupti {
                         foreign_buffers: Default::default(),
                     }));
                     let tuning = crate::tracer::Tuning {
-                        api_by_kind: self.cfg.api_by_kind,
+                        api_mode: self.cfg.api_mode,
+                        per_thread: self.cfg.cupti_per_thread,
                         prefill_buffers: self.cfg.prefill_buffers,
                         pinned: self.cfg.cupti_pinned,
                         device_buffer: self.cfg.cupti_device_buffer,

@@ -14,6 +14,7 @@ use crossbeam_channel::{Sender, TrySendError};
 use gpuprof_proto::agent as pb;
 
 use crate::cbids;
+use crate::config::ApiMode;
 use crate::convert::kind_of_activity;
 use crate::cupti::Cupti;
 use crate::log::log;
@@ -335,10 +336,8 @@ static DRIVER_API: ApiDomain = ApiDomain {
 /// CUPTI buffer settings applied at each trace start (see [`crate::config::Config`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Tuning {
-    /// Enable the whole RUNTIME/DRIVER activity kind and switch off the callback ids gpuprof
-    /// does not record (`GPUPROF_API_MODE=kind`, the default), instead of switching on only the
-    /// ones it does (`cbid`).
-    pub api_by_kind: bool,
+    pub api_mode: ApiMode,
+    pub per_thread: Option<bool>,
     pub prefill_buffers: usize,
     pub pinned: Option<bool>,
     pub device_buffer: Option<usize>,
@@ -390,6 +389,12 @@ impl CuptiBackend {
                 c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, p as u8),
             );
         }
+        if let Some(p) = self.tuning.per_thread {
+            set(
+                "PER_THREAD_ACTIVITY_BUFFER",
+                c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, p as u8),
+            );
+        }
         if let Some(n) = self.tuning.device_buffer {
             set("DEVICE_BUFFER_SIZE", c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, n));
         }
@@ -435,18 +440,27 @@ impl Backend for CuptiBackend {
             if !wanted {
                 continue;
             }
-            if self.tuning.api_by_kind {
-                match self.cupti().activity_enable(d.kind) {
-                    Ok(()) => self.enabled.push(d.kind),
-                    Err(e) => failures.push(format!("kind {}: {e}", d.name)),
+            match self.tuning.api_mode {
+                ApiMode::Kind => {
+                    match self.cupti().activity_enable(d.kind) {
+                        Ok(()) => self.enabled.push(d.kind),
+                        Err(e) => failures.push(format!("kind {}: {e}", d.name)),
+                    }
+                    for cbid in (1..d.ids).filter(|c| !d.recorded.contains(c)) {
+                        let _ = (d.set)(self.cupti(), cbid, false);
+                    }
                 }
-                for cbid in (1..d.ids).filter(|c| !d.recorded.contains(c)) {
-                    let _ = (d.set)(self.cupti(), cbid, false);
-                }
-            } else {
-                for &cbid in d.recorded {
-                    if let Err(e) = (d.set)(self.cupti(), cbid, true) {
-                        failures.push(format!("{} cbid {cbid}: {e}", d.name));
+                ApiMode::Cbid | ApiMode::Hooked => {
+                    if self.tuning.api_mode == ApiMode::Hooked {
+                        if let Err(e) = self.cupti().activity_enable(d.kind) {
+                            failures.push(format!("kind {}: {e}", d.name));
+                        }
+                        let _ = self.cupti().activity_disable(d.kind);
+                    }
+                    for &cbid in d.recorded {
+                        if let Err(e) = (d.set)(self.cupti(), cbid, true) {
+                            failures.push(format!("{} cbid {cbid}: {e}", d.name));
+                        }
                     }
                 }
             }
@@ -479,7 +493,7 @@ impl Backend for CuptiBackend {
             let _ = self.shared.cupti.activity_disable(kind);
         }
         for d in std::mem::take(&mut self.apis) {
-            if self.tuning.api_by_kind {
+            if self.tuning.api_mode == ApiMode::Kind {
                 // Back to CUPTI's default (every cbid on with the kind), for the next client.
                 for cbid in 1..d.ids {
                     let _ = (d.set)(&self.shared.cupti, cbid, true);
@@ -529,7 +543,11 @@ impl Backend for CuptiBackend {
                 let _ = c.activity_disable(d.kind);
                 let _ = c.activity_enable(d.kind);
             }
-            if !self.tuning.api_by_kind {
+            if self.tuning.api_mode == ApiMode::Hooked {
+                let _ = c.activity_enable(d.kind);
+                let _ = c.activity_disable(d.kind);
+            }
+            if self.tuning.api_mode != ApiMode::Kind {
                 for &cbid in d.recorded {
                     let _ = (d.set)(c, cbid, false);
                     let _ = (d.set)(c, cbid, true);

@@ -255,6 +255,8 @@ def named(part):  # kernel names are stored as compiled (mangled): match the par
 ext, dflt, warm = named("gpuprof_ext_kernel"), named("gpuprof_default_kernel"), named("gpuprof_warmup_kernel")
 ctxs = {r[0] for r in c.execute("SELECT ctx FROM context WHERE session=? AND proc=?", (sess, proc))}
 streams = {r[0] for r in c.execute("SELECT stream FROM stream WHERE session=? AND proc=?", (sess, proc))}
+api = {r[0] for r in c.execute("SELECT corr FROM api WHERE session=? AND proc=?", (sess, proc))}
+api_joined = sum(1 for _, _, corr in ext + dflt if corr in api)
 ec = c.execute("SELECT ext_kind, ext_id, corr FROM external_correlation WHERE session=? AND proc=?", (sess, proc)).fetchall()
 custom0 = [r for r in ec if r[0] == 3]
 by_corr = {r[2]: r[1] for r in custom0}
@@ -267,7 +269,7 @@ print(f"ext_kernels={len(ext)} default_kernels={len(dflt)} warmup_kernels={len(w
       f"context_rows={len(ctxs)} kernel_contexts_known={kctx <= ctxs} stream_rows={len(streams)} "
       f"kernel_streams={sorted(kstreams)} kernel_streams_known={kstreams <= streams} "
       f"ext_records={len(ec)} custom0={len(custom0)} ext_joined={sum(j is not None for j in joined)} "
-      f"ids_exact={ids_ok} default_tagged={dflt_tagged}")
+      f"ids_exact={ids_ok} default_tagged={dflt_tagged} api_records={len(api)} api_joined={api_joined}")
 PYEOF
 )
   echo "attach: $res"
@@ -283,6 +285,8 @@ PYEOF
   pass_if "external correlation: each of the N tagged kernels joined to its id 5000+i, untagged ones to none" \
     "$([ "$(kv ext_joined)" = $N ] && [ "$(kv ids_exact)" = True ] && [ "$(kv default_tagged)" = 0 ] && echo 1)" \
     "records $(kv ext_records) (CUSTOM0 $(kv custom0)), joined $(kv ext_joined), default tagged $(kv default_tagged)"
+  pass_if "late attach: each of the 2N kernels joined to its launch API record" \
+    "$([ "$(kv api_joined)" = $((2 * N)) ] && echo 1)" "api records $(kv api_records), kernels joined $(kv api_joined)"
 fi
 
 # ---------------------------------------------------------------- overhead
@@ -312,10 +316,12 @@ declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
 # buffer itself, on the thread that asks), cbid (API records switched on per callback id only:
 # records none when the trace starts after the CUDA runtime initialised), pinned (CUPTI's
 # profiling buffers in pinned host memory), devbuf (32 MB profiling buffers), bigbuf (16 MB
-# activity buffers).
+# activity buffers), hooked (API kind switched on and off, then the recorded callback ids on),
+# perthread (CUPTI's per-thread activity buffers).
 declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [cbid]=GPUPROF_API_MODE=cbid [pinned]=GPUPROF_CUPTI_PINNED=1
   [devbuf]=GPUPROF_CUPTI_DEVICE_BUFFER_MB=32 [bigbuf]=GPUPROF_BUFFER_KB=16384
-  [pinned_devbuf]="GPUPROF_CUPTI_PINNED=1 GPUPROF_CUPTI_DEVICE_BUFFER_MB=32")
+  [pinned_devbuf]="GPUPROF_CUPTI_PINNED=1 GPUPROF_CUPTI_DEVICE_BUFFER_MB=32" [hooked]=GPUPROF_API_MODE=hooked
+  [perthread]=GPUPROF_CUPTI_PER_THREAD=1)
 for v in "${!MODE_ENV[@]}"; do PRESET[$v]=default; done
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
   declare -A L T
