@@ -34,7 +34,10 @@ use crate::stats::Kind;
 /// Binds the agent socket (replacing a stale file) with mode 0666: any user's CUDA
 /// process may connect; identity comes from SO_PEERCRED.
 pub fn bind(path: &Path) -> Result<UnixListener> {
-    bind_unix(path, 0o666)
+    let l = bind_unix(path, 0o666)?;
+    // A hint left by a daemon that did not stop cleanly: no session of this one is active yet.
+    let _ = std::fs::remove_file(gpuprof_proto::hint::hint_path(path));
+    Ok(l)
 }
 
 /// Binds a Unix socket at `path` with `mode`, removing a stale socket file first.

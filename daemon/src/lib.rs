@@ -140,7 +140,11 @@ pub async fn run(config: Config) -> Result<()> {
     for t in pm_tasks {
         bounded("performance-monitor tasks", t).await;
     }
-    let sock_paths = [d.config.agent_socket.clone(), d.config.api_socket.clone()];
+    let sock_paths = [
+        d.config.agent_socket.clone(),
+        d.config.api_socket.clone(),
+        gpuprof_proto::hint::hint_path(&d.config.agent_socket),
+    ];
     // Everything queued before Stop is committed; the writer then checkpoints and exits.
     let _ = d.writer.stop().await;
     drop(d);

@@ -387,6 +387,8 @@ struct Inner {
     open: BTreeMap<u64, Live>,
     /// Agent id → the session tracing it.
     busy: HashMap<u64, u64>,
+    /// What the new-process hint file holds (see [`publish_hint`]).
+    hint: String,
 }
 
 /// The session manager, one per daemon.
@@ -902,6 +904,51 @@ fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
     for a in d.registry.all() {
         try_join(d, g, id, &a);
     }
+    publish_hint(d, g);
+}
+
+/// The new-process hint lines for the active sessions that record runtime API calls: the
+/// targets a process can be matched on when it starts (see [`gpuprof_proto::hint`]).
+fn hint_lines(g: &Inner) -> String {
+    let mut out = String::new();
+    for l in g.open.values().filter(|l| l.state == State::Active && l.collect.trace_config().runtime_api) {
+        let uid = l.own_only.then_some(l.owner_uid);
+        for t in &l.targets {
+            let line = match t {
+                TargetSpec::All => gpuprof_proto::hint::line(uid, "all", ""),
+                TargetSpec::Pid(p) => gpuprof_proto::hint::line(uid, "pid", &p.to_string()),
+                TargetSpec::ExeName(n) => gpuprof_proto::hint::line(uid, "exe_name", n),
+                TargetSpec::Cgroup(c) => gpuprof_proto::hint::line(uid, "cgroup", c),
+                TargetSpec::ExePattern(_) => None,
+            };
+            if let Some(line) = line {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Rewrites the new-process hint file next to the agent socket when the active sessions
+/// changed (removes it when no session awaits new processes). A failure only costs new
+/// processes the cheaper way of recording API calls, so it is logged, not returned.
+fn publish_hint(d: &Daemon, g: &mut Inner) {
+    let text = hint_lines(g);
+    if text == g.hint {
+        return;
+    }
+    let path = gpuprof_proto::hint::hint_path(&d.config.agent_socket);
+    let r = if text.is_empty() {
+        std::fs::remove_file(&path).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+    } else {
+        let tmp = path.with_extension("new-processes.tmp");
+        std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, &path))
+    };
+    match r {
+        Ok(()) => g.hint = text,
+        Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not update the new-process hint"),
+    }
 }
 
 /// Joins `a` to session `id` if the session is active, covers it, and it is free.
@@ -977,6 +1024,7 @@ fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
         }
     }
     tracing::info!(session = id, reason, "session stopping");
+    publish_hint(d, g);
     maybe_finish(d, g, id);
 }
 

@@ -41,9 +41,9 @@ pub struct Config {
     pub cupti_device_buffer: Option<usize>,
     /// `GPUPROF_API_MODE`: how API recording is switched on (see [`ApiMode`]).
     pub api_mode: ApiMode,
-    /// `GPUPROF_CUPTI_PER_THREAD` (0/1): CUPTI keeps API records in per-thread buffers
-    /// (`CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER`); unset keeps CUPTI's default.
-    pub cupti_per_thread: Option<bool>,
+    /// `GPUPROF_API_AT_INIT` (0/1): switch the recorded runtime callback ids on inside `cuInit`
+    /// always (1) or never (0); unset follows the daemon's hint ([`gpuprof_proto::hint`]).
+    pub api_at_init: Option<bool>,
 }
 
 /// How a trace switches on the API records it keeps.
@@ -56,9 +56,6 @@ pub enum ApiMode {
     /// `cbid`: only switch on the recorded callback ids. Records nothing when the trace starts
     /// after the CUDA runtime initialised (a late attach, or most PyTorch processes).
     Cbid,
-    /// `hooked`: enable the kind for a moment (so CUPTI hooks an already initialised runtime),
-    /// disable it, then switch on only the recorded callback ids.
-    Hooked,
 }
 
 impl ApiMode {
@@ -66,7 +63,6 @@ impl ApiMode {
         match s.trim().to_ascii_lowercase().as_str() {
             "kind" => Some(ApiMode::Kind),
             "cbid" => Some(ApiMode::Cbid),
-            "hooked" => Some(ApiMode::Hooked),
             _ => None,
         }
     }
@@ -87,7 +83,7 @@ impl Default for Config {
             cupti_pinned: None,
             cupti_device_buffer: None,
             api_mode: ApiMode::Kind,
-            cupti_per_thread: None,
+            api_at_init: None,
         }
     }
 }
@@ -123,7 +119,7 @@ impl Config {
         if let Some(m) = get("GPUPROF_API_MODE").and_then(|m| ApiMode::parse(&m)) {
             c.api_mode = m;
         }
-        c.cupti_per_thread = flag("GPUPROF_CUPTI_PER_THREAD");
+        c.api_at_init = flag("GPUPROF_API_AT_INIT");
         if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
             c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
         }
@@ -155,7 +151,7 @@ mod tests {
         assert_eq!(d.api_mode, ApiMode::Kind);
         let mode = |v: &str| Config::from_lookup(|k| (k == "GPUPROF_API_MODE").then(|| v.into())).api_mode;
         assert_eq!(mode("cbid"), ApiMode::Cbid);
-        assert_eq!(mode(" Hooked "), ApiMode::Hooked);
+        assert_eq!(mode(" CBID "), ApiMode::Cbid);
         assert_eq!(mode("bogus"), ApiMode::Kind, "an unknown mode keeps the default");
         let c = Config::from_lookup(|k| match k {
             "GPUPROF_CUPTI_ZEROED" => Some("0".into()),
@@ -163,10 +159,11 @@ mod tests {
             "GPUPROF_CUPTI_DEVICE_BUFFER_MB" => Some("32".into()),
             "GPUPROF_MAX_BUFFERS" => Some("3".into()),
             "GPUPROF_PREFILL_BUFFERS" => Some("10".into()),
-            "GPUPROF_CUPTI_PER_THREAD" => Some("1".into()),
+            "GPUPROF_API_AT_INIT" => Some("0".into()),
             _ => None,
         });
-        assert_eq!(c.cupti_per_thread, Some(true));
+        assert_eq!(c.api_at_init, Some(false));
+        assert_eq!(d.api_at_init, None, "unset: the daemon's hint decides");
         assert!(!c.zeroed_buffers);
         assert_eq!(c.cupti_pinned, Some(true));
         assert_eq!(c.cupti_device_buffer, Some(32 << 20));

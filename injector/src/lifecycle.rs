@@ -5,7 +5,7 @@
 #![allow(unsafe_code)]
 
 use std::panic::catch_unwind;
-use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -60,6 +60,7 @@ pub fn initialize() {
         libc::atexit(at_exit);
         libc::pthread_atfork(None, None, Some(in_fork_child));
     }
+    early_api(&cfg);
     let control = global.control.clone();
     let wake = global.wake.clone();
     let spawned = std::thread::Builder::new().name("gpuprof-agent".into()).spawn(move || {
@@ -74,6 +75,34 @@ pub fn initialize() {
     if spawned.is_err() {
         STATE.store(DISABLED, Ordering::SeqCst);
     }
+}
+
+/// True when the recorded runtime callback ids were switched on during initialisation.
+static EARLY_API: AtomicBool = AtomicBool::new(false);
+
+/// Switches the recorded runtime callback ids on here, inside `cuInit` and before the CUDA
+/// runtime initialises, when a session awaits this process (see [`gpuprof_proto::hint`]). This is the
+/// one step taken on the application's thread: CUPTI is loaded only in that case.
+fn early_api(cfg: &Config) {
+    let wanted = cfg.api_at_init.unwrap_or_else(|| {
+        // A hint only counts while its daemon listens (a crashed one may have left it).
+        let hint = gpuprof_proto::hint::read_hint(&cfg.socket)
+            .filter(|_| std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok());
+        hint.is_some_and(|text| {
+            let id = Identity::of_this_process(Vec::new());
+            // Safety: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let me = gpuprof_proto::hint::Me { pid: id.pid, uid, exe: id.exe, cmdline: id.cmdline, cgroup: id.cgroup };
+            gpuprof_proto::hint::covers(&text, &me)
+        })
+    });
+    if !wanted {
+        return;
+    }
+    let Ok(cupti) = crate::cupti::shared() else { return };
+    let on = crate::cbids::RUNTIME.iter().filter(|&&id| cupti.enable_runtime_api(id, true).is_ok()).count();
+    EARLY_API.store(on > 0, Ordering::SeqCst);
+    log!(Info, "{on} runtime API callback ids switched on at initialisation");
 }
 
 fn background(cfg: Config, wake: Arc<Wake>, control: Arc<Control>) {
@@ -120,7 +149,7 @@ impl LazyCupti {
                     }));
                     let tuning = crate::tracer::Tuning {
                         api_mode: self.cfg.api_mode,
-                        per_thread: self.cfg.cupti_per_thread,
+                        early_runtime: EARLY_API.load(Ordering::SeqCst),
                         prefill_buffers: self.cfg.prefill_buffers,
                         pinned: self.cfg.cupti_pinned,
                         device_buffer: self.cfg.cupti_device_buffer,

@@ -199,7 +199,8 @@ pub trait Backend: Send {
     /// Drops counted outside the converter: (per-kind queue drops, CUPTI's own drops).
     fn external_drops(&self) -> ([u64; 16], u64);
     /// Switches API recording off and on again (the trace started while the CUDA runtime was
-    /// initialising and CUPTI missed hooking it). False when there was nothing to redo.
+    /// initialising and CUPTI missed hooking it), or from callback ids to the activity kind when
+    /// ids switched on at initialisation did not take. False when there was nothing to redo.
     fn reapply_api(&mut self) -> bool {
         false
     }
@@ -337,7 +338,9 @@ static DRIVER_API: ApiDomain = ApiDomain {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Tuning {
     pub api_mode: ApiMode,
-    pub per_thread: Option<bool>,
+    /// The recorded runtime callback ids were switched on before the CUDA runtime initialised
+    /// (see [`gpuprof_proto::hint`]): runtime API records need no RUNTIME kind.
+    pub early_runtime: bool,
     pub prefill_buffers: usize,
     pub pinned: Option<bool>,
     pub device_buffer: Option<usize>,
@@ -347,8 +350,8 @@ pub struct CuptiBackend {
     shared: Arc<Shared>,
     tuning: Tuning,
     enabled: Vec<u32>,
-    /// The API domains whose calls this trace records.
-    apis: Vec<&'static ApiDomain>,
+    /// The API domains whose calls this trace records, and whether by kind (else by id).
+    apis: Vec<(&'static ApiDomain, bool)>,
     displaced: bool,
     last_probe: Instant,
 }
@@ -389,16 +392,42 @@ impl CuptiBackend {
                 c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, p as u8),
             );
         }
-        if let Some(p) = self.tuning.per_thread {
-            set(
-                "PER_THREAD_ACTIVITY_BUFFER",
-                c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, p as u8),
-            );
-        }
         if let Some(n) = self.tuning.device_buffer {
             set("DEVICE_BUFFER_SIZE", c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, n));
         }
         self.shared.pool.prefill(self.tuning.prefill_buffers);
+    }
+
+    /// Whether this trace records domain `d` by activity kind (else by callback id): by id when
+    /// asked to (`GPUPROF_API_MODE=cbid`) or when the ids were switched on before the CUDA
+    /// runtime initialised; by kind otherwise, the one way that works once the runtime runs.
+    fn by_kind(&self, d: &ApiDomain) -> bool {
+        match self.tuning.api_mode {
+            ApiMode::Cbid => false,
+            ApiMode::Kind => !(self.tuning.early_runtime && d.kind == sys::CUPTI_ACTIVITY_KIND_RUNTIME),
+        }
+    }
+
+    /// Switches API recording of `d` on: the kind with the ids gpuprof does not record off, or
+    /// only the recorded ids.
+    fn enable_api(&mut self, d: &'static ApiDomain, by_kind: bool) -> Result<(), String> {
+        if by_kind {
+            self.cupti().activity_enable(d.kind).map_err(|e| format!("kind {}: {e}", d.name))?;
+            if !self.enabled.contains(&d.kind) {
+                self.enabled.push(d.kind);
+            }
+            for cbid in (1..d.ids).filter(|c| !d.recorded.contains(c)) {
+                let _ = (d.set)(self.cupti(), cbid, false);
+            }
+            return Ok(());
+        }
+        let mut first = None;
+        for &cbid in d.recorded {
+            if let Err(e) = (d.set)(self.cupti(), cbid, true) {
+                first.get_or_insert(format!("{} cbid {cbid}: {e}", d.name));
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     fn displaced_detail(e: crate::cupti::CuptiError) -> String {
@@ -440,31 +469,11 @@ impl Backend for CuptiBackend {
             if !wanted {
                 continue;
             }
-            match self.tuning.api_mode {
-                ApiMode::Kind => {
-                    match self.cupti().activity_enable(d.kind) {
-                        Ok(()) => self.enabled.push(d.kind),
-                        Err(e) => failures.push(format!("kind {}: {e}", d.name)),
-                    }
-                    for cbid in (1..d.ids).filter(|c| !d.recorded.contains(c)) {
-                        let _ = (d.set)(self.cupti(), cbid, false);
-                    }
-                }
-                ApiMode::Cbid | ApiMode::Hooked => {
-                    if self.tuning.api_mode == ApiMode::Hooked {
-                        if let Err(e) = self.cupti().activity_enable(d.kind) {
-                            failures.push(format!("kind {}: {e}", d.name));
-                        }
-                        let _ = self.cupti().activity_disable(d.kind);
-                    }
-                    for &cbid in d.recorded {
-                        if let Err(e) = (d.set)(self.cupti(), cbid, true) {
-                            failures.push(format!("{} cbid {cbid}: {e}", d.name));
-                        }
-                    }
-                }
+            let by_kind = self.by_kind(d);
+            if let Err(e) = self.enable_api(d, by_kind) {
+                failures.push(e);
             }
-            self.apis.push(d);
+            self.apis.push((d, by_kind));
         }
         let summary = summarize(&failures);
         if !failures.is_empty() {
@@ -492,8 +501,8 @@ impl Backend for CuptiBackend {
         for kind in self.enabled.drain(..) {
             let _ = self.shared.cupti.activity_disable(kind);
         }
-        for d in std::mem::take(&mut self.apis) {
-            if self.tuning.api_mode == ApiMode::Kind {
+        for (d, by_kind) in std::mem::take(&mut self.apis) {
+            if by_kind {
                 // Back to CUPTI's default (every cbid on with the kind), for the next client.
                 for cbid in 1..d.ids {
                     let _ = (d.set)(&self.shared.cupti, cbid, true);
@@ -537,17 +546,19 @@ impl Backend for CuptiBackend {
         if self.displaced || self.apis.is_empty() {
             return false;
         }
-        let c = &self.shared.cupti;
-        for d in &self.apis {
-            if self.enabled.contains(&d.kind) {
+        for i in 0..self.apis.len() {
+            let (d, by_kind) = self.apis[i];
+            let c = &self.shared.cupti;
+            if by_kind {
                 let _ = c.activity_disable(d.kind);
                 let _ = c.activity_enable(d.kind);
-            }
-            if self.tuning.api_mode == ApiMode::Hooked {
-                let _ = c.activity_enable(d.kind);
-                let _ = c.activity_disable(d.kind);
-            }
-            if self.tuning.api_mode != ApiMode::Kind {
+            } else if self.tuning.api_mode == ApiMode::Kind {
+                // The ids switched on early did not take: record by kind from now on.
+                log!(Info, "no {} API records by callback id; recording by activity kind", d.name);
+                if self.enable_api(d, true).is_ok() {
+                    self.apis[i].1 = true;
+                }
+            } else {
                 for &cbid in d.recorded {
                     let _ = (d.set)(c, cbid, false);
                     let _ = (d.set)(c, cbid, true);

@@ -1,10 +1,12 @@
 //! gpuprof's wire protocols.
 //!
 //! - [`agent`]: `gpuprof.agent.v1`, what the injector and the samplers exchange with
-//!   `gpuprofd` over the agent socket, plus the length-prefixed [`frame`] codec.
+//!   `gpuprofd` over the agent socket, plus the length-prefixed [`frame`] codec, and the
+//!   new-process [`hint`] file the daemon keeps next to that socket.
 //! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
 
 pub mod frame;
+pub mod hint;
 
 /// The agent protocol, `gpuprof.agent.v1`.
 pub mod agent {

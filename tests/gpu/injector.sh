@@ -76,6 +76,8 @@ nvcc -O2 -arch=sm_90 -o "$STATE/bench_launch" "$HERE/bench_launch.cu" || exit 2
 nvcc -O2 -arch=sm_90 -I/usr/local/cuda/include -o "$STATE/attach" "$HERE/attach.cu" -L/usr/local/cuda/lib64 -lcupti || exit 2
 gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o "$STATE/libfloor.so" "$HERE/anchors/floor_inj.c" \
   -L/usr/local/cuda/lib64 -lcupti || exit 2
+gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o "$STATE/libfloor_min.so" "$HERE/floor_min.c" \
+  -L/usr/local/cuda/lib64 -lcupti || exit 2
 
 start_daemon() {
   printf 'log_level = "info"\n[sampler]\nenabled = false\n' >"$STATE/cfg.toml"
@@ -293,7 +295,9 @@ fi
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 # Modes: none (no injector), idle (injected, connected, no session), inert (injected with
 # GPUPROF_DISABLE=1: the driver's own cost of an injection library), floor (gpu-anchors raw
-# CUPTI), kineto (torch.profiler), and traced modes, each a daemon preset plus parts the injector
+# CUPTI, every runtime API call), floor_kernel and floor_launch (tests/gpu/floor_min.c: raw
+# CUPTI kernel records, and kernel plus launch API records, switched on inside cuInit), kineto
+# (torch.profiler), and traced modes, each a daemon preset plus parts the injector
 # skips (GPUPROF_TRACE_SKIP): kernels (kernels only), traced (default preset), and for a cost
 # breakdown rt_only (kernels + runtime API), drv_only (kernels + driver API), drv (default with
 # driver instead of runtime API records), no_rt (default
@@ -313,15 +317,17 @@ declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
   [rt_nvtx]=memcpy,memset,sync,external_correlation,graphs [rt_copy]=sync,nvtx,external_correlation,graphs
   [lean]=sync,external_correlation [drv]=runtime_api,sync,external_correlation,overhead,graphs)
 # Variants of the default preset (injector environment): nozero (CUPTI zeroes each activity
-# buffer itself, on the thread that asks), cbid (API records switched on per callback id only:
-# records none when the trace starts after the CUDA runtime initialised), pinned (CUPTI's
-# profiling buffers in pinned host memory), devbuf (32 MB profiling buffers), bigbuf (16 MB
-# activity buffers), hooked (API kind switched on and off, then the recorded callback ids on),
-# perthread (CUPTI's per-thread activity buffers).
-declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [cbid]=GPUPROF_API_MODE=cbid [pinned]=GPUPROF_CUPTI_PINNED=1
+# buffer itself, on the thread that asks), cbid (API records switched on per callback id only,
+# after initialisation: records none when the trace starts after the CUDA runtime initialised),
+# late (API records by activity kind, as for a process that started before its session:
+# GPUPROF_API_AT_INIT=0 ignores the daemon's new-process hint), pinned (CUPTI's profiling
+# buffers in pinned host memory), devbuf (32 MB profiling buffers), bigbuf (16 MB activity
+# buffers). Mode idleinit: injected, no session, API callback ids forced on at initialisation
+# (what honouring a hint costs a process that is then not traced).
+declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [cbid]="GPUPROF_API_MODE=cbid GPUPROF_API_AT_INIT=0"
+  [late]=GPUPROF_API_AT_INIT=0 [pinned]=GPUPROF_CUPTI_PINNED=1
   [devbuf]=GPUPROF_CUPTI_DEVICE_BUFFER_MB=32 [bigbuf]=GPUPROF_BUFFER_KB=16384
-  [pinned_devbuf]="GPUPROF_CUPTI_PINNED=1 GPUPROF_CUPTI_DEVICE_BUFFER_MB=32" [hooked]=GPUPROF_API_MODE=hooked
-  [perthread]=GPUPROF_CUPTI_PER_THREAD=1)
+  [pinned_devbuf]="GPUPROF_CUPTI_PINNED=1 GPUPROF_CUPTI_DEVICE_BUFFER_MB=32")
 for v in "${!MODE_ENV[@]}"; do PRESET[$v]=default; done
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
   declare -A L T
@@ -344,8 +350,11 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
     case $mode in
       none) "$@" ;;
       idle) CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      idleinit) CUDA_INJECTION64_PATH="$INJ" GPUPROF_API_AT_INIT=1 "$@" ;;
       inert) CUDA_INJECTION64_PATH="$INJ" GPUPROF_DISABLE=1 "$@" ;;
       floor) CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$@" 2>&1 | tr '\n' ' ' ;;
+      floor_kernel | floor_launch)
+        FLOOR_PARTS=${mode#floor_} CUDA_INJECTION64_PATH="$STATE/libfloor_min.so" "$@" 2>&1 | tr '\n' ' ' ;;
       *) traced_run "${PRESET[$mode]}" "${SKIP[$mode]:-}" "${MODE_ENV[$mode]:-}" "$@" ;;
     esac
   }

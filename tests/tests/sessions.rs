@@ -270,3 +270,46 @@ fn member_is_starting_until_the_agent_confirms() {
         }
     });
 }
+
+/// The new-process hint next to the agent socket lists the targets of the active sessions that
+/// record runtime API calls, follows sessions starting and stopping, and does not outlive them
+/// (nor a daemon that did not remove it).
+#[test]
+fn new_process_hint_follows_active_sessions() {
+    use gpuprof_proto::hint;
+    let dir = tempfile::tempdir().unwrap();
+    let stale = hint::hint_path(&dir.path().join("agent.sock"));
+    std::fs::write(&stale, "* all\n").unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let path = hint::hint_path(&d.agent_socket);
+    assert_eq!(path, stale);
+    assert!(!path.exists(), "a hint left from before the daemon started is removed");
+    let python = hint::Me { pid: 1234, uid: 1000, exe: "/usr/bin/python3".into(), ..Default::default() };
+    let other = hint::Me { pid: 1235, uid: 1000, exe: "/opt/app/server".into(), ..Default::default() };
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&d).await;
+        use pb::target::Target as T;
+        let mut req = start_req(vec![target(T::ExeName("python3".into())), target(T::ExePattern("*train*".into()))]);
+        req.collect = Some(pb::CollectOptions { preset: "default".into(), ..Default::default() });
+        let api = c.start_session(req).await.unwrap().into_inner();
+        wait_state(&mut c, api.id, pb::SessionState::Active, Duration::from_secs(5)).await;
+        let text = std::fs::read_to_string(&path).expect("hint written while a default-preset session is active");
+        assert_eq!(text, "* exe_name python3\n", "patterns are not published");
+        assert!(hint::covers(&text, &python) && !hint::covers(&text, &other));
+
+        let mut req = start_req(vec![target(T::All(true))]);
+        req.collect = Some(pb::CollectOptions { preset: "kernels".into(), ..Default::default() });
+        let kernels = c.start_session(req).await.unwrap().into_inner();
+        wait_state(&mut c, kernels.id, pb::SessionState::Active, Duration::from_secs(5)).await;
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "* exe_name python3\n",
+            "a kernels-only session records no API calls: not published"
+        );
+
+        c.stop_session(pb::StopSessionRequest { session_id: api.id }).await.unwrap();
+        assert!(!path.exists(), "no active session records API calls: the hint is gone");
+        c.stop_session(pb::StopSessionRequest { session_id: kernels.id }).await.unwrap();
+    });
+}

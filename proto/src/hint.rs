@@ -1,0 +1,149 @@
+//! The new-process hint: which processes an active session will trace from their start.
+//!
+//! CUPTI records only the API calls whose callback ids were switched on before the CUDA runtime
+//! initialised; a trace that starts later has to enable the whole RUNTIME activity kind, and
+//! CUPTI then intercepts every runtime call, recorded or not (on the H100 a PyTorch loop of small
+//! kernels ran 1.36–1.51× untraced that way, against 1.18–1.21× with the ids on from the start).
+//! Switching the ids on in every process is no option either: an untraced process would pay for
+//! API records nobody collects (1.07–1.10×).
+//!
+//! So `gpuprofd` publishes which new processes an active session will trace, in a small file
+//! next to the agent socket ([`hint_path`]), and the injector reads it once, inside `cuInit`:
+//! when a line covers this process, the recorded runtime callback ids are switched on there and
+//! then, and the first trace uses them. The file only decides which way API recording is
+//! switched on; whether and what the process traces is still the daemon's start-trace command.
+//!
+//! File format, one target per line: `<uid or *> <kind> [value]`, kind one of `all`, `pid`,
+//! `exe_name`, `cgroup` (the daemon's session targets; others never match here). A uid limits
+//! the line to that user's processes (a session of a non-admin owner).
+
+use std::path::{Path, PathBuf};
+
+/// The hint file of the daemon listening on `socket`.
+pub fn hint_path(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".new-processes");
+    PathBuf::from(p)
+}
+
+/// What a hint line is matched against.
+#[derive(Debug, Clone, Default)]
+pub struct Me {
+    pub pid: u32,
+    pub uid: u32,
+    pub exe: String,
+    pub cmdline: Vec<String>,
+    pub cgroup: String,
+}
+
+fn base_name(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
+}
+
+/// Whether one line of the hint file covers `me`.
+fn line_covers(line: &str, me: &Me) -> bool {
+    let line = line.trim();
+    let mut it = line.splitn(3, ' ');
+    let (Some(uid), Some(kind)) = (it.next(), it.next()) else { return false };
+    let value = it.next().unwrap_or("");
+    if uid != "*" && uid.parse::<u32>().ok() != Some(me.uid) {
+        return false;
+    }
+    match kind {
+        "all" => true,
+        "pid" => value.parse::<u32>().ok() == Some(me.pid),
+        "exe_name" => {
+            !value.is_empty()
+                && (base_name(&me.exe) == value || me.cmdline.first().is_some_and(|c| base_name(c) == value))
+        }
+        "cgroup" => !value.is_empty() && me.cgroup.contains(value),
+        _ => false,
+    }
+}
+
+/// Whether any line of `text` covers `me`.
+pub fn covers(text: &str, me: &Me) -> bool {
+    text.lines().any(|l| line_covers(l, me))
+}
+
+/// One line of the hint file (`None` for a value that cannot be written on one line).
+pub fn line(uid: Option<u32>, kind: &str, value: &str) -> Option<String> {
+    if value.contains(['\n', '\r']) || kind.contains([' ', '\n']) {
+        return None;
+    }
+    let uid = uid.map_or_else(|| "*".to_string(), |u| u.to_string());
+    Some(if value.is_empty() { format!("{uid} {kind}") } else { format!("{uid} {kind} {value}") })
+}
+
+/// Reads the hint file of `socket`; `None` when there is none (no session awaits new
+/// processes: the common, idle case costs one failed open).
+pub fn read_hint(socket: &Path) -> Option<String> {
+    std::fs::read_to_string(hint_path(socket)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> Me {
+        Me {
+            pid: 42,
+            uid: 1000,
+            exe: "/usr/bin/python3.12".into(),
+            cmdline: vec!["python3".into(), "train.py".into()],
+            cgroup: "/kubepods/pod-abc/ctr".into(),
+        }
+    }
+
+    #[test]
+    fn lines_match_like_session_targets() {
+        let m = me();
+        assert!(covers("* all\n", &m));
+        assert!(covers("1000 all", &m), "the owner's own processes");
+        assert!(!covers("0 all", &m), "another user's session limited to its own processes");
+        assert!(covers("* pid 42", &m));
+        assert!(!covers("* pid 43", &m));
+        assert!(covers("* exe_name python3.12", &m), "executable base name");
+        assert!(covers("* exe_name python3", &m), "argv[0] base name");
+        assert!(!covers("* exe_name python", &m));
+        assert!(covers("* cgroup pod-abc", &m));
+        assert!(!covers("* cgroup pod-xyz", &m));
+        assert!(!covers("* exe_pattern *python*", &m), "patterns are left to the daemon");
+        assert!(covers("* pid 7\n* cgroup pod-abc\n", &m), "any line");
+    }
+
+    #[test]
+    fn written_lines_read_back() {
+        let m = me();
+        assert_eq!(line(None, "all", "").as_deref(), Some("* all"));
+        assert!(covers(
+            &line(Some(1000), "cgroup", "pod-abc ctr").unwrap(),
+            &Me { cgroup: "/pod-abc ctr".into(), ..m.clone() }
+        ));
+        assert!(covers(&line(None, "exe_name", "python3").unwrap(), &m));
+        assert_eq!(line(None, "cgroup", "a\nb"), None, "a value over two lines");
+    }
+
+    #[test]
+    fn malformed_lines_match_nothing() {
+        let m = me();
+        for bad in ["", "all", "x all", "* exe_name", "* cgroup ", "* pid x", "*\tall"] {
+            assert!(!covers(bad, &m), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hint_sits_next_to_the_socket() {
+        assert_eq!(
+            hint_path(Path::new("/run/gpuprof/agent.sock")),
+            PathBuf::from("/run/gpuprof/agent.sock.new-processes")
+        );
+        let dir = std::env::temp_dir().join(format!("gpuprof-hint-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("agent.sock");
+        assert_eq!(read_hint(&sock), None);
+        std::fs::write(hint_path(&sock), "* all\n").unwrap();
+        assert_eq!(read_hint(&sock).as_deref(), Some("* all\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
