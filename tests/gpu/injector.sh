@@ -18,11 +18,16 @@
 #             its context and a stream and runs kernels untraced; then a session starts (full
 #             preset); the N kernels it launches afterwards are stored exactly, with context and
 #             stream records for the context and stream created before the trace, and each of
-#             the N kernels tagged with an external correlation id is joined to its id;
+#             the N kernels tagged with an external correlation id is joined to its id, and every
+#             kernel to its launch API record;
+#   afterstop a PyTorch process started while a session was active (so API recording was
+#             switched on inside cuInit) runs at untraced speed once the session stopped;
 #   overhead  200k empty launches and a PyTorch loop of 100k small kernels: untraced,
 #             injected-but-idle, traced by gpuprof (kernels only, default preset, full preset),
-#             the raw-CUPTI floor, torch.profiler; ratios from
-#             this one run, plus records stored and dropped while traced.
+#             the raw-CUPTI floors, torch.profiler; ratios from this one run, plus records
+#             stored and dropped while traced. "traced" starts each session before its process
+#             (API callback ids on from cuInit); "late" records API calls as for a process
+#             started before its session.
 # Prints CHECK/FIGURE lines and a summary last; copies logs to $OUT when set.
 #
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), from a build machine:
@@ -36,7 +41,7 @@ BIN=${GPUPROF_BIN:-$PWD/.gpu}
 INJ=$BIN/libgpuprof_inject.so
 OUTDIR=${OUT:-}
 PY=${PYTHON:-python3}
-SCENARIOS=${SCENARIOS:-nodaemon count matmul nvtx coexist attach overhead}
+SCENARIOS=${SCENARIOS:-nodaemon count matmul nvtx coexist attach afterstop overhead}
 REPS=${REPS:-3}
 export PATH="/usr/local/cuda/bin:$PATH"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -289,6 +294,38 @@ PYEOF
     "records $(kv ext_records) (CUSTOM0 $(kv custom0)), joined $(kv ext_joined), default tagged $(kv default_tagged)"
   pass_if "late attach: each of the 2N kernels joined to its launch API record" \
     "$([ "$(kv api_joined)" = $((2 * N)) ] && echo 1)" "api records $(kv api_records), kernels joined $(kv api_joined)"
+fi
+
+# ---------------------------------------------------------------- afterstop
+# A PyTorch process started while a session was active (API records switched on inside cuInit),
+# traced, then the session stops: the rest of its run should cost what an untraced run costs.
+if [[ " $SCENARIOS " == *" afterstop "* ]]; then
+  declare -A P1 P2
+  for rep in 1 2; do
+    for mode in none stopped; do
+      rm -f "$STATE/ph.ready" "$STATE/ph.go"
+      if [ $mode = stopped ]; then
+        s=$(session_start --preset default --name afterstop)
+        CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/phases.py" "$STATE/ph.ready" "$STATE/ph.go" 50000 5 >"$STATE/ph.out" 2>&1 &
+      else
+        "$PY" "$HERE/phases.py" "$STATE/ph.ready" "$STATE/ph.go" 50000 5 >"$STATE/ph.out" 2>&1 &
+      fi
+      ppid=$!
+      for _ in $(seq 1200); do [ -e "$STATE/ph.ready" ] && break; sleep 0.05; done
+      [ $mode = stopped ] && session_stop "$s"
+      touch "$STATE/ph.go"
+      wait $ppid
+      out=$(grep PHASES "$STATE/ph.out")
+      echo "afterstop $mode: $out" | tee -a "$STATE/run_afterstop.log"
+      P1[$mode]="${P1[$mode]:-} $(grep -oE 'phase1_us=[0-9.]+' <<<"$out" | cut -d= -f2)"
+      P2[$mode]="${P2[$mode]:-} $(grep -oE 'phase2_us=[0-9.]+' <<<"$out" | cut -d= -f2)"
+    done
+  done
+  med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+  r1=$(calc "$(echo "${P1[stopped]}" | med) / $(echo "${P1[none]}" | med)")
+  r2=$(calc "$(echo "${P2[stopped]}" | med) / $(echo "${P2[none]}" | med)")
+  figure "afterstop: traced phase ${r1}x untraced (runs:${P1[stopped]} vs${P1[none]}), after the stop ${r2}x (runs:${P2[stopped]} vs${P2[none]})"
+  pass_if "after its session stops, a process traced from its start costs <= 1.02x untraced" "$(calc "$r2 <= 1.02")" "${r2}x"
 fi
 
 # ---------------------------------------------------------------- overhead
