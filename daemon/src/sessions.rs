@@ -930,10 +930,13 @@ fn hint_lines(g: &Inner) -> String {
     out
 }
 
-/// Rewrites the new-process hint file next to the agent socket when the active sessions
-/// changed (removes it when no session awaits new processes). A failure only costs new
+/// With `agent.api_from_start` (the default), rewrites the new-process hint file next to the agent socket
+/// when the active sessions changed (removes it when no session awaits new processes). A failure only costs new
 /// processes the cheaper way of recording API calls, so it is logged, not returned.
 fn publish_hint(d: &Daemon, g: &mut Inner) {
+    if !d.config.agent.api_from_start {
+        return;
+    }
     let text = hint_lines(g);
     if text == g.hint {
         return;

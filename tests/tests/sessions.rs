@@ -280,7 +280,9 @@ fn new_process_hint_follows_active_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let stale = hint::hint_path(&dir.path().join("agent.sock"));
     std::fs::write(&stale, "* all\n").unwrap();
-    let d = TestDaemon::start(dir.path()).unwrap();
+    let cfg = dir.path().join("cfg.toml");
+    std::fs::write(&cfg, "[agent]\napi_from_start = true\n").unwrap();
+    let d = TestDaemon::start_with(dir.path(), &["--config", cfg.to_str().unwrap()]).unwrap();
     let path = hint::hint_path(&d.agent_socket);
     assert_eq!(path, stale);
     assert!(!path.exists(), "a hint left from before the daemon started is removed");
@@ -311,5 +313,21 @@ fn new_process_hint_follows_active_sessions() {
         c.stop_session(pb::StopSessionRequest { session_id: api.id }).await.unwrap();
         assert!(!path.exists(), "no active session records API calls: the hint is gone");
         c.stop_session(pb::StopSessionRequest { session_id: kernels.id }).await.unwrap();
+    });
+}
+
+/// With `agent.api_from_start = false` no hint is published.
+#[test]
+fn no_new_process_hint_when_switched_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg.toml");
+    std::fs::write(&cfg, "[agent]\napi_from_start = false\n").unwrap();
+    let d = TestDaemon::start_with(dir.path(), &["--config", cfg.to_str().unwrap()]).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&d).await;
+        let s = c.start_session(start_req(vec![target(pb::target::Target::All(true))])).await.unwrap().into_inner();
+        wait_state(&mut c, s.id, pb::SessionState::Active, Duration::from_secs(5)).await;
+        assert!(!gpuprof_proto::hint::hint_path(&d.agent_socket).exists());
     });
 }
