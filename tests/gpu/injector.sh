@@ -57,6 +57,7 @@ DPID=
 check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }
 figure() { FIGURES+=("FIGURE $1"); echo ">>> FIGURE $1"; }
 calc() { awk "BEGIN { printf \"%.4g\", $1 }"; }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 pass_if() { if [ "$2" = 1 ]; then check "$1" PASS "$3"; else check "$1" FAIL "$3"; fi; }
 
 finish() {
@@ -325,16 +326,14 @@ if [[ " $SCENARIOS " == *" afterstop "* ]]; then
       P2[$mode]="${P2[$mode]:-} $(grep -oE 'phase2_us=[0-9.]+' <<<"$out" | cut -d= -f2)"
     done
   done
-  med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-  r1=$(calc "$(echo "${P1[stopped]}" | med) / $(echo "${P1[none]}" | med)")
-  r2=$(calc "$(echo "${P2[stopped]}" | med) / $(echo "${P2[none]}" | med)")
+  r1=$(calc "$(echo "${P1[stopped]}" | median) / $(echo "${P1[none]}" | median)")
+  r2=$(calc "$(echo "${P2[stopped]}" | median) / $(echo "${P2[none]}" | median)")
   figure "afterstop: traced phase ${r1}x untraced (runs:${P1[stopped]} vs${P1[none]}), after the stop ${r2}x (runs:${P2[stopped]} vs${P2[none]})"
   pass_if "after its session stops, a process traced from its start costs <= 1.02x untraced (api_from_start=$API_FROM_START)" \
     "$(calc "$r2 <= 1.02")" "${r2}x"
 fi
 
 # ---------------------------------------------------------------- overhead
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 # Modes: none (no injector), idle (injected, connected, no session), inert (injected with
 # GPUPROF_DISABLE=1: the driver's own cost of an injection library), floor (gpu-anchors raw
 # CUPTI, every runtime API call), floor_kernel and floor_launch (tests/gpu/floor_min.c: raw
