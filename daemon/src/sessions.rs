@@ -173,7 +173,7 @@ impl TargetSpec {
     pub fn matches(&self, a: &Agent) -> bool {
         match self {
             TargetSpec::Pid(p) => a.pid == *p,
-            TargetSpec::ExeName(n) => base_name(&a.exe) == n || a.cmdline.first().is_some_and(|c| base_name(c) == n),
+            TargetSpec::ExeName(n) => gpuprof_proto::hint::exe_name_matches(n, &a.exe, &a.cmdline),
             TargetSpec::ExePattern(p) => {
                 crate::glob::matches(p, &a.exe)
                     || crate::glob::matches(p, &a.cmdline.join(" "))
@@ -183,10 +183,6 @@ impl TargetSpec {
             TargetSpec::All => true,
         }
     }
-}
-
-fn base_name(p: &str) -> &str {
-    p.rsplit('/').next().unwrap_or(p)
 }
 
 /// What a session collects, as stored (JSON) in `sessions.collect`.

@@ -40,6 +40,12 @@ fn base_name(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
 
+/// Whether a process is named `name`: the base name of its executable or of its argv[0]. The
+/// one rule for `exe_name` targets, in the daemon's sessions and in the hint alike.
+pub fn exe_name_matches(name: &str, exe: &str, cmdline: &[String]) -> bool {
+    base_name(exe) == name || cmdline.first().is_some_and(|c| base_name(c) == name)
+}
+
 /// Whether one line of the hint file covers `me`.
 fn line_covers(line: &str, me: &Me) -> bool {
     let line = line.trim();
@@ -52,10 +58,7 @@ fn line_covers(line: &str, me: &Me) -> bool {
     match kind {
         "all" => true,
         "pid" => value.parse::<u32>().ok() == Some(me.pid),
-        "exe_name" => {
-            !value.is_empty()
-                && (base_name(&me.exe) == value || me.cmdline.first().is_some_and(|c| base_name(c) == value))
-        }
+        "exe_name" => !value.is_empty() && exe_name_matches(value, &me.exe, &me.cmdline),
         "cgroup" => !value.is_empty() && me.cgroup.contains(value),
         _ => false,
     }
