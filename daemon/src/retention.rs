@@ -21,7 +21,8 @@
 //!
 //! Freed pages: a database created by this version uses `auto_vacuum=INCREMENTAL`, and each
 //! pass that leaves free pages hands them back to the file system in small
-//! `incremental_vacuum` steps, so the file shrinks. Older databases keep their free pages
+//! `incremental_vacuum` steps, then finishes the checkpoint that copies the shrink to disk
+//! if a reader held the automatic one back ([`settle_files`]), so the file shrinks. Older databases keep their free pages
 //! (SQLite reuses them for new rows, so the file stops growing but does not shrink); the size
 //! limit counts only pages in use either way.
 
@@ -314,6 +315,8 @@ async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over_limit: &mu
             break;
         }
     }
+    let (path, wal_pages) = (d.db_path.clone(), u64::from(d.config.storage.wal_autocheckpoint_pages));
+    step(d, move |c| settle_files(c, &path, wal_pages)).await?;
     if tally.sessions + tally.records + tally.unsessioned + tally.processes > 0 {
         tracing::info!(
             sessions = tally.sessions,
@@ -664,6 +667,29 @@ pub fn vacuum_step(c: &mut Connection) -> rusqlite::Result<(Pages, u64)> {
     drop(st);
     let after = Pages::read(c)?;
     Ok((after, before.free.saturating_sub(after.free)))
+}
+
+/// Brings the files on disk down to the database's size. SQLite shrinks the main file, and
+/// empties the WAL, only at a checkpoint that copies every frame back; the automatic one
+/// after a commit gives up while a reader still uses an older snapshot, and with no commit
+/// after it (deletions done, ingest idle) the freed space would stay on disk. So when the
+/// main file is larger than its pages, or the WAL is past twice its checkpoint size, this
+/// checkpoints and truncates the WAL, without waiting for readers: one still in the way
+/// leaves it to the next pass. Returns whether the files now match.
+pub fn settle_files(c: &mut Connection, path: &std::path::Path, wal_pages: u64) -> rusqlite::Result<bool> {
+    let oversized = |c: &Connection| -> rusqlite::Result<bool> {
+        let pages = Pages::read(c)?;
+        let main = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let wal = crate::store::wal_bytes(path);
+        Ok(main > pages.count * pages.page_size || wal > 2 * wal_pages * pages.page_size)
+    };
+    if !oversized(c)? {
+        return Ok(true);
+    }
+    c.busy_timeout(Duration::ZERO)?;
+    let busy = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get::<_, i64>(0));
+    c.busy_timeout(crate::store::BUSY_TIMEOUT)?;
+    Ok(busy? == 0 && !oversized(c)?)
 }
 
 #[cfg(test)]
@@ -1036,5 +1062,40 @@ mod session_tests {
         c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
         let small = std::fs::metadata(&path).unwrap().len();
         assert!(small < full / 4, "{full} -> {small}");
+    }
+
+    /// A reader on an older snapshot holds the shrink back; once it is gone, one settle
+    /// brings the main file down to the database's pages and empties the WAL.
+    #[test]
+    fn settle_files_shrinks_the_files_once_readers_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let cfg = crate::config::Config::from_toml("").unwrap().storage;
+        let wal_pages = u64::from(cfg.wal_autocheckpoint_pages);
+        let mut c = crate::store::open_writer(&path, &cfg).unwrap();
+        process(&c, 1, 0, None);
+        c.execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+             INSERT INTO kernel SELECT 0, 1, 0, 0, 7, i, 1, i * 1000, 5000, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0 FROM n",
+        )
+        .unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+        assert!(settle_files(&mut c, &path, wal_pages).unwrap(), "nothing to settle yet");
+        let full = std::fs::metadata(&path).unwrap().len();
+        // A reader in the middle of a read transaction, on the snapshot before the delete.
+        let r = crate::store::open_reader(&path).unwrap();
+        r.execute_batch("BEGIN").unwrap();
+        let _: i64 = r.query_row("SELECT count(*) FROM kernel", [], |x| x.get(0)).unwrap();
+        c.execute("DELETE FROM kernel", []).unwrap();
+        while vacuum_step(&mut c).unwrap().1 > 0 {}
+        let pages = Pages::read(&c).unwrap();
+        assert!(pages.count * pages.page_size < full / 2, "{pages:?}, file {full}");
+        assert!(!settle_files(&mut c, &path, wal_pages).unwrap(), "the reader holds the old pages");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), full);
+        r.execute_batch("COMMIT").unwrap();
+        drop(r);
+        assert!(settle_files(&mut c, &path, wal_pages).unwrap());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), pages.count * pages.page_size);
+        assert_eq!(crate::store::wal_bytes(&path), 0);
     }
 }

@@ -18,13 +18,16 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0004_topology_keys.sql", include_str!("../../migrations/0004_topology_keys.sql")),
 ];
 
+/// How long a connection waits for a lock another connection holds.
+pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Opens (creating if needed) the database for writing and brings the schema up to date.
 pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating state directory {}", dir.display()))?;
     }
     let conn = Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     // A new database gets incremental auto-vacuum, so that retention can hand the pages of
     // deleted rows back to the file system; it can only be chosen before the first table
     // (and before WAL mode) exists. Older databases keep reusing their free pages instead.
@@ -68,7 +71,7 @@ pub fn open_reader(path: &Path) -> Result<Connection> {
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .with_context(|| format!("opening database {} for reading", path.display()))?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     Ok(conn)
 }
 
