@@ -218,7 +218,8 @@ fn pause_resume_expiry_markers_and_persistence() -> Result<()> {
     // Expiry gave the hardware back to the sampler.
     assert!(matches!(s0.command(Duration::from_secs(1))?, Command::Start { .. }));
     let expire_after = t.elapsed();
-    assert!(expire_after >= Duration::from_secs(2) && expire_after < Duration::from_secs(4), "{expire_after:?}");
+    // Not before the 2 s are up; the upper bound only says that it did expire.
+    assert!(expire_after >= Duration::from_secs(2) && expire_after < Duration::from_secs(10), "{expire_after:?}");
 
     // Pause both, resume both with the CLI.
     ctl_ok(&d, &["profile", "--pause", "--all"]);

@@ -343,7 +343,12 @@ fn ingest_keeps_flowing_while_a_large_session_is_deleted() {
             partial.len()
         );
         assert!(partial.len() >= 3, "deleted in chunks, seen in status as it goes: {partial:?}");
-        assert!(stall < Duration::from_millis(500), "ingest stood still for {stall:?} during deletion");
+        // Not blocked for the deletion: the longest standstill is a small part of it (a loaded
+        // machine stretches both alike), or under half a second.
+        assert!(
+            stall < (took / 3).max(Duration::from_millis(500)),
+            "ingest stood still for {stall:?} during a deletion of {took:?}"
+        );
     });
     bulk.finish().unwrap();
     steady.finish().unwrap();
