@@ -13,7 +13,6 @@ pub mod cbid;
 pub mod config;
 pub mod error;
 pub mod export;
-pub mod glob;
 pub mod ingest;
 pub mod pmstream;
 pub mod prometheus;

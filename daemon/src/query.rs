@@ -82,7 +82,7 @@ pub fn cols(table: &str) -> Cols {
 /// Checks a filter's fields.
 pub fn check_filter(f: &pb::RecordFilter) -> ApiResult<()> {
     if !f.name_pattern.is_empty() {
-        crate::glob::check(&f.name_pattern).map_err(|e| ApiError::invalid("filter.name_pattern", e))?;
+        gpuprof_proto::glob::check(&f.name_pattern).map_err(|e| ApiError::invalid("filter.name_pattern", e))?;
     }
     if let Some(t) = &f.time_range
         && t.end_ns != 0

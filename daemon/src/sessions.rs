@@ -140,7 +140,7 @@ impl TargetSpec {
                 if p.is_empty() {
                     return Err(ApiError::invalid("targets.exe_pattern", "the pattern is empty"));
                 }
-                if let Err(e) = crate::glob::check(p) {
+                if let Err(e) = gpuprof_proto::glob::check(p) {
                     return Err(ApiError::invalid("targets.exe_pattern", format!("{p:?}: {e}")));
                 }
                 TargetSpec::ExePattern(p.clone())
@@ -174,11 +174,7 @@ impl TargetSpec {
         match self {
             TargetSpec::Pid(p) => a.pid == *p,
             TargetSpec::ExeName(n) => gpuprof_proto::hint::exe_name_matches(n, &a.exe, &a.cmdline),
-            TargetSpec::ExePattern(p) => {
-                crate::glob::matches(p, &a.exe)
-                    || crate::glob::matches(p, &a.cmdline.join(" "))
-                    || a.cmdline.iter().any(|c| crate::glob::matches(p, c))
-            }
+            TargetSpec::ExePattern(p) => gpuprof_proto::hint::exe_pattern_matches(p, &a.exe, &a.cmdline),
             TargetSpec::Cgroup(c) => a.cgroup.contains(c.as_str()),
             TargetSpec::All => true,
         }
@@ -915,7 +911,7 @@ fn hint_lines(g: &Inner) -> String {
                 TargetSpec::Pid(p) => gpuprof_proto::hint::line(uid, "pid", &p.to_string()),
                 TargetSpec::ExeName(n) => gpuprof_proto::hint::line(uid, "exe_name", n),
                 TargetSpec::Cgroup(c) => gpuprof_proto::hint::line(uid, "cgroup", c),
-                TargetSpec::ExePattern(_) => None,
+                TargetSpec::ExePattern(p) => gpuprof_proto::hint::line(uid, "exe_pattern", p),
             };
             if let Some(line) = line {
                 out.push_str(&line);

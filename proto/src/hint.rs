@@ -14,7 +14,7 @@
 //! switched on; whether and what the process traces is still the daemon's start-trace command.
 //!
 //! File format, one target per line: `<uid or *> <kind> [value]`, kind one of `all`, `pid`,
-//! `exe_name`, `cgroup` (the daemon's session targets; others never match here). A uid limits
+//! `exe_name`, `exe_pattern`, `cgroup` (the daemon's session targets; others never match here). A uid limits
 //! the line to that user's processes (a session of a non-admin owner).
 
 use std::path::{Path, PathBuf};
@@ -46,6 +46,15 @@ pub fn exe_name_matches(name: &str, exe: &str, cmdline: &[String]) -> bool {
     base_name(exe) == name || cmdline.first().is_some_and(|c| base_name(c) == name)
 }
 
+/// Whether a process matches the glob `pattern` ([`crate::glob`]): its executable path, its
+/// command line joined with spaces, or any one argument. The one rule for `exe_pattern`
+/// targets, in the daemon's sessions and in the hint alike.
+pub fn exe_pattern_matches(pattern: &str, exe: &str, cmdline: &[String]) -> bool {
+    crate::glob::matches(pattern, exe)
+        || crate::glob::matches(pattern, &cmdline.join(" "))
+        || cmdline.iter().any(|c| crate::glob::matches(pattern, c))
+}
+
 /// Whether one line of the hint file covers `me`.
 fn line_covers(line: &str, me: &Me) -> bool {
     let line = line.trim();
@@ -59,6 +68,7 @@ fn line_covers(line: &str, me: &Me) -> bool {
         "all" => true,
         "pid" => value.parse::<u32>().ok() == Some(me.pid),
         "exe_name" => !value.is_empty() && exe_name_matches(value, &me.exe, &me.cmdline),
+        "exe_pattern" => !value.is_empty() && exe_pattern_matches(value, &me.exe, &me.cmdline),
         "cgroup" => !value.is_empty() && me.cgroup.contains(value),
         _ => false,
     }
@@ -71,7 +81,7 @@ pub fn covers(text: &str, me: &Me) -> bool {
 
 /// One line of the hint file (`None` for a value that cannot be written on one line).
 pub fn line(uid: Option<u32>, kind: &str, value: &str) -> Option<String> {
-    if value.contains(['\n', '\r']) || kind.contains([' ', '\n']) {
+    if value.contains(['\n', '\r']) || value.trim() != value || kind.contains([' ', '\n']) {
         return None;
     }
     let uid = uid.map_or_else(|| "*".to_string(), |u| u.to_string());
@@ -111,7 +121,11 @@ mod tests {
         assert!(!covers("* exe_name python", &m));
         assert!(covers("* cgroup pod-abc", &m));
         assert!(!covers("* cgroup pod-xyz", &m));
-        assert!(!covers("* exe_pattern *python*", &m), "patterns are left to the daemon");
+        assert!(covers("* exe_pattern /usr/bin/python*", &m), "executable path");
+        assert!(covers("* exe_pattern python3 *.py", &m), "command line");
+        assert!(covers("* exe_pattern tr[a-z]in.py", &m), "one argument");
+        assert!(!covers("* exe_pattern *eval*", &m));
+        assert!(!covers("* exe_pattern [abc", &m), "a malformed pattern matches nothing");
         assert!(covers("* pid 7\n* cgroup pod-abc\n", &m), "any line");
     }
 
@@ -124,7 +138,9 @@ mod tests {
             &Me { cgroup: "/pod-abc ctr".into(), ..m.clone() }
         ));
         assert!(covers(&line(None, "exe_name", "python3").unwrap(), &m));
+        assert!(covers(&line(None, "exe_pattern", "python3 *train*").unwrap(), &m));
         assert_eq!(line(None, "cgroup", "a\nb"), None, "a value over two lines");
+        assert_eq!(line(None, "exe_pattern", "*train* "), None, "reading trims the line");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
 
 pub mod frame;
+pub mod glob;
 pub mod hint;
 
 /// The agent protocol, `gpuprof.agent.v1`.

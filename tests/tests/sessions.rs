@@ -287,6 +287,13 @@ fn new_process_hint_follows_active_sessions() {
     assert_eq!(path, stale);
     assert!(!path.exists(), "a hint left from before the daemon started is removed");
     let python = hint::Me { pid: 1234, uid: 1000, exe: "/usr/bin/python3".into(), ..Default::default() };
+    let trainer = hint::Me {
+        pid: 1236,
+        uid: 1000,
+        exe: "/opt/app/bin/runner".into(),
+        cmdline: vec!["runner".into(), "train_llm.yaml".into()],
+        ..Default::default()
+    };
     let other = hint::Me { pid: 1235, uid: 1000, exe: "/opt/app/server".into(), ..Default::default() };
     let rt = rt();
     rt.block_on(async {
@@ -297,8 +304,8 @@ fn new_process_hint_follows_active_sessions() {
         let api = c.start_session(req).await.unwrap().into_inner();
         wait_state(&mut c, api.id, pb::SessionState::Active, Duration::from_secs(5)).await;
         let text = std::fs::read_to_string(&path).expect("hint written while a default-preset session is active");
-        assert_eq!(text, "* exe_name python3\n", "patterns are not published");
-        assert!(hint::covers(&text, &python) && !hint::covers(&text, &other));
+        assert_eq!(text, "* exe_name python3\n* exe_pattern *train*\n");
+        assert!(hint::covers(&text, &python) && hint::covers(&text, &trainer) && !hint::covers(&text, &other));
 
         let mut req = start_req(vec![target(T::All(true))]);
         req.collect = Some(pb::CollectOptions { preset: "kernels".into(), ..Default::default() });
@@ -306,7 +313,7 @@ fn new_process_hint_follows_active_sessions() {
         wait_state(&mut c, kernels.id, pb::SessionState::Active, Duration::from_secs(5)).await;
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
-            "* exe_name python3\n",
+            "* exe_name python3\n* exe_pattern *train*\n",
             "a kernels-only session records no API calls: not published"
         );
 
