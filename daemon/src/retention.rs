@@ -1027,19 +1027,26 @@ mod session_tests {
         assert_eq!(expire_processes(&mut c, 100 * S, 500).unwrap(), 1);
     }
 
-    #[test]
-    fn incremental_vacuum_shrinks_a_new_database() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
+    /// A new database file in `dir` with `n` kernel rows, all checkpointed into the main file.
+    fn database_with_kernels(dir: &std::path::Path, n: u32) -> (std::path::PathBuf, Connection) {
+        let path = dir.join("t.db");
         let cfg = crate::config::Config::from_toml("").unwrap().storage;
-        let mut c = crate::store::open_writer(&path, &cfg).unwrap();
+        let c = crate::store::open_writer(&path, &cfg).unwrap();
         process(&c, 1, 0, None);
-        c.execute_batch(
-            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300000)
+        c.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
              INSERT INTO kernel SELECT 0, 1, 0, 0, 7, i, 1, i * 1000, 5000, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0 FROM n",
+            [n],
         )
         .unwrap();
         c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+        (path, c)
+    }
+
+    #[test]
+    fn incremental_vacuum_shrinks_a_new_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut c) = database_with_kernels(dir.path(), 300_000);
         let full = std::fs::metadata(&path).unwrap().len();
         c.execute("DELETE FROM kernel", []).unwrap();
         let p = Pages::read(&c).unwrap();
@@ -1069,17 +1076,8 @@ mod session_tests {
     #[test]
     fn settle_files_shrinks_the_files_once_readers_let_go() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let cfg = crate::config::Config::from_toml("").unwrap().storage;
-        let wal_pages = u64::from(cfg.wal_autocheckpoint_pages);
-        let mut c = crate::store::open_writer(&path, &cfg).unwrap();
-        process(&c, 1, 0, None);
-        c.execute_batch(
-            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
-             INSERT INTO kernel SELECT 0, 1, 0, 0, 7, i, 1, i * 1000, 5000, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0 FROM n",
-        )
-        .unwrap();
-        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+        let (path, mut c) = database_with_kernels(dir.path(), 100_000);
+        let wal_pages = u64::from(crate::config::Config::from_toml("").unwrap().storage.wal_autocheckpoint_pages);
         assert!(settle_files(&mut c, &path, wal_pages).unwrap(), "nothing to settle yet");
         let full = std::fs::metadata(&path).unwrap().len();
         // A reader in the middle of a read transaction, on the snapshot before the delete.
