@@ -44,6 +44,11 @@ impl Pki {
         self.dir.join(name).display().to_string()
     }
 
+    /// `--cert NAME.pem --key NAME.key`.
+    fn cert(&self, name: &str) -> Vec<String> {
+        vec!["--cert".into(), self.path(&format!("{name}.pem")), "--key".into(), self.path(&format!("{name}.key"))]
+    }
+
     fn write(&self, name: &str, text: &str) -> Result<()> {
         std::fs::write(self.dir.join(name), text)?;
         Ok(())
@@ -117,6 +122,14 @@ fn ctl(args: &[&str]) -> Output {
         .env("GPUPROF_API_SOCKET", "/nonexistent/api.sock")
         .output()
         .expect("running gpuprofctl")
+}
+
+/// `gpuprofctl --addr ADDR --ca CA AUTH... CMD...`.
+fn remote(addr: &str, ca: &str, auth: &[String], cmd: &[&str]) -> Output {
+    let mut args = vec!["--addr", addr, "--ca", ca];
+    args.extend(auth.iter().map(String::as_str));
+    args.extend_from_slice(cmd);
+    ctl(&args)
 }
 
 fn text(o: &Output) -> String {
@@ -232,31 +245,9 @@ fn client_certificate_works_and_a_client_without_one_is_refused() -> Result<()> 
     let (d, addr) = start_tcp(dir.path(), &pki, &format!("client_ca_file = {:?}\n", pki.path("ca.pem")))?;
     let ca = pki.path("ca.pem");
 
-    let o = ctl(&[
-        "--addr",
-        &addr,
-        "--ca",
-        &ca,
-        "--cert",
-        &pki.path("client.pem"),
-        "--key",
-        &pki.path("client.key"),
-        "status",
-    ]);
+    let o = remote(&addr, &ca, &pki.cert("client"), &["status"]);
     assert_ok(&o, "status with a client certificate");
-    let o = ctl(&[
-        "--addr",
-        &addr,
-        "--ca",
-        &ca,
-        "--cert",
-        &pki.path("client.pem"),
-        "--key",
-        &pki.path("client.key"),
-        "--json",
-        "session",
-        "list",
-    ]);
+    let o = remote(&addr, &ca, &pki.cert("client"), &["--json", "session", "list"]);
     assert_ok(&o, "session list with a client certificate");
 
     // No certificate: every call is refused with UNAUTHENTICATED, saying what is needed; a
@@ -266,17 +257,7 @@ fn client_certificate_works_and_a_client_without_one_is_refused() -> Result<()> 
     let o = ctl(&["--addr", &addr, "--ca", &ca, "--token-file", &pki.path("token"), "status"]);
     assert_refused(&o, 5, &["does not accept tokens", "--cert"], "token without a certificate");
     // A certificate from another CA.
-    let o = ctl(&[
-        "--addr",
-        &addr,
-        "--ca",
-        &ca,
-        "--cert",
-        &pki.path("stranger.pem"),
-        "--key",
-        &pki.path("stranger.key"),
-        "status",
-    ]);
+    let o = remote(&addr, &ca, &pki.cert("stranger"), &["status"]);
     assert!(!o.status.success(), "certificate of another CA: {}", text(&o));
     assert!(text(&o).contains("api.client_ca_file"), "{}", text(&o));
     // --cert without --key is a usage error.
@@ -295,27 +276,13 @@ fn with_token_and_client_ca_either_one_is_enough() -> Result<()> {
     let (d, addr) = start_tcp(dir.path(), &pki, &auth)?;
     let ca = pki.path("ca.pem");
 
-    let cert = ["--cert", &pki.path("client.pem"), "--key", &pki.path("client.key")].map(String::from);
-    let cert: Vec<&str> = cert.iter().map(String::as_str).collect();
-    let with_cert: Vec<&str> = [&["--addr", &addr, "--ca", &ca][..], &cert, &["status"]].concat();
-    assert_ok(&ctl(&with_cert), "certificate only");
+    assert_ok(&remote(&addr, &ca, &pki.cert("client"), &["status"]), "certificate only");
     assert_ok(&ctl(&["--addr", &addr, "--ca", &ca, "--token-file", &pki.path("token"), "status"]), "token only");
     let o = ctl(&["--addr", &addr, "--ca", &ca, "status"]);
     assert_refused(&o, 5, &["--token-file", "--cert"], "neither");
     // A presented certificate is still verified.
-    let o = ctl(&[
-        "--addr",
-        &addr,
-        "--ca",
-        &ca,
-        "--token-file",
-        &pki.path("token"),
-        "--cert",
-        &pki.path("stranger.pem"),
-        "--key",
-        &pki.path("stranger.key"),
-        "status",
-    ]);
+    let token_and_stranger = [vec!["--token-file".into(), pki.path("token")], pki.cert("stranger")].concat();
+    let o = remote(&addr, &ca, &token_and_stranger, &["status"]);
     assert!(!o.status.success(), "certificate of another CA: {}", text(&o));
 
     assert_eq!(d.terminate()?, 0);
