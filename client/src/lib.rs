@@ -1,5 +1,6 @@
 //! gpuprofctl's client library: connecting to gpuprofd's gRPC API, on its Unix socket
 //! ([`connect`]) or remotely over TLS ([`connect_to`] with [`Target::Remote`]).
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,4 +1,5 @@
 //! `gpuprofctl`: command-line client of gpuprofd.
+#![forbid(unsafe_code)]
 
 mod output;
 mod profile;

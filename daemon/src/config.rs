@@ -55,6 +55,7 @@ pub struct SamplerConfig {
     pub devices: Vec<u32>,
     pub metrics: Vec<String>,
     pub interval: Dur,
+    pub program: String,
     pub cupti_library: String,
     pub hardware_buffer_mib: u32,
     pub restart_backoff_max: Dur,

@@ -4,6 +4,7 @@
 //! socket ([`agent`]); their records go through a bounded channel to one SQLite writer
 //! thread ([`ingest`], schema in [`store`]); clients use the gRPC API ([`api`]) on the api
 //! socket. See ARCHITECTURE.md for the whole picture.
+#![forbid(unsafe_code)]
 
 pub mod access;
 pub mod agent;

@@ -1,4 +1,5 @@
 //! `gpuprofd`: the gpuprof daemon.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,9 +35,6 @@ enum Cmd {
     CheckConfig { file: PathBuf },
     /// Print the built-in default configuration.
     PrintDefaultConfig,
-    /// Run the PM sampler of one GPU (started by the daemon; see `--check` and `--print` for
-    /// using it by hand).
-    Sampler(gpuprofd::sampler::child::SamplerArgs),
 }
 
 fn main() -> ExitCode {
@@ -72,7 +70,6 @@ fn main() -> ExitCode {
             print!("{}", gpuprofd::config::DEFAULT_TOML);
             return ExitCode::SUCCESS;
         }
-        Some(Cmd::Sampler(args)) => return gpuprofd::sampler::child::main(args),
         None => {}
     }
     let ov = Overrides {

@@ -122,9 +122,8 @@ pub fn parse_cgroup(s: &str) -> String {
 }
 
 pub fn clock_pair() -> pb::ClockPair {
-    let rt =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    pb::ClockPair { realtime_ns: rt, monotonic_ns: crate::sys_time::monotonic_ns() }
+    use gpuprof_cupti::clock;
+    pb::ClockPair { realtime_ns: clock::realtime_ns(), monotonic_ns: clock::monotonic_ns() }
 }
 
 pub struct Agent<B: Backend> {

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use gpuprof_proto::agent as pb;
 
 use crate::records::{self, Record};
-use crate::sys::cupti as sys;
+use gpuprof_cupti::device::uuid_string;
+use gpuprof_cupti::sys::cupti as sys;
 
 /// Most distinct strings interned on one connection; past it records carry id 0 (no string)
 /// rather than letting unique NVTX messages grow the table without bound.
@@ -102,12 +103,6 @@ struct OpenMarker {
     name_id: u32,
     domain_id: u32,
     thread_id: u32,
-}
-
-/// Formats a CUDA UUID as nvidia-smi does: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn uuid_string(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
 /// Accumulates records into batches for one connection.

@@ -23,7 +23,7 @@ pub extern "C" fn InitializeInjection() -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn InitializeInjectionNvtx2(get_export_table: *const c_void) -> c_int {
     catch_unwind(|| {
-        let Ok(cupti) = crate::cupti::shared() else { return 0 };
+        let Ok(cupti) = gpuprof_cupti::loader::shared() else { return 0 };
         type InitNvtx = unsafe extern "C" fn(*const c_void) -> c_int;
         // Safety: reopening the libcupti already loaded (same path; dlopen returns the same
         // handle) to resolve its NVTX entry point, whose C signature is the one above.

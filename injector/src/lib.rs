@@ -9,7 +9,7 @@
 //! Threads: the application's and CUPTI's threads only hand completed buffers over
 //! ([`tracer`]); one background thread ([`agent`]) does all decoding, interning and socket I/O.
 //! Layout of the code:
-//! - [`sys`]: generated CUPTI/CUDA bindings; [`cupti`]: loading and calling libcupti.
+//! - CUPTI itself (bindings, loading, errors, device facts) is the `gpuprof-cupti` crate.
 //! - [`records`]: safe decoding of CUPTI 13.0 record bytes; [`convert`]: protocol messages.
 //! - [`tracer`]: buffer callbacks and the CUPTI backend; [`pool`]: activity buffers.
 //! - [`agent`]: the background thread; [`lifecycle`]: init, atexit, fork; [`exports`]: C ABI.
@@ -18,14 +18,11 @@ pub mod agent;
 pub mod cbids;
 pub mod config;
 pub mod convert;
-pub mod cupti;
 pub mod devices;
 pub mod exports;
 pub mod lifecycle;
 pub mod log;
 pub mod pool;
 pub mod records;
-pub mod sys;
-pub mod sys_time;
 pub mod tracer;
 pub mod wake;

@@ -99,7 +99,7 @@ fn early_api(cfg: &Config) {
     if !wanted {
         return;
     }
-    let Ok(cupti) = crate::cupti::shared() else { return };
+    let Ok(cupti) = gpuprof_cupti::loader::shared() else { return };
     let on = crate::cbids::RUNTIME.iter().filter(|&&id| cupti.enable_runtime_api(id, true).is_ok()).count();
     EARLY_API.store(on > 0, Ordering::SeqCst);
     log!(Info, "{on} runtime API callback ids switched on at initialisation");
@@ -119,7 +119,7 @@ fn background(cfg: Config, wake: Arc<Wake>, control: Arc<Control>) {
 /// reason, and the version refused is reported from then on.
 struct LazyCupti {
     inner: Option<CuptiBackend>,
-    failure: Option<crate::cupti::LoadFailure>,
+    failure: Option<gpuprof_cupti::LoadFailure>,
     tx: crossbeam_channel::Sender<crate::tracer::Completed>,
     wake: Arc<Wake>,
     cfg: Config,
@@ -128,7 +128,7 @@ struct LazyCupti {
 impl LazyCupti {
     fn load(&mut self) -> Result<&mut CuptiBackend, String> {
         if self.inner.is_none() {
-            match crate::cupti::shared() {
+            match gpuprof_cupti::loader::shared() {
                 Ok(cupti) => {
                     log!(Info, "libcupti {} (version {})", cupti.path(), cupti.version());
                     let shared = crate::tracer::install(Arc::new(Shared {
@@ -210,7 +210,7 @@ extern "C" fn at_exit() {
         // come back through buffer_completed into the queue. Nothing is disabled here: with a
         // static CUDA runtime its own exit handler may already have torn CUDA down.
         if crate::tracer::TRACING.load(Ordering::SeqCst)
-            && let Ok(cupti) = crate::cupti::shared()
+            && let Ok(cupti) = gpuprof_cupti::loader::shared()
         {
             let _ = cupti.flush_all(true);
         }

@@ -7,7 +7,7 @@
 
 use std::mem::{offset_of, size_of};
 
-use crate::sys::cupti as sys;
+use gpuprof_cupti::sys::cupti as sys;
 
 /// One decoded activity record. Addresses of C strings are kept as `u64` (0 = none).
 #[derive(Debug, Clone, PartialEq)]

@@ -16,11 +16,11 @@ use gpuprof_proto::agent as pb;
 use crate::cbids;
 use crate::config::ApiMode;
 use crate::convert::kind_of_activity;
-use crate::cupti::Cupti;
+use gpuprof_cupti::{Cupti, CuptiError};
 use crate::log::log;
 use crate::pool::{Buf, Pool};
 use crate::records;
-use crate::sys::cupti as sys;
+use gpuprof_cupti::sys::cupti as sys;
 use crate::wake::Wake;
 
 /// A buffer of raw records on its way to the background thread.
@@ -315,7 +315,7 @@ struct ApiDomain {
     kind: sys::CUpti_ActivityKind,
     ids: u32,
     recorded: &'static [u32],
-    set: fn(&Cupti, u32, bool) -> Result<(), crate::cupti::CuptiError>,
+    set: fn(&Cupti, u32, bool) -> Result<(), CuptiError>,
 }
 
 static RUNTIME_API: ApiDomain = ApiDomain {
@@ -376,7 +376,7 @@ impl CuptiBackend {
     /// CUPTI asks), and the pool's first buffers. A refused attribute is logged and skipped.
     fn apply_tuning(&self) {
         let c = self.cupti();
-        let set = |name: &str, r: Result<(), crate::cupti::CuptiError>| {
+        let set = |name: &str, r: Result<(), CuptiError>| {
             if let Err(e) = r {
                 log!(Warn, "{name}: {e}");
             }
@@ -430,7 +430,7 @@ impl CuptiBackend {
         first.map_or(Ok(()), Err)
     }
 
-    fn displaced_detail(e: crate::cupti::CuptiError) -> String {
+    fn displaced_detail(e: CuptiError) -> String {
         format!("{e}: another CUPTI client (e.g. torch.profiler/Kineto) holds CUPTI; gpuprof stood down")
     }
 }
@@ -446,7 +446,7 @@ impl Backend for CuptiBackend {
         }
         self.displaced = false;
         if let Err(e) = self.cupti().probe_subscriber() {
-            if e.0 == sys::CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED {
+            if e.is_other_subscriber() {
                 return StartOutcome::Displaced(Self::displaced_detail(e));
             }
             log!(Warn, "subscriber probe: {e}");
@@ -532,7 +532,7 @@ impl Backend for CuptiBackend {
         if quiet >= QUIET_BEFORE_PROBE.as_millis() as u64 && self.last_probe.elapsed() >= QUIET_BEFORE_PROBE {
             self.last_probe = Instant::now();
             if let Err(e) = self.cupti().probe_subscriber()
-                && e.0 == sys::CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+                && e.is_other_subscriber()
             {
                 self.displaced = true;
                 TRACING.store(false, Ordering::SeqCst);

@@ -96,7 +96,7 @@ fn run_child_with(socket: &std::path::Path, code: i32, sleep_ms: u64, env: &[(&s
         .env("GPUPROF_TEST_CHILD_EXIT", code.to_string())
         .env("GPUPROF_TEST_CHILD_SLEEP_MS", sleep_ms.to_string())
         .env("GPUPROF_AGENT_SOCKET", socket)
-        .env("GPUPROF_CUPTI_LIB", "/nonexistent/libcupti.so.13")
+        .env("GPUPROF_CUPTI_LIBRARY", "/nonexistent/libcupti.so.13")
         .env_remove("CUDA_INJECTION64_PATH")
         .spawn()
         .unwrap()

@@ -4,6 +4,7 @@
 //!   `gpuprofd` over the agent socket, plus the length-prefixed [`frame`] codec, and the
 //!   new-process [`hint`] file the daemon keeps next to that socket.
 //! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
+#![forbid(unsafe_code)]
 
 pub mod frame;
 pub mod glob;

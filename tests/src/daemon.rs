@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 static BUILD: Once = Once::new();
 
 /// Path of a workspace binary built with the same profile as the running executable;
-/// builds the daemon and client first (a no-op when they are fresh).
+/// builds the daemon, its sampler and the client first (a no-op when they are fresh).
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/test-xxxx or target/<profile>/bench-binary
@@ -22,12 +22,12 @@ pub fn bin_path(name: &str) -> PathBuf {
     BUILD.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "gpuprofd", "-p", "gpuprofctl"]);
+        cmd.args(["build", "-q", "-p", "gpuprofd", "-p", "gpuprof-sampler", "-p", "gpuprofctl"]);
         if release {
             cmd.arg("--release");
         }
         let st = cmd.status().expect("running cargo build");
-        assert!(st.success(), "cargo build of gpuprofd/gpuprofctl failed");
+        assert!(st.success(), "cargo build of gpuprofd/gpuprof-sampler/gpuprofctl failed");
     });
     let p = dir.join(name);
     assert!(p.exists(), "{} was not built", p.display());

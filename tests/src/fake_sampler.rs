@@ -91,7 +91,7 @@ impl FakeSampler {
             kind: wire::AgentKind::Sampler as i32,
             pid: std::process::id(),
             exe: "/usr/bin/gpuprofd".into(),
-            cmdline: vec!["gpuprofd".into(), "sampler".into(), "--device".into(), device.to_string()],
+            cmdline: vec!["gpuprof-sampler".into(), "--device".into(), device.to_string()],
             cgroup: String::new(),
             cupti_version: 130001,
             devices: vec![wire::Device {

@@ -1,4 +1,4 @@
-//! Device-wide PM sampling: one `gpuprofd sampler --device N` child per GPU.
+//! Device-wide PM sampling: one `gpuprof-sampler --device N` child process per GPU.
 //!
 //! The daemon never loads CUDA. It finds GPUs in `/proc/driver/nvidia/gpus` (or takes the
 //! list from `[sampler] devices`), starts one child per GPU ([`supervise`]) and restarts it
@@ -6,11 +6,8 @@
 //! arbiter tells them when to sample (`StartPmSampling`) and when to let go of the hardware
 //! (`StopPmSampling`). [`Gpus`] keeps what status reports about them.
 //!
-//! [`child`] is the child itself (CUPTI through [`cupti`], bindings in [`sys`]).
-
-pub mod child;
-pub mod cupti;
-pub mod sys;
+//! The child is its own binary (the `sampler/` crate), so this crate has no unsafe code and
+//! no CUDA: [`program`] says where it is.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -196,13 +193,22 @@ pub fn spawn_all(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Vec<tokio::ta
     d.gpus.managed().into_iter().map(|dev| tokio::spawn(supervise(d.clone(), dev, shutdown.clone()))).collect()
 }
 
-/// Keeps `gpuprofd sampler --device N` running: restarts it with exponential backoff (1 s
+/// The sampler binary: `sampler.program`, or `gpuprof-sampler` next to the running gpuprofd.
+pub fn program(cfg: &Config) -> std::io::Result<std::path::PathBuf> {
+    if !cfg.sampler.program.is_empty() {
+        return Ok(cfg.sampler.program.clone().into());
+    }
+    let exe = std::env::current_exe()?;
+    Ok(exe.with_file_name("gpuprof-sampler"))
+}
+
+/// Keeps `gpuprof-sampler --device N` running: restarts it with exponential backoff (1 s
 /// doubling up to `sampler.restart_backoff_max`; reset after a minute of good running).
 pub async fn supervise(d: Arc<Daemon>, device: u32, shutdown: CancellationToken) {
-    let exe = match std::env::current_exe() {
+    let exe = match program(&d.config) {
         Ok(p) => p,
         Err(e) => {
-            d.gpus.set_state(device, "failed", &format!("cannot find the gpuprofd executable: {e}"));
+            d.gpus.set_state(device, "failed", &format!("cannot find the gpuprof-sampler program: {e}"));
             return;
         }
     };
@@ -210,8 +216,7 @@ pub async fn supervise(d: Arc<Daemon>, device: u32, shutdown: CancellationToken)
     let mut backoff = Duration::from_secs(1);
     loop {
         let mut cmd = tokio::process::Command::new(&exe);
-        cmd.arg("sampler")
-            .arg("--device")
+        cmd.arg("--device")
             .arg(device.to_string())
             .arg("--socket")
             .arg(&d.config.agent_socket)
@@ -247,8 +252,8 @@ pub async fn supervise(d: Arc<Daemon>, device: u32, shutdown: CancellationToken)
                 }
             }
             Err(e) => {
-                tracing::error!(device, error = %e, "cannot start PM sampler");
-                d.gpus.set_state(device, "failed", &format!("cannot start: {e}"));
+                tracing::error!(device, program = %exe.display(), error = %e, "cannot start PM sampler");
+                d.gpus.set_state(device, "failed", &format!("cannot start {}: {e}", exe.display()));
             }
         }
         if started.elapsed() > Duration::from_secs(60) {
@@ -270,12 +275,11 @@ pub fn check_metrics(cfg: &Config) -> anyhow::Result<String> {
     if devices.is_empty() {
         return Ok(format!("PM metrics not checked on hardware: {}", gpus.note));
     }
-    let exe = std::env::current_exe()?;
+    let exe = program(cfg)?;
     let mut notes = Vec::new();
     for dev in devices {
         let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("sampler")
-            .arg("--device")
+        cmd.arg("--device")
             .arg(dev.to_string())
             .arg("--check")
             .arg("--metrics")
@@ -285,7 +289,7 @@ pub fn check_metrics(cfg: &Config) -> anyhow::Result<String> {
         if !cfg.sampler.cupti_library.is_empty() {
             cmd.arg("--cupti").arg(&cfg.sampler.cupti_library);
         }
-        let out = cmd.output()?;
+        let out = cmd.output().map_err(|e| anyhow::anyhow!("cannot run {}: {e}", exe.display()))?;
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         match out.status.code() {
             Some(0) => notes.push(text),

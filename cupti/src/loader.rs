@@ -16,6 +16,7 @@ use std::ffi::{CStr, c_char};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::error::{CuptiError, check};
 use crate::sys::cupti as sys;
 
 /// `cuptiGetVersion` values whose activity record layouts (`CUpti_ActivityKernel10`,
@@ -23,55 +24,17 @@ use crate::sys::cupti as sys;
 /// Update 1/2 (130001). Their `cupti_activity.h` differ in comments only.
 pub const KNOWN_VERSIONS: &[u32] = &[130000, 130001];
 
-/// Environment variable naming an exact libcupti to load.
-pub const ENV_CUPTI_LIB: &str = "GPUPROF_CUPTI_LIB";
+/// Environment variable naming an exact libcupti to load (the injector and the sampler).
+pub const ENV_CUPTI_LIBRARY: &str = "GPUPROF_CUPTI_LIBRARY";
+/// Older name of [`ENV_CUPTI_LIBRARY`], still read when that one is unset.
+pub const ENV_CUPTI_LIBRARY_ALIAS: &str = "GPUPROF_CUPTI_LIB";
 
-/// A CUPTI status code other than success.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct CuptiError(pub u32);
-
-impl CuptiError {
-    /// The symbolic name of the code, as in `cupti_result.h`.
-    pub fn name(self) -> &'static str {
-        match self.0 {
-            sys::CUPTI_ERROR_INVALID_PARAMETER => "CUPTI_ERROR_INVALID_PARAMETER",
-            sys::CUPTI_ERROR_INVALID_DEVICE => "CUPTI_ERROR_INVALID_DEVICE",
-            sys::CUPTI_ERROR_INVALID_CONTEXT => "CUPTI_ERROR_INVALID_CONTEXT",
-            sys::CUPTI_ERROR_INVALID_OPERATION => "CUPTI_ERROR_INVALID_OPERATION",
-            sys::CUPTI_ERROR_OUT_OF_MEMORY => "CUPTI_ERROR_OUT_OF_MEMORY",
-            sys::CUPTI_ERROR_NOT_READY => "CUPTI_ERROR_NOT_READY",
-            sys::CUPTI_ERROR_NOT_COMPATIBLE => "CUPTI_ERROR_NOT_COMPATIBLE",
-            sys::CUPTI_ERROR_NOT_INITIALIZED => "CUPTI_ERROR_NOT_INITIALIZED",
-            sys::CUPTI_ERROR_QUEUE_EMPTY => "CUPTI_ERROR_QUEUE_EMPTY",
-            sys::CUPTI_ERROR_INVALID_KIND => "CUPTI_ERROR_INVALID_KIND",
-            sys::CUPTI_ERROR_DISABLED => "CUPTI_ERROR_DISABLED",
-            sys::CUPTI_ERROR_HARDWARE_BUSY => "CUPTI_ERROR_HARDWARE_BUSY",
-            sys::CUPTI_ERROR_NOT_SUPPORTED => "CUPTI_ERROR_NOT_SUPPORTED",
-            sys::CUPTI_ERROR_INSUFFICIENT_PRIVILEGES => "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES",
-            sys::CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED => "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED",
-            sys::CUPTI_ERROR_VIRTUALIZED_DEVICE_NOT_SUPPORTED => "CUPTI_ERROR_VIRTUALIZED_DEVICE_NOT_SUPPORTED",
-            sys::CUPTI_ERROR_UNKNOWN => "CUPTI_ERROR_UNKNOWN",
-            _ => "CUPTI_ERROR_(other)",
-        }
-    }
-}
-
-impl fmt::Debug for CuptiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.name(), self.0)
-    }
-}
-
-impl fmt::Display for CuptiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
-
-impl std::error::Error for CuptiError {}
-
-fn check(r: sys::CUptiResult) -> Result<(), CuptiError> {
-    if r == sys::CUPTI_SUCCESS { Ok(()) } else { Err(CuptiError(r)) }
+/// The libcupti named by the environment, if any ([`ENV_CUPTI_LIBRARY`], else the alias).
+pub fn env_library() -> Option<PathBuf> {
+    [ENV_CUPTI_LIBRARY, ENV_CUPTI_LIBRARY_ALIAS]
+        .iter()
+        .find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
+        .map(PathBuf::from)
 }
 
 /// Why libcupti could not be used.
@@ -95,7 +58,7 @@ impl fmt::Display for LoadError {
                 for (p, e) in tries {
                     write!(f, " {p}: {e};")?;
                 }
-                write!(f, " set {ENV_CUPTI_LIB} to its path)")
+                write!(f, " set {ENV_CUPTI_LIBRARY} to its path)")
             }
             LoadError::MissingSymbol { path, symbol } => write!(f, "{path} lacks {symbol}"),
             LoadError::Version(e) => write!(f, "cuptiGetVersion failed: {e}"),
@@ -109,9 +72,19 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// Functions that must resolve for tracing to work (the PM-sampling and profiler-host tables
-/// are optional and checked by their users).
-const REQUIRED: &[&str] = &[
+/// What a libcupti is loaded for: it decides which functions must resolve and whether the
+/// version must be one whose activity record layouts this build knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Activity tracing (the injector): [`TRACING_SYMBOLS`] and a version in [`KNOWN_VERSIONS`].
+    Tracing,
+    /// PM sampling (the sampler): no activity records are decoded, so any version loads;
+    /// [`Cupti::check_pm_sampling`] checks its functions.
+    PmSampling,
+}
+
+/// Functions that must resolve for tracing to work.
+const TRACING_SYMBOLS: &[&str] = &[
     "cuptiGetVersion",
     "cuptiGetResultString",
     "cuptiSubscribe",
@@ -131,7 +104,7 @@ const REQUIRED: &[&str] = &[
 pub fn shared() -> &'static Result<std::sync::Arc<Cupti>, LoadFailure> {
     static SHARED: std::sync::OnceLock<Result<std::sync::Arc<Cupti>, LoadFailure>> = std::sync::OnceLock::new();
     SHARED.get_or_init(|| {
-        Cupti::load().map(std::sync::Arc::new).map_err(|e| LoadFailure {
+        Cupti::load(Purpose::Tracing).map(std::sync::Arc::new).map_err(|e| LoadFailure {
             version: match &e {
                 LoadError::UnknownVersion { version, .. } => *version,
                 _ => 0,
@@ -151,7 +124,7 @@ pub struct LoadFailure {
 
 /// A loaded libcupti of a known version.
 pub struct Cupti {
-    raw: sys::Cupti,
+    pub(crate) raw: sys::Cupti,
     version: u32,
     path: String,
 }
@@ -166,35 +139,39 @@ pub struct Candidate {
 }
 
 impl Cupti {
-    /// Finds and loads libcupti in the documented order and checks its version.
-    pub fn load() -> Result<Cupti, LoadError> {
+    /// Finds and loads libcupti in the documented order and checks it for `purpose`.
+    pub fn load(purpose: Purpose) -> Result<Cupti, LoadError> {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
         let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
         let candidates =
-            candidates(&maps, env(ENV_CUPTI_LIB), env("CUDA_HOME").or_else(|| env("CUDA_PATH")), python_prefixes());
+            candidates(&maps, env_library(), env("CUDA_HOME").or_else(|| env("CUDA_PATH")), python_prefixes());
         let mut tries = Vec::new();
         for c in candidates {
             match open(&c) {
-                Ok(lib) => return Cupti::from_library(lib, c.path),
+                Ok(lib) => return Cupti::from_library(lib, c.path, purpose),
                 Err(e) => tries.push((c.path, e)),
             }
         }
         Err(LoadError::NotFound(tries))
     }
 
-    /// Loads exactly `path` (tests, and the sampler, which knows its library).
-    pub fn load_path(path: &Path) -> Result<Cupti, LoadError> {
+    /// Loads exactly `path` (tests, and the sampler when its config names a library).
+    pub fn load_path(path: &Path, purpose: Purpose) -> Result<Cupti, LoadError> {
         let c = Candidate { path: path.display().to_string(), no_load: false };
         let lib = open(&c).map_err(|e| LoadError::NotFound(vec![(c.path.clone(), e)]))?;
-        Cupti::from_library(lib, c.path)
+        Cupti::from_library(lib, c.path, purpose)
     }
 
-    fn from_library(lib: libloading::Library, path: String) -> Result<Cupti, LoadError> {
+    fn from_library(lib: libloading::Library, path: String, purpose: Purpose) -> Result<Cupti, LoadError> {
         // Safety: `from_library` resolves symbols by name; nothing is called yet. Missing
         // symbols are stored as errors and checked right below.
         let raw = unsafe { sys::Cupti::from_library(lib) }
             .map_err(|_| LoadError::MissingSymbol { path: path.clone(), symbol: "(library)" })?;
-        for &symbol in REQUIRED {
+        let required: &[&'static str] = match purpose {
+            Purpose::Tracing => TRACING_SYMBOLS,
+            Purpose::PmSampling => &TRACING_SYMBOLS[..2],
+        };
+        for &symbol in required {
             if !has_symbol(&raw, symbol) {
                 return Err(LoadError::MissingSymbol { path, symbol });
             }
@@ -202,7 +179,7 @@ impl Cupti {
         let mut version = 0u32;
         // Safety: `version` is a valid out pointer; cuptiGetVersion only writes it.
         check(unsafe { raw.cuptiGetVersion(&mut version) }).map_err(LoadError::Version)?;
-        if !KNOWN_VERSIONS.contains(&version) {
+        if purpose == Purpose::Tracing && !KNOWN_VERSIONS.contains(&version) {
             return Err(LoadError::UnknownVersion { path, version });
         }
         Ok(Cupti { raw, version, path })
@@ -223,131 +200,17 @@ impl Cupti {
         &self.raw
     }
 
-    /// `cuptiActivityEnable(kind)`.
-    pub fn activity_enable(&self, kind: sys::CUpti_ActivityKind) -> Result<(), CuptiError> {
-        // Safety: plain value argument; the symbol was checked at load.
-        check(unsafe { self.raw.cuptiActivityEnable(kind) })
-    }
-
-    /// `cuptiActivityDisable(kind)`.
-    pub fn activity_disable(&self, kind: sys::CUpti_ActivityKind) -> Result<(), CuptiError> {
-        // Safety: plain value argument; the symbol was checked at load.
-        check(unsafe { self.raw.cuptiActivityDisable(kind) })
-    }
-
-    /// `cuptiActivityEnableRuntimeApi(cbid, enable)`.
-    pub fn enable_runtime_api(&self, cbid: u32, enable: bool) -> Result<(), CuptiError> {
-        // Safety: plain value arguments; the symbol was checked at load.
-        check(unsafe { self.raw.cuptiActivityEnableRuntimeApi(cbid, enable as u8) })
-    }
-
-    /// `cuptiActivityEnableDriverApi(cbid, enable)`.
-    pub fn enable_driver_api(&self, cbid: u32, enable: bool) -> Result<(), CuptiError> {
-        // Safety: plain value arguments; the symbol was checked at load.
-        check(unsafe { self.raw.cuptiActivityEnableDriverApi(cbid, enable as u8) })
-    }
-
-    /// `cuptiActivityEnableAllSyncRecords(enable)`: with `false`, CUPTI skips event/stream query
-    /// records for work not completed yet (a busy-polling application makes millions).
-    pub fn enable_all_sync_records(&self, enable: bool) -> Result<(), CuptiError> {
-        if self.raw.cuptiActivityEnableAllSyncRecords.is_err() {
-            return Err(CuptiError(sys::CUPTI_ERROR_NOT_SUPPORTED));
-        }
-        // Safety: plain value argument; the symbol resolved (checked above).
-        check(unsafe { self.raw.cuptiActivityEnableAllSyncRecords(enable as u8) })
-    }
-
-    /// `cuptiActivitySetAttribute(attr, sizeof(T), &value)` for a `u8` or `usize` attribute.
-    pub fn set_attribute<T: Copy>(&self, attr: sys::CUpti_ActivityAttribute, value: T) -> Result<(), CuptiError> {
-        let Ok(f) = &self.raw.cuptiActivitySetAttribute else {
-            return Err(CuptiError(sys::CUPTI_ERROR_NOT_SUPPORTED));
-        };
-        let mut v = value;
-        let mut size = std::mem::size_of::<T>();
-        // Safety: `size` and `v` are valid for the call; CUPTI reads `size` bytes of `v` (the
-        // attribute's documented type, u8 or size_t, chosen by the caller).
-        check(unsafe { f(attr, &mut size, (&mut v as *mut T).cast()) })
-    }
-
-    /// `cuptiActivityRegisterCallbacks(request, complete)`.
-    pub fn register_callbacks(
-        &self,
-        request: sys::CUpti_BuffersCallbackRequestFunc,
-        complete: sys::CUpti_BuffersCallbackCompleteFunc,
-    ) -> Result<(), CuptiError> {
-        // Safety: the callbacks are `extern "C"` functions with CUPTI's signatures that live
-        // for the whole process (they are statics of this library, which is never unloaded).
-        check(unsafe { self.raw.cuptiActivityRegisterCallbacks(request, complete) })
-    }
-
-    /// `cuptiActivityFlushAll(flags)`; `forced` returns buffers with incomplete records too.
-    pub fn flush_all(&self, forced: bool) -> Result<(), CuptiError> {
-        let flag = if forced { sys::CUPTI_ACTIVITY_FLAG_FLUSH_FORCED } else { 0 };
-        // Safety: plain value argument; the symbol was checked at load.
-        check(unsafe { self.raw.cuptiActivityFlushAll(flag) })
-    }
-
-    /// `cuptiActivityGetNumDroppedRecords(ctx, stream, &n)`: records CUPTI dropped since the
-    /// last call for the buffer being completed.
-    ///
-    /// # Safety
-    /// `ctx` must be the context pointer CUPTI passed to the completion callback (or null).
-    pub unsafe fn dropped_records(&self, ctx: sys::CUcontext, stream_id: u32) -> usize {
-        let mut n = 0usize;
-        // Safety: `ctx`/`stream_id` are the values CUPTI handed to the completion callback;
-        // `n` is a valid out pointer.
-        let r = unsafe { self.raw.cuptiActivityGetNumDroppedRecords(ctx, stream_id, &mut n) };
-        if r == sys::CUPTI_SUCCESS { n } else { 0 }
-    }
-
-    /// Walks the records of a completed buffer, calling `f` with each record's address.
-    ///
-    /// # Safety
-    /// `buf` must point to `valid` initialised bytes of a buffer CUPTI has completed.
-    pub unsafe fn for_each_record(&self, buf: *mut u8, valid: usize, mut f: impl FnMut(*const u8)) {
-        let mut rec: *mut sys::CUpti_Activity = std::ptr::null_mut();
-        loop {
-            // Safety: per this function's contract; CUPTI reads the buffer and advances `rec`
-            // within `valid` bytes.
-            let r = unsafe { self.raw.cuptiActivityGetNextRecord(buf, valid, &mut rec) };
-            if r != sys::CUPTI_SUCCESS || rec.is_null() {
-                break;
-            }
-            f(rec as *const u8);
-        }
-    }
-
-    /// Probes whether another CUPTI subscriber (e.g. Kineto's) exists: subscribes and
-    /// immediately unsubscribes. `Err(39)` means someone else holds CUPTI.
-    pub fn probe_subscriber(&self) -> Result<(), CuptiError> {
-        let mut handle: sys::CUpti_SubscriberHandle = std::ptr::null_mut();
-        // Safety: `probe_callback` has CUPTI's callback signature and does nothing; no domain
-        // is enabled, so it is never called; `handle` is a valid out pointer.
-        check(unsafe { self.raw.cuptiSubscribe(&mut handle, Some(probe_callback), std::ptr::null_mut()) })?;
-        // Safety: `handle` was just returned by a successful cuptiSubscribe.
-        let _ = unsafe { self.raw.cuptiUnsubscribe(handle) };
-        Ok(())
-    }
-
     /// `cuptiGetResultString(code)`.
     pub fn result_string(&self, code: u32) -> String {
         let mut s: *const c_char = std::ptr::null();
         // Safety: `s` is a valid out pointer; CUPTI returns a static string.
         let r = unsafe { self.raw.cuptiGetResultString(code, &mut s) };
         if r != sys::CUPTI_SUCCESS || s.is_null() {
-            return CuptiError(code).name().to_string();
+            return CuptiError::new(code).name().to_string();
         }
         // Safety: CUPTI returned a NUL-terminated static string.
         unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
     }
-}
-
-extern "C" fn probe_callback(
-    _userdata: *mut std::ffi::c_void,
-    _domain: sys::CUpti_CallbackDomain,
-    _cbid: sys::CUpti_CallbackId,
-    _data: *const std::ffi::c_void,
-) {
 }
 
 fn has_symbol(raw: &sys::Cupti, name: &str) -> bool {
@@ -417,8 +280,11 @@ pub fn candidates(
     }
     // 5. The dynamic linker's search, then the default toolkit location.
     push(SONAME.to_string(), false);
-    push("/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13".to_string(), false);
-    push("/usr/local/cuda/lib64/libcupti.so.13".to_string(), false);
+    for root in ["/usr/local/cuda", "/usr/local/cuda-13.0"] {
+        for sub in ["extras/CUPTI/lib64", "lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"] {
+            push(format!("{root}/{sub}/{SONAME}"), false);
+        }
+    }
     out
 }
 
@@ -487,24 +353,21 @@ mod tests {
 
     #[test]
     fn missing_library_is_a_clean_error() {
-        let err = Cupti::load_path(Path::new("/nonexistent/libcupti.so.13")).err().unwrap();
+        let err = Cupti::load_path(Path::new("/nonexistent/libcupti.so.13"), Purpose::Tracing).err().unwrap();
         assert!(matches!(err, LoadError::NotFound(_)), "{err}");
-        assert!(err.to_string().contains(ENV_CUPTI_LIB));
+        assert!(err.to_string().contains(ENV_CUPTI_LIBRARY));
     }
 
-    /// Runs against a real libcupti when `GPUPROF_TEST_CUPTI_LIB` names one (the wheel's copy
-    /// works without a GPU): loads it and checks the version is one whose layouts we know.
+    /// Needs a real libcupti: the CUDA 13.0 wheel's copy works without a GPU (`.ci/run`
+    /// downloads it and runs this test).
     #[test]
-    fn loads_a_real_libcupti_when_given() {
-        let Some(p) = std::env::var_os("GPUPROF_TEST_CUPTI_LIB") else { return };
-        let c = Cupti::load_path(Path::new(&p)).expect("load");
+    #[ignore = "needs a libcupti.so.13 (no GPU needed): GPUPROF_CUPTI_LIBRARY=/path/libcupti.so.13 cargo test -p gpuprof-cupti -- --ignored"]
+    fn loads_a_real_libcupti() {
+        let p = env_library().expect("set GPUPROF_CUPTI_LIBRARY to a libcupti.so.13 to run this test");
+        let c = Cupti::load_path(&p, Purpose::Tracing).expect("load");
         assert!(KNOWN_VERSIONS.contains(&c.version()));
         assert_eq!(c.result_string(39), "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED");
-    }
-
-    #[test]
-    fn error_names() {
-        assert_eq!(CuptiError(39).name(), "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED");
-        assert_eq!(format!("{}", CuptiError(26)), "CUPTI_ERROR_HARDWARE_BUSY (26)");
+        let pm = Cupti::load_path(&p, Purpose::PmSampling).expect("load for PM sampling");
+        pm.check_pm_sampling().expect("PM sampling functions");
     }
 }

@@ -1,50 +1,23 @@
-//! A safe layer over the CUPTI PM sampling and profiler-host API, and the few CUDA driver
-//! calls the sampler child needs. Only `gpuprofd sampler` uses it: libcupti and libcuda are
-//! loaded at run time with libloading, so the daemon never loads CUDA.
+//! A safe layer over the CUPTI PM sampling and profiler-host API (device-wide, no CUDA context
+//! needed), used by the per-GPU sampler process `gpuprof-sampler`. Call
+//! [`Cupti::check_pm_sampling`] once after loading: the functions here expect their symbols.
 //!
 //! Every CUPTI call takes a parameter struct whose first field is its own size; [`params!`]
 //! builds one zeroed with that size set. Handles ([`Host`], [`PmSampling`]) end their CUPTI
 //! object in `Drop`.
 // Safety: this module is the FFI boundary. Each unsafe block calls a function from a table
-// resolved by libloading (all symbols were required at load) with a parameter struct that
+// resolved by libloading (checked by `check_pm_sampling`) with a parameter struct that
 // lives across the call and pointers into buffers that outlive it; CUPTI writes only the
 // [out] fields of the struct and into buffers whose sizes we pass.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_char};
-use std::fmt;
-use std::path::{Path, PathBuf};
 
-use super::sys::{cuda, cupti as sys};
+use crate::error::{CuptiError, check_call};
+use crate::loader::Cupti;
+use crate::sys::cupti as sys;
 
-/// A failed CUPTI or CUDA call.
-#[derive(Debug, Clone)]
-pub struct CallError {
-    /// What was called.
-    pub call: &'static str,
-    /// CUptiResult (or CUresult for driver calls).
-    pub code: u32,
-    /// CUPTI's text for the code.
-    pub text: String,
-}
-
-impl CallError {
-    /// CUPTI_ERROR_HARDWARE_BUSY: another client (ncu, DCGM, another sampler) holds the
-    /// device's performance monitor.
-    pub fn is_hardware_busy(&self) -> bool {
-        self.code == sys::CUPTI_ERROR_HARDWARE_BUSY
-    }
-}
-
-impl fmt::Display for CallError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} failed: {} ({})", self.call, self.text, self.code)
-    }
-}
-
-impl std::error::Error for CallError {}
-
-pub type Result<T> = std::result::Result<T, CallError>;
+pub type Result<T> = std::result::Result<T, CuptiError>;
 
 /// A zeroed CUPTI parameter struct with `structSize` set as the C macro
 /// `CUPTI_PROFILER_STRUCT_SIZE(type, lastfield)` does.
@@ -58,101 +31,57 @@ macro_rules! params {
     }};
 }
 
-/// Where to look for libcupti, in order.
-pub fn cupti_candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = Vec::new();
-    if let Some(p) = explicit {
-        v.push(p.to_path_buf());
-        return v;
-    }
-    if let Some(p) = std::env::var_os("GPUPROF_CUPTI_LIBRARY").filter(|p| !p.is_empty()) {
-        v.push(PathBuf::from(p));
-        return v;
-    }
-    // By soname: LD_LIBRARY_PATH, then the ldconfig cache.
-    v.push("libcupti.so.13".into());
-    v.push("libcupti.so".into());
-    let mut roots: Vec<PathBuf> = Vec::new();
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(h) = std::env::var_os(var).filter(|h| !h.is_empty()) {
-            roots.push(h.into());
-        }
-    }
-    roots.push("/usr/local/cuda".into());
-    roots.push("/usr/local/cuda-13.0".into());
-    for r in roots {
-        for sub in ["extras/CUPTI/lib64", "lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"] {
-            v.push(r.join(sub).join("libcupti.so.13"));
-            v.push(r.join(sub).join("libcupti.so"));
-        }
-    }
-    v
-}
-
-/// libcupti, loaded.
-pub struct Cupti {
-    lib: sys::Cupti,
-    /// The file it was loaded from (or the soname that resolved).
-    pub path: PathBuf,
-}
-
+/// Symbols PM sampling needs beyond the loader's own (`cuptiGetVersion`,
+/// `cuptiGetResultString`); checked by [`Cupti::check_pm_sampling`].
 impl Cupti {
-    /// Loads libcupti from the first candidate that works.
-    pub fn load(explicit: Option<&Path>) -> std::result::Result<Cupti, String> {
-        let mut errors = Vec::new();
-        for p in cupti_candidates(explicit) {
-            if p.is_absolute() && !p.exists() {
-                continue;
-            }
-            // Safety: loading libcupti runs its initializers, which only set up CUPTI's own
-            // state; every symbol this module calls is required to be present.
-            match unsafe { sys::Cupti::new(&p) } {
-                Ok(lib) => return Ok(Cupti { lib, path: p }),
-                Err(e) => errors.push(format!("{}: {e}", p.display())),
-            }
+    /// Fails naming the first PM-sampling or profiler-host function this libcupti lacks.
+    pub fn check_pm_sampling(&self) -> std::result::Result<(), String> {
+        let r = &self.raw;
+        let have = [
+            ("cuptiProfilerInitialize", r.cuptiProfilerInitialize.is_ok()),
+            ("cuptiProfilerDeInitialize", r.cuptiProfilerDeInitialize.is_ok()),
+            ("cuptiDeviceGetChipName", r.cuptiDeviceGetChipName.is_ok()),
+            ("cuptiPmSamplingGetCounterAvailability", r.cuptiPmSamplingGetCounterAvailability.is_ok()),
+            ("cuptiProfilerHostInitialize", r.cuptiProfilerHostInitialize.is_ok()),
+            ("cuptiProfilerHostDeinitialize", r.cuptiProfilerHostDeinitialize.is_ok()),
+            ("cuptiProfilerHostConfigAddMetrics", r.cuptiProfilerHostConfigAddMetrics.is_ok()),
+            ("cuptiProfilerHostGetConfigImageSize", r.cuptiProfilerHostGetConfigImageSize.is_ok()),
+            ("cuptiProfilerHostGetConfigImage", r.cuptiProfilerHostGetConfigImage.is_ok()),
+            ("cuptiProfilerHostGetNumOfPasses", r.cuptiProfilerHostGetNumOfPasses.is_ok()),
+            ("cuptiProfilerHostEvaluateToGpuValues", r.cuptiProfilerHostEvaluateToGpuValues.is_ok()),
+            ("cuptiPmSamplingEnable", r.cuptiPmSamplingEnable.is_ok()),
+            ("cuptiPmSamplingDisable", r.cuptiPmSamplingDisable.is_ok()),
+            ("cuptiPmSamplingSetConfig", r.cuptiPmSamplingSetConfig.is_ok()),
+            ("cuptiPmSamplingGetCounterDataSize", r.cuptiPmSamplingGetCounterDataSize.is_ok()),
+            ("cuptiPmSamplingCounterDataImageInitialize", r.cuptiPmSamplingCounterDataImageInitialize.is_ok()),
+            ("cuptiPmSamplingStart", r.cuptiPmSamplingStart.is_ok()),
+            ("cuptiPmSamplingStop", r.cuptiPmSamplingStop.is_ok()),
+            ("cuptiPmSamplingDecodeData", r.cuptiPmSamplingDecodeData.is_ok()),
+            ("cuptiPmSamplingGetCounterDataInfo", r.cuptiPmSamplingGetCounterDataInfo.is_ok()),
+            ("cuptiPmSamplingCounterDataGetSampleInfo", r.cuptiPmSamplingCounterDataGetSampleInfo.is_ok()),
+        ];
+        match have.iter().find(|(_, ok)| !ok) {
+            Some((name, _)) => Err(format!("{} lacks {name}: PM sampling needs CUPTI 13.0 or later", self.path())),
+            None => Ok(()),
         }
-        Err(format!(
-            "cannot load libcupti (set sampler.cupti_library or GPUPROF_CUPTI_LIBRARY): {}",
-            if errors.is_empty() { "no candidate found".to_string() } else { errors.join("; ") }
-        ))
     }
 
     fn check(&self, call: &'static str, r: sys::CUptiResult) -> Result<()> {
-        if r == sys::CUPTI_SUCCESS {
-            return Ok(());
-        }
-        let mut s: *const c_char = std::ptr::null();
-        // Safety: cuptiGetResultString stores a pointer to a static string (or leaves null).
-        let text = unsafe {
-            if self.lib.cuptiGetResultString(r, &mut s) == sys::CUPTI_SUCCESS && !s.is_null() {
-                CStr::from_ptr(s).to_string_lossy().into_owned()
-            } else {
-                "unknown error".to_string()
-            }
-        };
-        Err(CallError { call, code: r, text })
-    }
-
-    /// cuptiGetVersion (e.g. 130001).
-    pub fn version(&self) -> u32 {
-        let mut v = 0u32;
-        // Safety: writes one u32.
-        let _ = unsafe { self.lib.cuptiGetVersion(&mut v) };
-        v
+        check_call(call, r)
     }
 
     /// cuptiProfilerInitialize: needed before chip names and the host API.
     pub fn profiler_initialize(&self) -> Result<()> {
         let mut p = params!(CUpti_Profiler_Initialize_Params, pPriv);
         // Safety: see the module comment.
-        self.check("cuptiProfilerInitialize", unsafe { self.lib.cuptiProfilerInitialize(&mut p) })
+        self.check("cuptiProfilerInitialize", unsafe { self.raw.cuptiProfilerInitialize(&mut p) })
     }
 
     /// cuptiProfilerDeInitialize.
     pub fn profiler_deinitialize(&self) -> Result<()> {
         let mut p = params!(CUpti_Profiler_DeInitialize_Params, pPriv);
         // Safety: see the module comment.
-        self.check("cuptiProfilerDeInitialize", unsafe { self.lib.cuptiProfilerDeInitialize(&mut p) })
+        self.check("cuptiProfilerDeInitialize", unsafe { self.raw.cuptiProfilerDeInitialize(&mut p) })
     }
 
     /// The chip name of a device, e.g. "GH100".
@@ -160,7 +89,7 @@ impl Cupti {
         let mut p = params!(CUpti_Device_GetChipName_Params, pChipName);
         p.deviceIndex = device as usize;
         // Safety: see the module comment; pChipName points to a string owned by CUPTI.
-        self.check("cuptiDeviceGetChipName", unsafe { self.lib.cuptiDeviceGetChipName(&mut p) })?;
+        self.check("cuptiDeviceGetChipName", unsafe { self.raw.cuptiDeviceGetChipName(&mut p) })?;
         if p.pChipName.is_null() {
             return Ok(String::new());
         }
@@ -174,13 +103,13 @@ impl Cupti {
         p.deviceIndex = device as usize;
         // Safety: first call with a null buffer returns the size.
         self.check("cuptiPmSamplingGetCounterAvailability", unsafe {
-            self.lib.cuptiPmSamplingGetCounterAvailability(&mut p)
+            self.raw.cuptiPmSamplingGetCounterAvailability(&mut p)
         })?;
         let mut img = vec![0u8; p.counterAvailabilityImageSize];
         p.pCounterAvailabilityImage = img.as_mut_ptr();
         // Safety: the buffer has the size CUPTI asked for.
         self.check("cuptiPmSamplingGetCounterAvailability", unsafe {
-            self.lib.cuptiPmSamplingGetCounterAvailability(&mut p)
+            self.raw.cuptiPmSamplingGetCounterAvailability(&mut p)
         })?;
         Ok(img)
     }
@@ -234,7 +163,7 @@ impl<'a> Host<'a> {
         p.pCounterAvailabilityImage = availability.as_ptr();
         // Safety: chip_c and availability are moved into the Host, so they outlive the host
         // object (their heap buffers do not move); pHostObject is an [out] handle.
-        cupti.check("cuptiProfilerHostInitialize", unsafe { cupti.lib.cuptiProfilerHostInitialize(&mut p) })?;
+        cupti.check("cuptiProfilerHostInitialize", unsafe { cupti.raw.cuptiProfilerHostInitialize(&mut p) })?;
         Ok(Host { cupti, obj: p.pHostObject, _chip: chip_c, _availability: availability })
     }
 
@@ -246,7 +175,7 @@ impl<'a> Host<'a> {
         p.numMetrics = names.len();
         // Safety: see the module comment.
         self.cupti.check("cuptiProfilerHostConfigAddMetrics", unsafe {
-            self.cupti.lib.cuptiProfilerHostConfigAddMetrics(&mut p)
+            self.cupti.raw.cuptiProfilerHostConfigAddMetrics(&mut p)
         })
     }
 
@@ -256,7 +185,7 @@ impl<'a> Host<'a> {
         s.pHostObject = self.obj;
         // Safety: see the module comment.
         self.cupti.check("cuptiProfilerHostGetConfigImageSize", unsafe {
-            self.cupti.lib.cuptiProfilerHostGetConfigImageSize(&mut s)
+            self.cupti.raw.cuptiProfilerHostGetConfigImageSize(&mut s)
         })?;
         let mut img = vec![0u8; s.configImageSize];
         let mut p = params!(CUpti_Profiler_Host_GetConfigImage_Params, pConfigImage);
@@ -265,7 +194,7 @@ impl<'a> Host<'a> {
         p.pConfigImage = img.as_mut_ptr();
         // Safety: the buffer has the size CUPTI reported.
         self.cupti.check("cuptiProfilerHostGetConfigImage", unsafe {
-            self.cupti.lib.cuptiProfilerHostGetConfigImage(&mut p)
+            self.cupti.raw.cuptiProfilerHostGetConfigImage(&mut p)
         })?;
         Ok(img)
     }
@@ -277,7 +206,7 @@ impl<'a> Host<'a> {
         p.pConfigImage = config.as_mut_ptr();
         // Safety: see the module comment.
         self.cupti.check("cuptiProfilerHostGetNumOfPasses", unsafe {
-            self.cupti.lib.cuptiProfilerHostGetNumOfPasses(&mut p)
+            self.cupti.raw.cuptiProfilerHostGetNumOfPasses(&mut p)
         })?;
         Ok(p.numOfPasses)
     }
@@ -295,7 +224,7 @@ impl<'a> Host<'a> {
         p.pMetricValues = out.as_mut_ptr();
         // Safety: out has room for numMetrics doubles.
         self.cupti.check("cuptiProfilerHostEvaluateToGpuValues", unsafe {
-            self.cupti.lib.cuptiProfilerHostEvaluateToGpuValues(&mut p)
+            self.cupti.raw.cuptiProfilerHostEvaluateToGpuValues(&mut p)
         })
     }
 }
@@ -305,7 +234,7 @@ impl Drop for Host<'_> {
         let mut p = params!(CUpti_Profiler_Host_Deinitialize_Params, pHostObject);
         p.pHostObject = self.obj;
         // Safety: the object came from cuptiProfilerHostInitialize and is not used after this.
-        let _ = unsafe { self.cupti.lib.cuptiProfilerHostDeinitialize(&mut p) };
+        let _ = unsafe { self.cupti.raw.cuptiProfilerHostDeinitialize(&mut p) };
     }
 }
 
@@ -332,7 +261,7 @@ impl<'a> PmSampling<'a> {
         let mut p = params!(CUpti_PmSampling_Enable_Params, pPmSamplingObject);
         p.deviceIndex = device as usize;
         // Safety: see the module comment.
-        cupti.check("cuptiPmSamplingEnable", unsafe { cupti.lib.cuptiPmSamplingEnable(&mut p) })?;
+        cupti.check("cuptiPmSamplingEnable", unsafe { cupti.raw.cuptiPmSamplingEnable(&mut p) })?;
         Ok(PmSampling { cupti, obj: p.pPmSamplingObject, started: false })
     }
 
@@ -347,7 +276,7 @@ impl<'a> PmSampling<'a> {
         p.triggerMode = sys::CUPTI_PM_SAMPLING_TRIGGER_MODE_GPU_TIME_INTERVAL;
         p.hwBufferAppendMode = sys::CUPTI_PM_SAMPLING_HARDWARE_BUFFER_APPEND_MODE_KEEP_LATEST;
         // Safety: see the module comment; CUPTI copies the config image.
-        self.cupti.check("cuptiPmSamplingSetConfig", unsafe { self.cupti.lib.cuptiPmSamplingSetConfig(&mut p) })
+        self.cupti.check("cuptiPmSamplingSetConfig", unsafe { self.cupti.raw.cuptiPmSamplingSetConfig(&mut p) })
     }
 
     /// Size of a counter data image holding `max_samples` samples of `names`.
@@ -359,7 +288,7 @@ impl<'a> PmSampling<'a> {
         p.maxSamples = max_samples;
         // Safety: see the module comment.
         self.cupti.check("cuptiPmSamplingGetCounterDataSize", unsafe {
-            self.cupti.lib.cuptiPmSamplingGetCounterDataSize(&mut p)
+            self.cupti.raw.cuptiPmSamplingGetCounterDataSize(&mut p)
         })?;
         Ok(p.counterDataSize)
     }
@@ -372,7 +301,7 @@ impl<'a> PmSampling<'a> {
         p.pCounterData = image.as_mut_ptr();
         // Safety: the image has the size CUPTI computed.
         self.cupti.check("cuptiPmSamplingCounterDataImageInitialize", unsafe {
-            self.cupti.lib.cuptiPmSamplingCounterDataImageInitialize(&mut p)
+            self.cupti.raw.cuptiPmSamplingCounterDataImageInitialize(&mut p)
         })
     }
 
@@ -380,7 +309,7 @@ impl<'a> PmSampling<'a> {
         let mut p = params!(CUpti_PmSampling_Start_Params, pPmSamplingObject);
         p.pPmSamplingObject = self.obj;
         // Safety: see the module comment.
-        self.cupti.check("cuptiPmSamplingStart", unsafe { self.cupti.lib.cuptiPmSamplingStart(&mut p) })?;
+        self.cupti.check("cuptiPmSamplingStart", unsafe { self.cupti.raw.cuptiPmSamplingStart(&mut p) })?;
         self.started = true;
         Ok(())
     }
@@ -393,7 +322,7 @@ impl<'a> PmSampling<'a> {
         let mut p = params!(CUpti_PmSampling_Stop_Params, pPmSamplingObject);
         p.pPmSamplingObject = self.obj;
         // Safety: see the module comment.
-        self.cupti.check("cuptiPmSamplingStop", unsafe { self.cupti.lib.cuptiPmSamplingStop(&mut p) })
+        self.cupti.check("cuptiPmSamplingStop", unsafe { self.cupti.raw.cuptiPmSamplingStop(&mut p) })
     }
 
     /// Decodes the hardware buffer into `image`; returns why it stopped and whether the
@@ -404,7 +333,7 @@ impl<'a> PmSampling<'a> {
         p.pCounterDataImage = image.as_mut_ptr();
         p.counterDataImageSize = image.len();
         // Safety: see the module comment.
-        self.cupti.check("cuptiPmSamplingDecodeData", unsafe { self.cupti.lib.cuptiPmSamplingDecodeData(&mut p) })?;
+        self.cupti.check("cuptiPmSamplingDecodeData", unsafe { self.cupti.raw.cuptiPmSamplingDecodeData(&mut p) })?;
         let stop = match p.decodeStopReason {
             sys::CUPTI_PM_SAMPLING_DECODE_STOP_REASON_COUNTER_DATA_FULL => DecodeStop::ImageFull,
             sys::CUPTI_PM_SAMPLING_DECODE_STOP_REASON_END_OF_RECORDS => DecodeStop::EndOfRecords,
@@ -420,7 +349,7 @@ impl<'a> PmSampling<'a> {
         p.counterDataImageSize = image.len();
         // Safety: see the module comment.
         self.cupti.check("cuptiPmSamplingGetCounterDataInfo", unsafe {
-            self.cupti.lib.cuptiPmSamplingGetCounterDataInfo(&mut p)
+            self.cupti.raw.cuptiPmSamplingGetCounterDataInfo(&mut p)
         })?;
         Ok(p.numCompletedSamples)
     }
@@ -434,7 +363,7 @@ impl<'a> PmSampling<'a> {
         p.sampleIndex = index;
         // Safety: see the module comment.
         self.cupti.check("cuptiPmSamplingCounterDataGetSampleInfo", unsafe {
-            self.cupti.lib.cuptiPmSamplingCounterDataGetSampleInfo(&mut p)
+            self.cupti.raw.cuptiPmSamplingCounterDataGetSampleInfo(&mut p)
         })?;
         Ok((p.startTimestamp, p.endTimestamp))
     }
@@ -446,102 +375,6 @@ impl Drop for PmSampling<'_> {
         let mut p = params!(CUpti_PmSampling_Disable_Params, pPmSamplingObject);
         p.pPmSamplingObject = self.obj;
         // Safety: the object came from cuptiPmSamplingEnable and is not used after this.
-        let _ = unsafe { self.cupti.lib.cuptiPmSamplingDisable(&mut p) };
+        let _ = unsafe { self.cupti.raw.cuptiPmSamplingDisable(&mut p) };
     }
-}
-
-/// libcuda, loaded, with cuInit done.
-pub struct Driver {
-    lib: cuda::CudaDriver,
-}
-
-/// Facts about one device for the sampler's Hello.
-#[derive(Debug, Clone, Default)]
-pub struct DeviceFacts {
-    pub name: String,
-    pub uuid: String,
-    pub pci_bus_id: String,
-    pub compute_major: u32,
-    pub compute_minor: u32,
-    pub sm_count: u32,
-    pub memory_bytes: u64,
-}
-
-impl Driver {
-    /// Loads libcuda.so.1 and calls cuInit(0).
-    pub fn load() -> std::result::Result<Driver, String> {
-        // Safety: loading the driver library runs its initializers only.
-        let lib =
-            unsafe { cuda::CudaDriver::new("libcuda.so.1") }.map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
-        // Safety: cuInit takes a flags word.
-        let r = unsafe { lib.cuInit(0) };
-        if r != cuda::CUDA_SUCCESS {
-            return Err(format!("cuInit failed with CUresult {r}"));
-        }
-        Ok(Driver { lib })
-    }
-
-    /// Number of CUDA devices.
-    pub fn device_count(&self) -> u32 {
-        let mut n = 0;
-        // Safety: writes one int.
-        let r = unsafe { self.lib.cuDeviceGetCount(&mut n) };
-        if r == cuda::CUDA_SUCCESS { n.max(0) as u32 } else { 0 }
-    }
-
-    /// Name, UUID, PCI id, compute capability, SMs and memory of a device ordinal.
-    pub fn facts(&self, ordinal: u32) -> std::result::Result<DeviceFacts, String> {
-        let mut dev: cuda::CUdevice = 0;
-        // Safety: writes one CUdevice.
-        let r = unsafe { self.lib.cuDeviceGet(&mut dev, ordinal as i32) };
-        if r != cuda::CUDA_SUCCESS {
-            return Err(format!("cuDeviceGet({ordinal}) failed with CUresult {r}"));
-        }
-        let mut f = DeviceFacts::default();
-        let mut name = [0 as c_char; 256];
-        // Safety: the buffer length is passed.
-        if unsafe { self.lib.cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) } == cuda::CUDA_SUCCESS {
-            // Safety: cuDeviceGetName writes a NUL-terminated string within the buffer.
-            f.name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
-        }
-        // Safety: CUuuid is 16 bytes, zeroed is valid.
-        let mut uuid: cuda::CUuuid = unsafe { std::mem::zeroed() };
-        // Safety: writes one CUuuid.
-        if unsafe { self.lib.cuDeviceGetUuid_v2(&mut uuid, dev) } == cuda::CUDA_SUCCESS {
-            let b: Vec<u8> = uuid.bytes.iter().map(|c| *c as u8).collect();
-            f.uuid = format!(
-                "GPU-{}-{}-{}-{}-{}",
-                hex(&b[0..4]),
-                hex(&b[4..6]),
-                hex(&b[6..8]),
-                hex(&b[8..10]),
-                hex(&b[10..16])
-            );
-        }
-        let mut bus = [0 as c_char; 64];
-        // Safety: the buffer length is passed.
-        if unsafe { self.lib.cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) } == cuda::CUDA_SUCCESS {
-            // Safety: NUL-terminated within the buffer.
-            f.pci_bus_id = unsafe { CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().to_lowercase();
-        }
-        let attr = |a: cuda::CUdevice_attribute| -> u32 {
-            let mut v = 0;
-            // Safety: writes one int.
-            let r = unsafe { self.lib.cuDeviceGetAttribute(&mut v, a, dev) };
-            if r == cuda::CUDA_SUCCESS { v.max(0) as u32 } else { 0 }
-        };
-        f.compute_major = attr(cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-        f.compute_minor = attr(cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-        f.sm_count = attr(cuda::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-        let mut mem = 0usize;
-        // Safety: writes one size_t.
-        if unsafe { self.lib.cuDeviceTotalMem_v2(&mut mem, dev) } == cuda::CUDA_SUCCESS {
-            f.memory_bytes = mem as u64;
-        }
-        Ok(f)
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -1,4 +1,4 @@
-//! `gpuprofd sampler --device N`: the per-GPU PM sampler child.
+//! `gpuprof-sampler --device N`: the per-GPU PM sampler, a child process of `gpuprofd`.
 //!
 //! It connects to the daemon's agent socket as an `AGENT_KIND_SAMPLER` agent and waits for
 //! commands: `StartPmSampling` takes the device's performance monitor and samples the given
@@ -17,7 +17,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use gpuprof_proto::agent::{
     self as wire, AgentMessage, DaemonMessage, PROTOCOL_VERSION, PmSample, PmSampleBatch, SamplerStatus,
@@ -25,10 +25,14 @@ use gpuprof_proto::agent::{
 };
 use gpuprof_proto::frame::{DEFAULT_MAX_FRAME_BYTES, read_message, write_frame};
 
-use super::cupti::{CallError, Cupti, DecodeStop, Driver, Host, MetricNames, PmSampling};
+use gpuprof_cupti::clock::{monotonic_ns, realtime_ns as now_ns};
+use gpuprof_cupti::device::{DeviceFacts, Driver};
+use gpuprof_cupti::pm::{DecodeStop, Host, MetricNames, PmSampling};
+use gpuprof_cupti::{Cupti, CuptiError as CallError, Purpose};
 
-/// Command-line arguments of `gpuprofd sampler`.
-#[derive(Debug, Clone, clap::Args)]
+/// Command-line arguments of `gpuprof-sampler`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "gpuprof-sampler", version, about = "gpuprof's per-GPU PM sampler (started by gpuprofd)")]
 pub struct SamplerArgs {
     /// Device index (CUDA ordinal with CUDA_DEVICE_ORDER=PCI_BUS_ID, as nvidia-smi numbers GPUs).
     #[arg(long)]
@@ -61,19 +65,8 @@ pub struct SamplerArgs {
 const EXIT_REFUSED: u8 = 2;
 const EXIT_NO_CUPTI: u8 = 3;
 
-fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-}
-
-fn monotonic_ns() -> u64 {
-    // CLOCK_MONOTONIC without libc: /proc/uptime has only centiseconds, so use the time
-    // since this process started its clock pair instead (only used as an offset pair).
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
 /// Runs the sampler child.
-pub fn main(args: SamplerArgs) -> ExitCode {
+pub(crate) fn main(args: SamplerArgs) -> ExitCode {
     if args.check {
         return check_main(&args);
     }
@@ -81,13 +74,13 @@ pub fn main(args: SamplerArgs) -> ExitCode {
         return print_main(&args, secs);
     }
     let Some(socket) = args.socket.clone() else {
-        eprintln!("gpuprofd sampler: --socket PATH is required (or use --check / --print)");
+        eprintln!("gpuprof-sampler: --socket PATH is required (or use --check / --print)");
         return ExitCode::from(EXIT_REFUSED);
     };
     match run(&args, &socket) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpuprofd sampler (device {}): {e}", args.device);
+            eprintln!("gpuprof-sampler (device {}): {e}", args.device);
             ExitCode::FAILURE
         }
     }
@@ -117,7 +110,7 @@ pub fn check_metrics(cupti: &Cupti, device: u32, metrics: &[String]) -> Result<S
         let mut names = MetricNames::new(set).map_err(Refusal::Metrics)?;
         if let Err(e) = h.add_metrics(&mut names) {
             return Err(Refusal::Metrics(if set.len() == 1 {
-                format!("metric {:?} is not available on {chip} ({})", set[0], e.text)
+                format!("metric {:?} is not available on {chip} ({})", set[0], e.name())
             } else {
                 format!("{}: {e}", set.join(", "))
             }));
@@ -179,9 +172,21 @@ fn check_main(args: &SamplerArgs) -> ExitCode {
 
 fn load(args: &SamplerArgs) -> Result<Cupti, String> {
     // The driver must be initialized before CUPTI's profiler calls.
-    let _driver = Driver::load()?;
+    let _driver = Driver::load_and_init()?;
     std::mem::forget(_driver);
-    Cupti::load(args.cupti.as_deref())
+    load_cupti(args.cupti.as_deref())
+}
+
+/// libcupti for PM sampling: the configured file, or the shared search (`GPUPROF_CUPTI_LIBRARY`,
+/// `CUDA_HOME`, the usual CUDA places); its PM-sampling functions checked.
+fn load_cupti(explicit: Option<&std::path::Path>) -> Result<Cupti, String> {
+    let cupti = match explicit {
+        Some(p) => Cupti::load_path(p, Purpose::PmSampling),
+        None => Cupti::load(Purpose::PmSampling),
+    }
+    .map_err(|e| format!("cannot load libcupti (set sampler.cupti_library or GPUPROF_CUPTI_LIBRARY): {e}"))?;
+    cupti.check_pm_sampling()?;
+    Ok(cupti)
 }
 
 /// What the CUPTI thread is told.
@@ -408,7 +413,7 @@ impl Sink for ChannelSink {
     }
 }
 
-fn hello(args: &SamplerArgs, cupti_version: u32, facts: Option<super::cupti::DeviceFacts>) -> AgentMessage {
+fn hello(args: &SamplerArgs, cupti_version: u32, facts: Option<DeviceFacts>) -> AgentMessage {
     let devices = facts
         .map(|f| {
             vec![wire::Device {
@@ -442,9 +447,9 @@ fn hello(args: &SamplerArgs, cupti_version: u32, facts: Option<super::cupti::Dev
 
 fn run(args: &SamplerArgs, socket: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
-    let driver = Driver::load();
+    let driver = Driver::load_and_init();
     let facts = driver.as_ref().ok().and_then(|d| d.facts(args.device).ok());
-    let cupti = Cupti::load(args.cupti.as_deref());
+    let cupti = load_cupti(args.cupti.as_deref());
     let mut stream = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
     let version = cupti.as_ref().map(|c| c.version()).unwrap_or(0);
     write_frame(&mut stream, &hello(args, version, facts))?;
@@ -474,8 +479,8 @@ fn run(args: &SamplerArgs, socket: &std::path::Path) -> anyhow::Result<()> {
             anyhow::bail!("{e}");
         }
     };
-    if args.device >= driver.device_count() {
-        anyhow::bail!("device {} does not exist (CUDA sees {})", args.device, driver.device_count());
+    if args.device >= driver.device_count(Duration::ZERO) {
+        anyhow::bail!("device {} does not exist (CUDA sees {})", args.device, driver.device_count(Duration::ZERO));
     }
 
     let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>();

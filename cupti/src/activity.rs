@@ -1,0 +1,127 @@
+//! Activity tracing and callbacks: the safe calls the injector makes on a loaded [`Cupti`].
+// Safety: each unsafe block calls a function resolved by `Cupti::load` (the tracing symbols are
+// required there) with arguments whose validity is stated next to it.
+#![allow(unsafe_code)]
+
+use crate::error::{CuptiError, check};
+use crate::loader::Cupti;
+use crate::sys::cupti as sys;
+
+impl Cupti {
+    /// `cuptiActivityEnable(kind)`.
+    pub fn activity_enable(&self, kind: sys::CUpti_ActivityKind) -> Result<(), CuptiError> {
+        // Safety: plain value argument; the symbol was checked at load.
+        check(unsafe { self.raw.cuptiActivityEnable(kind) })
+    }
+
+    /// `cuptiActivityDisable(kind)`.
+    pub fn activity_disable(&self, kind: sys::CUpti_ActivityKind) -> Result<(), CuptiError> {
+        // Safety: plain value argument; the symbol was checked at load.
+        check(unsafe { self.raw.cuptiActivityDisable(kind) })
+    }
+
+    /// `cuptiActivityEnableRuntimeApi(cbid, enable)`.
+    pub fn enable_runtime_api(&self, cbid: u32, enable: bool) -> Result<(), CuptiError> {
+        // Safety: plain value arguments; the symbol was checked at load.
+        check(unsafe { self.raw.cuptiActivityEnableRuntimeApi(cbid, enable as u8) })
+    }
+
+    /// `cuptiActivityEnableDriverApi(cbid, enable)`.
+    pub fn enable_driver_api(&self, cbid: u32, enable: bool) -> Result<(), CuptiError> {
+        // Safety: plain value arguments; the symbol was checked at load.
+        check(unsafe { self.raw.cuptiActivityEnableDriverApi(cbid, enable as u8) })
+    }
+
+    /// `cuptiActivityEnableAllSyncRecords(enable)`: with `false`, CUPTI skips event/stream query
+    /// records for work not completed yet (a busy-polling application makes millions).
+    pub fn enable_all_sync_records(&self, enable: bool) -> Result<(), CuptiError> {
+        if self.raw.cuptiActivityEnableAllSyncRecords.is_err() {
+            return Err(CuptiError::new(sys::CUPTI_ERROR_NOT_SUPPORTED));
+        }
+        // Safety: plain value argument; the symbol resolved (checked above).
+        check(unsafe { self.raw.cuptiActivityEnableAllSyncRecords(enable as u8) })
+    }
+
+    /// `cuptiActivitySetAttribute(attr, sizeof(T), &value)` for a `u8` or `usize` attribute.
+    pub fn set_attribute<T: Copy>(&self, attr: sys::CUpti_ActivityAttribute, value: T) -> Result<(), CuptiError> {
+        let Ok(f) = &self.raw.cuptiActivitySetAttribute else {
+            return Err(CuptiError::new(sys::CUPTI_ERROR_NOT_SUPPORTED));
+        };
+        let mut v = value;
+        let mut size = std::mem::size_of::<T>();
+        // Safety: `size` and `v` are valid for the call; CUPTI reads `size` bytes of `v` (the
+        // attribute's documented type, u8 or size_t, chosen by the caller).
+        check(unsafe { f(attr, &mut size, (&mut v as *mut T).cast()) })
+    }
+
+    /// `cuptiActivityRegisterCallbacks(request, complete)`.
+    pub fn register_callbacks(
+        &self,
+        request: sys::CUpti_BuffersCallbackRequestFunc,
+        complete: sys::CUpti_BuffersCallbackCompleteFunc,
+    ) -> Result<(), CuptiError> {
+        // Safety: the callbacks are `extern "C"` functions with CUPTI's signatures that live
+        // for the whole process (they are statics of this library, which is never unloaded).
+        check(unsafe { self.raw.cuptiActivityRegisterCallbacks(request, complete) })
+    }
+
+    /// `cuptiActivityFlushAll(flags)`; `forced` returns buffers with incomplete records too.
+    pub fn flush_all(&self, forced: bool) -> Result<(), CuptiError> {
+        let flag = if forced { sys::CUPTI_ACTIVITY_FLAG_FLUSH_FORCED } else { 0 };
+        // Safety: plain value argument; the symbol was checked at load.
+        check(unsafe { self.raw.cuptiActivityFlushAll(flag) })
+    }
+
+    /// `cuptiActivityGetNumDroppedRecords(ctx, stream, &n)`: records CUPTI dropped since the
+    /// last call for the buffer being completed.
+    ///
+    /// # Safety
+    /// `ctx` must be the context pointer CUPTI passed to the completion callback (or null).
+    pub unsafe fn dropped_records(&self, ctx: sys::CUcontext, stream_id: u32) -> usize {
+        let mut n = 0usize;
+        // Safety: `ctx`/`stream_id` are the values CUPTI handed to the completion callback;
+        // `n` is a valid out pointer.
+        let r = unsafe { self.raw.cuptiActivityGetNumDroppedRecords(ctx, stream_id, &mut n) };
+        if r == sys::CUPTI_SUCCESS { n } else { 0 }
+    }
+
+    /// Walks the records of a completed buffer, calling `f` with each record's address.
+    ///
+    /// # Safety
+    /// `buf` must point to `valid` initialised bytes of a buffer CUPTI has completed.
+    pub unsafe fn for_each_record(&self, buf: *mut u8, valid: usize, mut f: impl FnMut(*const u8)) {
+        let mut rec: *mut sys::CUpti_Activity = std::ptr::null_mut();
+        loop {
+            // Safety: per this function's contract; CUPTI reads the buffer and advances `rec`
+            // within `valid` bytes.
+            let r = unsafe { self.raw.cuptiActivityGetNextRecord(buf, valid, &mut rec) };
+            if r != sys::CUPTI_SUCCESS || rec.is_null() {
+                break;
+            }
+            f(rec as *const u8);
+        }
+    }
+
+    /// Probes whether another CUPTI subscriber (e.g. Kineto's) exists: subscribes and
+    /// immediately unsubscribes. `Err(39)` means someone else holds CUPTI.
+    pub fn probe_subscriber(&self) -> Result<(), CuptiError> {
+        let mut handle: sys::CUpti_SubscriberHandle = std::ptr::null_mut();
+        // Safety: `probe_callback` has CUPTI's callback signature and does nothing; no domain
+        // is enabled, so it is never called; `handle` is a valid out pointer.
+        check(unsafe { self.raw.cuptiSubscribe(&mut handle, Some(probe_callback), std::ptr::null_mut()) })?;
+        // Safety: `handle` was just returned by a successful cuptiSubscribe.
+        let _ = unsafe { self.raw.cuptiUnsubscribe(handle) };
+        Ok(())
+    }
+
+
+}
+
+extern "C" fn probe_callback(
+    _userdata: *mut std::ffi::c_void,
+    _domain: sys::CUpti_CallbackDomain,
+    _cbid: sys::CUpti_CallbackId,
+    _data: *const std::ffi::c_void,
+) {
+}
+
