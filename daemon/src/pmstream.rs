@@ -19,6 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::Daemon;
+use crate::error::ApiError;
 
 /// Longest downsampling window accepted.
 const MAX_DOWNSAMPLE_MS: u32 = 3_600_000;
@@ -217,21 +218,23 @@ impl Subscriber {
 /// Starts a subscription; the returned stream yields samples and paused markers.
 pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<ReceiverStream<Item>, Status> {
     if req.downsample_ms > MAX_DOWNSAMPLE_MS {
-        return Err(Status::invalid_argument(format!(
-            "downsample_ms: {} is more than the maximum {MAX_DOWNSAMPLE_MS}",
-            req.downsample_ms
-        )));
+        return Err(ApiError::invalid(
+            "downsample_ms",
+            format!("{} is more than the maximum {MAX_DOWNSAMPLE_MS}", req.downsample_ms),
+        )
+        .into());
     }
     let managed = d.arbiter.devices();
     if let Some(x) = req.devices.iter().find(|x| !managed.contains(x)) {
-        return Err(Status::not_found(format!(
+        return Err(ApiError::NotFound(format!(
             "devices: GPU {x} is not managed by this gpuprofd (managed: {})",
             if managed.is_empty() {
                 "none".to_string()
             } else {
                 managed.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
             }
-        )));
+        ))
+        .into());
     }
     let queue = d.config.sampler.stream_queue;
     let (tx, rx) = mpsc::channel(queue);
@@ -263,7 +266,7 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
             tokio::select! {
                 _ = closed.closed() => end = Err(End::Gone),
                 _ = d.shutdown.cancelled() => {
-                    let _ = sub.tx.try_send(Err(Status::unavailable("gpuprofd is shutting down")));
+                    let _ = sub.tx.try_send(Err(ApiError::Unavailable("gpuprofd is shutting down".into()).into()));
                     break;
                 }
                 r = samples.recv() => match r {
@@ -283,7 +286,7 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
         if let Err(End::Slow(why)) = end {
             hub.dropped_subscribers.fetch_add(1, Relaxed);
             tracing::info!(reason = %why, "dropping a slow PM stream subscriber");
-            let _ = sub.tx.try_send(Err(Status::resource_exhausted(why)));
+            let _ = sub.tx.try_send(Err(ApiError::ResourceExhausted(why).into()));
         }
         hub.subscribers.fetch_sub(1, Relaxed);
     });
@@ -297,17 +300,18 @@ pub fn pc_stream(
     session_id: u64,
     caller: &crate::access::Caller,
 ) -> Result<ReceiverStream<Result<pb::StreamPcSamplesResponse, Status>>, Status> {
-    let reader = crate::store::open_reader(&d.db_path).map_err(|e| Status::unavailable(format!("{e:#}")))?;
+    let reader = crate::store::open_reader(&d.db_path).map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
     let owner: Option<u32> =
         reader.query_row("SELECT owner_uid FROM sessions WHERE id = ?1", [session_id as i64], |r| r.get(0)).ok();
     let Some(owner) = owner else {
-        return Err(Status::not_found(format!("session_id: no session {session_id}")));
+        return Err(ApiError::NotFound(format!("session_id: no session {session_id}")).into());
     };
     if !caller.may_access(owner) {
-        return Err(Status::permission_denied(format!(
+        return Err(ApiError::PermissionDenied(format!(
             "session {session_id} belongs to uid {owner}; uid {} may only stream its own sessions",
             caller.uid
-        )));
+        ))
+        .into());
     }
     let (tx, rx) = mpsc::channel(16);
     let shutdown = d.shutdown.clone();
@@ -321,7 +325,7 @@ pub fn pc_stream(
             let rows = match rows {
                 Ok(r) => r,
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(Status::internal(format!("reading PC samples: {e}"))));
+                    let _ = tx.blocking_send(Err(ApiError::Internal(format!("reading PC samples: {e}")).into()));
                     return;
                 }
             };

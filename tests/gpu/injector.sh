@@ -31,8 +31,8 @@
 # Prints CHECK/FIGURE lines and a summary last; copies logs to $OUT when set.
 #
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), from a build machine:
-#   cargo build --release -p gpuprof-inject -p gpuprofd -p gpuprofctl
-#   mkdir -p .gpu && cp target/release/{gpuprofd,gpuprofctl,libgpuprof_inject.so} .gpu/ && strip .gpu/*
+#   cargo build --release -p gpuprof-inject -p gpuprofd -p gpuprof-sampler -p gpuprofctl
+#   mkdir -p .gpu && cp target/release/{gpuprofd,gpuprof-sampler,gpuprofctl,libgpuprof_inject.so} .gpu/ && strip .gpu/*
 # then `bash tests/gpu/injector.sh` on the GPU machine with .gpu carried.
 set -uo pipefail
 

@@ -13,10 +13,10 @@
 #   5. the Prometheus endpoint serves the latest PM values.
 # It prints a summary last (CHECK lines and figures) and copies logs to $OUT when set.
 #
-# Binaries: release builds of gpuprofd and gpuprofctl in .gpu/ (or GPUPROF_BIN). From a build
+# Binaries: release builds of gpuprofd, gpuprof-sampler and gpuprofctl in .gpu/ (or GPUPROF_BIN). From a build
 # machine (no Rust on the GPU machine):
-#   cargo build --release -p gpuprofd -p gpuprofctl
-#   mkdir -p .gpu && cp target/release/gpuprofd target/release/gpuprofctl .gpu/ && strip .gpu/*
+#   cargo build --release -p gpuprofd -p gpuprof-sampler -p gpuprofctl
+#   mkdir -p .gpu && cp target/release/{gpuprofd,gpuprof-sampler,gpuprofctl} .gpu/ && strip .gpu/*
 #   grep -qx '/.gpu/' .git/info/exclude || echo /.gpu/ >> .git/info/exclude
 # then run `bash tests/gpu/pm_arbiter.sh` there with .gpu carried.
 set -uo pipefail
@@ -57,7 +57,7 @@ finish() {
 }
 trap finish EXIT
 
-[ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "no gpuprofd/gpuprofctl in $BIN"; exit 2; }
+[ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprof-sampler" ] && [ -x "$BIN/gpuprofctl" ] || { echo "no gpuprofd/gpuprof-sampler/gpuprofctl in $BIN"; exit 2; }
 echo "libcupti: ${CUPTI_LIB:-not found}"; nvidia-smi -L
 
 # ---------------------------------------------------------------- 1. metric set at config check

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What PM sampling alone costs a GPU-bound PyTorch matmul loop, by metric set and interval.
-# Runs the sampler child standalone (`gpuprofd sampler --print`, no daemon, nothing stored) in
+# Runs the sampler child standalone (`gpuprof-sampler --print`, no daemon, nothing stored) in
 # windows of one long matmul process (tests/gpu/mm_windows.py), alternating with windows where
 # nothing samples, and prints the slowdown of each configuration.
 # Binaries as for pm_arbiter.sh (.gpu/ or GPUPROF_BIN).
@@ -44,7 +44,7 @@ window off
 for rep in $(seq "$REPS"); do
   for i in "${!CONFIGS[@]}"; do
     read -r iv m <<<"${CONFIGS[$i]}"
-    "$BIN/gpuprofd" sampler --device 0 --print 600 --interval "$iv" --metrics "$m" --cupti "$L" >"$T/s$i.txt" 2>&1 &
+    "$BIN/gpuprof-sampler" --device 0 --print 600 --interval "$iv" --metrics "$m" --cupti "$L" >"$T/s$i.txt" 2>&1 &
     sp=$!
     for _ in $(seq 100); do [ "$(wc -l <"$T/s$i.txt")" -ge 2 ] && break; sleep 0.05; done
     window "c$i"

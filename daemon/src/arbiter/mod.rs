@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::core::{ArbiterError, Core, Event, Holder, Lease, LeaseId, Nanos, Timing};
 use crate::Daemon;
+use crate::error::{ApiError, ApiResult};
 use crate::registry::AgentEvent;
 
 /// Where the arbiter gets the time from; tests pass a fake one.
@@ -64,11 +65,11 @@ pub struct Arbiter {
     markers: broadcast::Sender<pb::PmPaused>,
 }
 
-impl From<ArbiterError> for tonic::Status {
+impl From<ArbiterError> for ApiError {
     fn from(e: ArbiterError) -> Self {
         match e {
-            ArbiterError::UnknownDevice(_) | ArbiterError::UnknownLease(_) => tonic::Status::not_found(e.to_string()),
-            ArbiterError::Invalid(_) => tonic::Status::invalid_argument(e.to_string()),
+            ArbiterError::UnknownDevice(_) | ArbiterError::UnknownLease(_) => ApiError::NotFound(e.to_string()),
+            ArbiterError::Invalid(_) => ApiError::invalid("request", e.to_string()),
         }
     }
 }
@@ -140,14 +141,17 @@ impl Arbiter {
         uid: u32,
         reason: &str,
         ttl: Option<Duration>,
-    ) -> Result<Vec<pb::Reservation>, tonic::Status> {
+    ) -> ApiResult<Vec<pb::Reservation>> {
         let ttl = ttl.filter(|t| !t.is_zero()).unwrap_or(self.limits.default_ttl);
         if ttl > self.limits.max_ttl {
-            return Err(tonic::Status::invalid_argument(format!(
-                "duration_seconds: {} s is longer than the maximum pause of {} s (arbiter.max_pause)",
-                ttl.as_secs(),
-                self.limits.max_ttl.as_secs()
-            )));
+            return Err(ApiError::invalid(
+                "duration_seconds",
+                format!(
+                    "{} s is longer than the maximum pause of {} s (arbiter.max_pause)",
+                    ttl.as_secs(),
+                    self.limits.max_ttl.as_secs()
+                ),
+            ));
         }
         let devices = self.resolve(devices, all)?;
         let reason = if reason.trim().is_empty() { "paused by operator".to_string() } else { reason.to_string() };
@@ -159,7 +163,7 @@ impl Arbiter {
     }
 
     /// Ends pauses; returns the devices that were paused.
-    pub fn resume(&self, devices: &[u32], all: bool, uid: u32) -> Result<Vec<u32>, tonic::Status> {
+    pub fn resume(&self, devices: &[u32], all: bool, uid: u32) -> ApiResult<Vec<u32>> {
         let devices = self.resolve(devices, all)?;
         Ok(self.with_core(|c, now| match c.resume(&devices, uid, now) {
             Ok((d, ev)) => (Ok(d), ev),
@@ -167,23 +171,23 @@ impl Arbiter {
         })?)
     }
 
-    fn resolve(&self, devices: &[u32], all: bool) -> Result<Vec<u32>, tonic::Status> {
+    fn resolve(&self, devices: &[u32], all: bool) -> ApiResult<Vec<u32>> {
         let managed = self.devices();
         if managed.is_empty() {
-            return Err(tonic::Status::failed_precondition(
-                "this gpuprofd manages no GPU (none found, or [sampler] disabled); nothing to pause or resume",
+            return Err(ApiError::FailedPrecondition(
+                "this gpuprofd manages no GPU (none found, or [sampler] disabled); nothing to pause or resume".into(),
             ));
         }
         if all {
             return Ok(managed);
         }
         if devices.is_empty() {
-            return Err(tonic::Status::invalid_argument("devices: name at least one GPU, or set all"));
+            return Err(ApiError::invalid("devices", "name at least one GPU, or set all"));
         }
         let mut out = Vec::new();
         for d in devices {
             if !managed.contains(d) {
-                return Err(tonic::Status::not_found(format!(
+                return Err(ApiError::NotFound(format!(
                     "devices: GPU {d} is not managed by this gpuprofd (managed: {})",
                     managed.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
                 )));
@@ -339,17 +343,17 @@ fn daemon_uid() -> Option<u32> {
 }
 
 /// Pause and resume are for operators: root, the admin group, or the daemon's own user.
-pub fn require_operator(caller: &crate::access::Caller, what: &str) -> Result<u32, tonic::Status> {
+pub fn require_operator(caller: &crate::access::Caller, what: &str) -> ApiResult<u32> {
     if caller.admin || (caller.authenticated && Some(caller.uid) == daemon_uid()) {
         return Ok(caller.uid);
     }
     if !caller.authenticated {
-        return Err(tonic::Status::permission_denied(format!(
+        return Err(ApiError::PermissionDenied(format!(
             "only operators may {what}; this connection carries no user identity: use the api Unix socket, \
              or on TCP the node's token or a client certificate"
         )));
     }
-    Err(tonic::Status::permission_denied(format!(
+    Err(ApiError::PermissionDenied(format!(
         "only operators may {what}: uid {} is neither root nor in the admin group (api.admin_group)",
         caller.uid
     )))
