@@ -113,8 +113,6 @@ impl Cupti {
         let _ = unsafe { self.raw.cuptiUnsubscribe(handle) };
         Ok(())
     }
-
-
 }
 
 extern "C" fn probe_callback(
@@ -124,4 +122,3 @@ extern "C" fn probe_callback(
     _data: *const std::ffi::c_void,
 ) {
 }
-

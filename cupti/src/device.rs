@@ -103,7 +103,10 @@ impl Driver {
                 f.uuid = uuid_string(&uuid.bytes.map(|b| b as u8));
             }
         }
-        let text = |func: &Result<unsafe extern "C" fn(*mut c_char, i32, sys::CUdevice) -> sys::CUresult, libloading::Error>| {
+        let text = |func: &Result<
+            unsafe extern "C" fn(*mut c_char, i32, sys::CUdevice) -> sys::CUresult,
+            libloading::Error,
+        >| {
             let Ok(func) = func else { return String::new() };
             let mut buf = [0 as c_char; 256];
             // Safety: the buffer is 256 bytes and its length is passed.

@@ -72,7 +72,6 @@ impl fmt::Display for CuptiError {
 
 impl std::error::Error for CuptiError {}
 
-
 /// `Ok` for CUPTI_SUCCESS, the code otherwise.
 pub fn check(r: sys::CUptiResult) -> Result<(), CuptiError> {
     if r == sys::CUPTI_SUCCESS { Ok(()) } else { Err(CuptiError::new(r)) }

@@ -267,7 +267,7 @@ impl<B: Backend> Agent<B> {
         match UnixStream::connect(&self.cfg.socket) {
             Ok(stream) => {
                 let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-                crate::lifecycle::SOCKET_FD.store(stream.as_raw_fd(), Ordering::SeqCst);
+                crate::socket_fd::publish(stream.as_raw_fd());
                 log!(Info, "connected to {}", self.cfg.socket.display());
                 self.conn = Some(Conn {
                     stream,
@@ -307,7 +307,7 @@ impl<B: Backend> Agent<B> {
         if self.conn.take().is_none() {
             return;
         }
-        crate::lifecycle::SOCKET_FD.store(-1, Ordering::SeqCst);
+        crate::socket_fd::publish(-1);
         log!(Info, "daemon connection closed: {why}");
         self.control.connected.store(false, Ordering::SeqCst);
         // The session belongs to the connection: stop tracing and drop what is queued.

@@ -24,5 +24,6 @@ pub mod lifecycle;
 pub mod log;
 pub mod pool;
 pub mod records;
+pub mod socket_fd;
 pub mod tracer;
 pub mod wake;

@@ -5,7 +5,7 @@
 #![allow(unsafe_code)]
 
 use std::panic::catch_unwind;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -21,9 +21,6 @@ const EXITED: u8 = 2;
 const DISABLED: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-/// The daemon socket's descriptor, closed in fork children so the daemon sees the parent's
-/// connection end when the parent does.
-pub static SOCKET_FD: AtomicI32 = AtomicI32::new(-1);
 
 struct Global {
     pid: u32,
@@ -223,7 +220,7 @@ extern "C" fn at_exit() {
 /// background thread; it never traces and leaves the parent's connection alone.
 extern "C" fn in_fork_child() {
     STATE.store(DISABLED, Ordering::SeqCst);
-    let fd = SOCKET_FD.swap(-1, Ordering::SeqCst);
+    let fd = crate::socket_fd::take();
     if fd >= 0 {
         // Safety: the child's copy of the parent's socket; closing it affects only the child.
         unsafe { libc::close(fd) };

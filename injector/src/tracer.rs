@@ -16,12 +16,12 @@ use gpuprof_proto::agent as pb;
 use crate::cbids;
 use crate::config::ApiMode;
 use crate::convert::kind_of_activity;
-use gpuprof_cupti::{Cupti, CuptiError};
 use crate::log::log;
 use crate::pool::{Buf, Pool};
 use crate::records;
-use gpuprof_cupti::sys::cupti as sys;
 use crate::wake::Wake;
+use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::{Cupti, CuptiError};
 
 /// A buffer of raw records on its way to the background thread.
 pub trait RecordSource: Send {
