@@ -7,6 +7,9 @@
 //! the queue, the external mark and the audit rows must agree, and the events must tell a
 //! consumer exactly the holder changes. A restart goes through the real database rows.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, HashMap};
 
 use gpuprofd::arbiter::core::{Core, Event, Holder, Lease, LeaseId, Nanos, Timing};

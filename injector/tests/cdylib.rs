@@ -2,6 +2,9 @@
 //! no undefined CUDA/CUPTI symbols, the injection entry points exported, and a process that
 //! loads it and calls `InitializeInjection` keeps its exit code with or without a daemon.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::Command;

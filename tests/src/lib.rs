@@ -1,6 +1,9 @@
 //! Test kit for gpuprof: fake agents that speak the real agent protocol to a real
 //! `gpuprofd`, and helpers that run the daemon and the CLI as processes.
 
+// A test kit fails by panicking: an unwrap here is a failed test with its cause printed.
+#![allow(clippy::unwrap_used)]
+
 pub mod daemon;
 pub mod fake_agent;
 pub mod records;

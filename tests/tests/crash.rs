@@ -1,5 +1,8 @@
 //! SIGKILL during ingest: the database stays intact and nothing a reader saw committed is lost.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -58,8 +61,15 @@ fn sigkill_during_ingest_loses_nothing_committed() {
 
     // A reader takes snapshots of committed data while ingest runs.
     let reader = Connection::open_with_flags(&db_path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    // Wait for the first commit (a debug daemon on a loaded machine may take seconds), then
+    // keep snapshotting while ingest goes on so the kill lands mid-stream.
     let mut last: Snapshot = Vec::new();
-    for _ in 0..30 {
+    let started = std::time::Instant::now();
+    while !last.iter().any(|(_, max, _)| *max > 0) && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+        last = snapshot(&reader);
+    }
+    for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(50));
         last = snapshot(&reader);
     }

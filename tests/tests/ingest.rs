@@ -1,5 +1,8 @@
 //! End-to-end ingest: real gpuprofd, real sockets, real SQLite, fake agents.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

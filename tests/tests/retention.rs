@@ -1,6 +1,9 @@
 //! Retention of sessions and their records, end to end: a real gpuprofd with small limits in
 //! its config, traced fake agents, the gRPC API, and the database read directly.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

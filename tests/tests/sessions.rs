@@ -1,6 +1,9 @@
 //! Sessions end to end: real gpuprofd, traced fake agents obeying StartTrace/StopTrace,
 //! the gRPC API and gpuprofctl as a process.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use gpuprof_proto::api::gpuprof_client::GpuprofClient;

@@ -2,6 +2,9 @@
 //! only their own sessions and processes, and is told why when refused; members of the
 //! admin group and root see everything. Needs root (to run clients as other uids).
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};

@@ -1,6 +1,9 @@
 //! Sessions across a daemon restart, errors and their gRPC codes and exit codes, displaced
 //! processes, delayed starts and filtered queries.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use gpuprof_proto::api::gpuprof_client::GpuprofClient;

@@ -2,6 +2,9 @@
 //! record, every flow arrow has both ends, timestamps never go back on a track; the SQLite
 //! export holds the session's rows.
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 

@@ -4,6 +4,9 @@
 //! Needs `python3` with `grpcio` and `grpcio-tools`; when they are not importable the test
 //! installs them with pip into the target directory first (and fails if it cannot).
 
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::process::Command;
 

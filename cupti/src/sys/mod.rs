@@ -12,7 +12,8 @@
     non_upper_case_globals,
     dead_code,
     rust_2018_idioms,
-    clippy::all
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
 )]
 
 pub mod cuda;
