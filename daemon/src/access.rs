@@ -19,7 +19,8 @@ use std::sync::Arc;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Status};
 
-use crate::error::ApiError;
+use crate::Daemon;
+use crate::error::{ApiError, ApiResult};
 
 /// The identity of an API caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,6 +256,55 @@ fn user_name(uid: u32, etc: &Path) -> Option<String> {
 pub fn process_uid(pid: u32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
+/// Checks that session `id` exists and that the caller may read it: the live owner of an open
+/// session, or the owner stored in the sessions table.
+pub async fn authorize_session(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<()> {
+    if id == 0 {
+        return Err(ApiError::invalid("session_id", "session ids start at 1"));
+    }
+    let owner = match d.sessions.live_owner(id) {
+        Some(o) => o,
+        None => {
+            let path = d.db_path.clone();
+            tokio::task::spawn_blocking(move || -> ApiResult<Option<u32>> {
+                let c = crate::store::open_reader(&path)?;
+                Ok(crate::store::session_owner(&c, id)?)
+            })
+            .await??
+            .ok_or_else(|| {
+                ApiError::NotFound(format!("no session {id} (gpuprofctl session list shows the sessions)"))
+            })?
+        }
+    };
+    if caller.may_access(owner) {
+        Ok(())
+    } else {
+        Err(caller.denied(&format!("session {id}"), owner, &d.config.api.admin_group))
+    }
+}
+
+fn daemon_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+/// Pause and resume are for operators: root, the admin group, or the daemon's own user.
+pub fn require_operator(caller: &Caller, what: &str) -> ApiResult<u32> {
+    if caller.admin || (caller.authenticated && Some(caller.uid) == daemon_uid()) {
+        return Ok(caller.uid);
+    }
+    if !caller.authenticated {
+        return Err(ApiError::PermissionDenied(format!(
+            "only operators may {what}; this connection carries no user identity: use the api Unix socket, \
+             or on TCP the node's token or a client certificate"
+        )));
+    }
+    Err(ApiError::PermissionDenied(format!(
+        "only operators may {what}: uid {} is neither root nor in the admin group (api.admin_group)",
+        caller.uid
+    )))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuprof_proto::agent::{
@@ -27,9 +27,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::Daemon;
+use crate::catalog::{Kind, batch_len};
+use crate::clock::now_ns;
 use crate::ingest::{ProcessInfo, WriterMsg};
 use crate::registry::{Agent, AgentEvent};
-use crate::stats::Kind;
 
 /// Binds the agent socket (replacing a stale file) with mode 0666: any user's CUDA
 /// process may connect; identity comes from SO_PEERCRED.
@@ -99,10 +100,6 @@ fn proto_err(msg: impl Into<String>) -> ConnError {
     ConnError::Protocol(msg.into())
 }
 
-pub(crate) fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-}
-
 /// Reads one frame's payload into `buf`.
 async fn read_frame(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>, max: u32) -> Result<(), ConnError> {
     let mut len = [0u8; 4];
@@ -143,32 +140,6 @@ async fn read_message(
             Ok(m)
         }
     }
-}
-
-/// Records in a batch, per kind (only non-zero kinds).
-pub fn batch_counts(b: &RecordBatch) -> impl Iterator<Item = (Kind, u64)> {
-    [
-        (Kind::Kernel, b.kernels.len()),
-        (Kind::Memcpy, b.memcpys.len()),
-        (Kind::Memset, b.memsets.len()),
-        (Kind::Api, b.api_calls.len()),
-        (Kind::Sync, b.syncs.len()),
-        (Kind::Overhead, b.overheads.len()),
-        (Kind::Marker, b.markers.len()),
-        (Kind::ExternalCorrelation, b.external_correlations.len()),
-        (Kind::Device, b.devices.len()),
-        (Kind::Context, b.contexts.len()),
-        (Kind::Stream, b.streams.len()),
-        (Kind::Graph, b.graphs.len()),
-    ]
-    .into_iter()
-    .filter(|(_, n)| *n > 0)
-    .map(|(k, n)| (k, n as u64))
-}
-
-/// Total records in a batch.
-pub fn batch_len(b: &RecordBatch) -> u64 {
-    batch_counts(b).map(|(_, n)| n).sum()
 }
 
 async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken) {

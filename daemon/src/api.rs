@@ -19,8 +19,8 @@ use tonic::{Request, Response, Status};
 
 use crate::Daemon;
 use crate::access::TcpAuth;
+use crate::catalog::Kind;
 use crate::config::ApiConfig;
-use crate::stats::Kind;
 
 /// How long in-flight calls may run on after shutdown begins before their connections are cut.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -314,7 +314,7 @@ impl Gpuprof for Api {
     }
 
     async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {
-        let uid = crate::arbiter::require_operator(&self.caller(&req), "pause GPUs")?;
+        let uid = crate::access::require_operator(&self.caller(&req), "pause GPUs")?;
         let r = req.into_inner();
         let ttl = (r.duration_seconds > 0).then(|| std::time::Duration::from_secs(r.duration_seconds));
         let reservations = self.d.arbiter.pause(&r.devices, r.all, uid, &r.reason, ttl)?;
@@ -322,7 +322,7 @@ impl Gpuprof for Api {
     }
 
     async fn resume(&self, req: Request<pb::ResumeRequest>) -> Result<Response<pb::ResumeResponse>, Status> {
-        let uid = crate::arbiter::require_operator(&self.caller(&req), "resume GPUs")?;
+        let uid = crate::access::require_operator(&self.caller(&req), "resume GPUs")?;
         let r = req.into_inner();
         let devices = self.d.arbiter.resume(&r.devices, r.all, uid)?;
         Ok(Response::new(pb::ResumeResponse { devices }))

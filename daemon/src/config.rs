@@ -200,7 +200,7 @@ pub struct ApiConfig {
 impl ApiConfig {
     /// With `tcp_listen` set: TLS (certificate and key) and at least one way for callers to
     /// authenticate (client certificates or a token) are required, and every file must be
-    /// readable. The contents are checked by [`crate::api::TcpSecurity::load`].
+    /// readable. The contents are checked when the API starts (`TcpSecurity::load` in the `api` module).
     fn validate_tcp(&self) -> Result<()> {
         if self.tcp_listen.is_empty() {
             return Ok(());

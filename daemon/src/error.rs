@@ -5,7 +5,10 @@
 
 use tonic::{Code, Status};
 
-use crate::ingest::WriterGone;
+/// The writer thread has stopped (shutdown or fatal error).
+#[derive(Debug, thiserror::Error)]
+#[error("the database writer has stopped")]
+pub struct WriterGone;
 
 /// An error a request can end with.
 #[derive(Debug, thiserror::Error)]

@@ -50,7 +50,7 @@ pub async fn export(
         .map_err(|_| ApiError::invalid("format", format!("{} is not an export format", req.format)))?;
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
-    crate::sessions::authorize(d, caller, req.session_id).await?;
+    crate::access::authorize_session(d, caller, req.session_id).await?;
     crate::rollup::catch_up(d).await?;
     let (tx, rx) = mpsc::channel(8);
     let db = d.db_path.clone();
@@ -112,7 +112,7 @@ impl Out<'_> {
 fn total_rows(c: &Connection, session: u64, tables: &[&str]) -> rusqlite::Result<u64> {
     let mut n = 0;
     for t in tables {
-        n += crate::rollup::table_count(c, t, session)?;
+        n += crate::query::summary::table_count(c, t, session)?;
     }
     Ok(n)
 }
@@ -562,11 +562,11 @@ fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), 
 /// record tables (times relative to `processes.base_ns`, `*_v` views with absolute times).
 fn sqlite(db: &Path, tmp_dir: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
     std::fs::create_dir_all(tmp_dir).map_err(|e| ApiError::Internal(format!("creating {}: {e}", tmp_dir.display())))?;
-    let path = tmp_dir.join(format!("session-{session}-{}-{}.db", std::process::id(), crate::agent::now_ns()));
+    let path = tmp_dir.join(format!("session-{session}-{}-{}.db", std::process::id(), crate::clock::now_ns()));
     let _cleanup = RemoveOnDrop(path.clone());
     let total = {
         let c = crate::store::open_reader(db)?;
-        total_rows(&c, session, crate::query::RECORD_TABLES)?
+        total_rows(&c, session, crate::catalog::RECORD_TABLES)?
     };
     let mut out = Out { tx, buf: Vec::new(), written: 0, total };
     {
@@ -576,7 +576,7 @@ fn sqlite(db: &Path, tmp_dir: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx
         c.execute("ATTACH DATABASE ?1 AS src", [format!("file:{}?mode=ro", db.display())])
             .or_else(|_| c.execute("ATTACH DATABASE ?1 AS src", [db.display().to_string()]))?;
         c.execute_batch("BEGIN")?;
-        for t in crate::query::RECORD_TABLES {
+        for t in crate::catalog::RECORD_TABLES {
             let w = where_for(&c, t, session, f).map_err(ApiError::from)?;
             // where_for reads src tables unqualified; qualify the source table.
             let sql = format!(

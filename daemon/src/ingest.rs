@@ -10,14 +10,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use gpuprof_proto::agent::{self as wire, RecordBatch};
 use rusqlite::{Connection, params};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::stats::{Kind, Stats};
+use crate::catalog::Kind;
+use crate::error::WriterGone;
+use crate::stats::Stats;
 
 /// Facts about a newly connected agent, stored in `processes`.
 #[derive(Debug, Clone)]
@@ -106,11 +107,6 @@ impl WriterHandle {
     }
 }
 
-/// The writer thread has stopped (shutdown or fatal error).
-#[derive(Debug, thiserror::Error)]
-#[error("the database writer has stopped")]
-pub struct WriterGone;
-
 /// Starts the writer thread on an open connection.
 pub fn spawn(
     conn: Connection,
@@ -184,7 +180,7 @@ fn insert_sql(t: &Table, rows: usize) -> String {
 }
 
 fn now_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    crate::clock::now_ns() as i64
 }
 
 /// Inserts `rows` into `t`, `MULTI_ROWS` at a time, each row's values produced by `fill`.
@@ -326,7 +322,7 @@ impl Writer {
                 // Kept until restart (not cleared by a later successful commit): records were lost.
                 self.stats.set_storage_error(format!(
                     "{msg} ({lost} records lost at unix time {}s)",
-                    crate::agent::now_ns() / 1_000_000_000
+                    crate::clock::now_ns() / 1_000_000_000
                 ));
             }
         }
@@ -387,7 +383,7 @@ impl Writer {
                     self.fail(e.to_string());
                 }
                 self.count_pending_batch(&batch);
-                debug_assert_eq!(count, crate::agent::batch_len(&batch));
+                debug_assert_eq!(count, crate::catalog::batch_len(&batch));
             }
             WriterMsg::Drops { proc, counts } => {
                 self.begin();
@@ -427,7 +423,7 @@ impl Writer {
     }
 
     fn count_pending_batch(&mut self, b: &RecordBatch) {
-        for (k, n) in crate::agent::batch_counts(b) {
+        for (k, n) in crate::catalog::batch_counts(b) {
             self.pending[k.index()] += n;
             self.pending_total += n;
         }

@@ -10,7 +10,9 @@ pub mod access;
 pub mod agent;
 pub mod api;
 pub mod arbiter;
+pub mod catalog;
 pub mod cbid;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod export;
@@ -21,17 +23,19 @@ pub mod query;
 pub mod registry;
 pub mod retention;
 pub mod rollup;
+pub mod runtime;
 pub mod sampler;
 pub mod sessions;
 pub mod stats;
 pub mod store;
 pub mod systemd;
 
+pub use runtime::run;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use anyhow::{Context, Result};
 use dashmap::DashMap;
 use gpuprof_proto::agent::PmSampleBatch;
 use tokio::sync::broadcast;
@@ -79,113 +83,5 @@ impl Daemon {
         if self.pm_samples.receiver_count() > 0 {
             let _ = self.pm_samples.send(Arc::new((proc, b.clone())));
         }
-    }
-}
-
-/// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves,
-/// then drains and commits everything queued before returning.
-pub async fn run(config: Config) -> Result<()> {
-    let db_path = config.database_path();
-    let stats = Arc::new(Stats::default());
-    let conn = store::open_writer(&db_path, &config.storage)?;
-    sessions::recover(&conn).context("marking sessions of the previous run interrupted")?;
-    let arbiter = arbiter::open(&conn, &config).context("restoring performance-monitor leases")?;
-    let gpus = Arc::new(sampler::Gpus::from_config(&config));
-    let (writer, writer_thread) =
-        ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
-    // TCP first: once the sockets answer, the whole API is up (tests and units rely on it).
-    let api_tcp = api::bind_tcp(&config.api).await?;
-    let agent_listener = agent::bind(&config.agent_socket)?;
-    let api_listener = agent::bind_unix(&config.api_socket, config.api.socket_mode)?;
-    let shutdown = CancellationToken::new();
-    let d = Arc::new(Daemon {
-        db_path: db_path.clone(),
-        stats,
-        registry: Registry::default(),
-        session_records: DashMap::new(),
-        pm_samples: broadcast::channel(1024).0,
-        shutdown: shutdown.clone(),
-        sessions: sessions::Sessions::new(writer.clone()),
-        rollup: rollup::Rollup::default(),
-        arbiter,
-        gpus,
-        pm: pmstream::PmHub::default(),
-        writer,
-        config,
-    });
-    let pm_tasks = arbiter::start(&d, &shutdown).await?;
-    let sessions_task = sessions::spawn(d.clone());
-
-    let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
-    let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));
-
-    tracing::info!(
-        database = %db_path.display(),
-        agent_socket = %d.config.agent_socket.display(),
-        api_socket = %d.config.api_socket.display(),
-        version = env!("CARGO_PKG_VERSION"),
-        "gpuprofd ready"
-    );
-    systemd::ready();
-
-    wait_for_signal().await;
-    tracing::info!("shutting down: no new connections, draining queued records");
-    systemd::stopping();
-    shutdown.cancel();
-    // Every task gets a bounded time to wind down: a stuck one must not keep the queued
-    // records from being committed.
-    let api_result = bounded("api server", api_task).await;
-    bounded("agent connections", agent_task).await;
-    bounded("sessions", sessions_task).await;
-    for t in pm_tasks {
-        bounded("performance-monitor tasks", t).await;
-    }
-    let sock_paths = [
-        d.config.agent_socket.clone(),
-        d.config.api_socket.clone(),
-        gpuprof_proto::hint::hint_path(&d.config.agent_socket),
-    ];
-    // Everything queued before Stop is committed; the writer then checkpoints and exits.
-    let _ = d.writer.stop().await;
-    drop(d);
-    tokio::task::spawn_blocking(move || writer_thread.join())
-        .await
-        .context("joining writer")?
-        .map_err(|_| anyhow::anyhow!("database writer panicked"))?;
-    for p in sock_paths {
-        let _ = std::fs::remove_file(p);
-    }
-    if let Some(Err(e)) = api_result {
-        return Err(e);
-    }
-    tracing::info!("gpuprofd stopped");
-    Ok(())
-}
-
-/// Awaits a task for at most 10 s; `None` (and a warning) if it did not finish or panicked.
-async fn bounded<T>(what: &str, task: tokio::task::JoinHandle<T>) -> Option<T> {
-    match tokio::time::timeout(std::time::Duration::from_secs(10), task).await {
-        Ok(Ok(v)) => Some(v),
-        Ok(Err(e)) => {
-            tracing::error!(task = what, error = %e, "task failed during shutdown");
-            None
-        }
-        Err(_) => {
-            tracing::warn!(task = what, "task still running 10 s after shutdown began; leaving it");
-            None
-        }
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
     }
 }

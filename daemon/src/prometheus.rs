@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Daemon;
-use crate::stats::Kind;
+use crate::catalog::Kind;
 
 /// Binds the endpoint if configured.
 pub async fn bind(d: &Daemon) -> Result<Option<TcpListener>> {

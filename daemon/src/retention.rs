@@ -34,7 +34,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params, params_from_i
 use tokio_util::sync::CancellationToken;
 
 use crate::Daemon;
-use crate::query::RECORD_TABLES;
+use crate::catalog::RECORD_TABLES;
 use crate::sessions::State;
 use crate::store::Pages;
 
@@ -118,7 +118,7 @@ pub async fn run(d: Arc<Daemon>, shutdown: CancellationToken) {
 /// One PM retention pass; false once the daemon is shutting down.
 async fn pm_pass(d: &Daemon, shutdown: &CancellationToken, width: i64) -> bool {
     let r = &d.config.retention;
-    let now = crate::agent::now_ns() as i64;
+    let now = crate::clock::now_ns() as i64;
     let cutoff = now - r.pm_full_rate.0.as_nanos() as i64;
     let mut steps = 0u64;
     loop {
@@ -260,7 +260,7 @@ async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over_limit: &mu
         }
     }
     if !max_age.is_zero() {
-        let cutoff = (crate::agent::now_ns() as i64).saturating_sub(max_age.as_nanos() as i64);
+        let cutoff = (crate::clock::now_ns() as i64).saturating_sub(max_age.as_nanos() as i64);
         let old = read(d, move |c| finished_before(c, cutoff)).await?;
         for id in old {
             delete_session(d, id, "age", &mut tally).await?;

@@ -23,11 +23,10 @@ use gpuprof_proto::api as pb;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 use crate::Daemon;
 use crate::access::{Caller, process_uid};
-use crate::agent::now_ns;
+use crate::clock::now_ns;
 use crate::error::{ApiError, ApiResult};
 use crate::ingest::WriterHandle;
 use crate::registry::{Agent, AgentEvent};
@@ -391,12 +390,18 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// Creates the manager and starts its persister on `writer`.
-    pub fn new(writer: WriterHandle) -> Sessions {
+    /// The owner of session `id` while it is open; `None` once it has ended (or never was).
+    pub fn live_owner(&self, id: u64) -> Option<u32> {
+        self.lock().open.get(&id).map(|l| l.owner_uid)
+    }
+
+    /// Creates the manager and its persister, the task that writes session rows through
+    /// `writer` in order; the caller spawns it (the `runtime` module does).
+    pub fn new(writer: WriterHandle) -> (Sessions, impl Future<Output = ()> + Send + 'static) {
         let inner = Arc::new(Mutex::new(Inner::default()));
         let (ops, rx) = mpsc::unbounded_channel();
-        tokio::spawn(persist(writer, rx, inner.clone()));
-        Sessions { inner, ops, wake: Notify::new() }
+        let persister = persist(writer, rx, inner.clone());
+        (Sessions { inner, ops, wake: Notify::new() }, persister)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -638,35 +643,6 @@ pub async fn get(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session>
         }
     };
     Ok(fill_counts(d, s).await)
-}
-
-/// Checks that session `id` exists and that the caller may read it.
-pub async fn authorize(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<()> {
-    if id == 0 {
-        return Err(ApiError::invalid("session_id", "session ids start at 1"));
-    }
-    let live = d.sessions.lock().open.get(&id).map(|l| l.owner_uid);
-    let owner = match live {
-        Some(o) => o,
-        None => {
-            let path = d.db_path.clone();
-            tokio::task::spawn_blocking(move || -> ApiResult<Option<u32>> {
-                let c = crate::store::open_reader(&path)?;
-                Ok(c.prepare_cached("SELECT owner_uid FROM sessions WHERE id = ?1")?
-                    .query_row([id as i64], |r| r.get(0))
-                    .optional()?)
-            })
-            .await??
-            .ok_or_else(|| {
-                ApiError::NotFound(format!("no session {id} (gpuprofctl session list shows the sessions)"))
-            })?
-        }
-    };
-    if caller.may_access(owner) {
-        Ok(())
-    } else {
-        Err(caller.denied(&format!("session {id}"), owner, &d.config.api.admin_group))
-    }
 }
 
 /// Adds record and drop counts (from the database) to a session.
@@ -1096,17 +1072,9 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
 
 // ---------------------------------------------------------------- supervisor
 
-/// Starts the supervisor; it ends (marking open sessions interrupted) when the daemon shuts down.
-pub fn spawn(d: Arc<Daemon>) -> JoinHandle<()> {
-    let events = d.registry.subscribe();
-    let rollups = tokio::spawn(crate::rollup::run(d.clone()));
-    tokio::spawn(async move {
-        supervise(d, events).await;
-        let _ = rollups.await;
-    })
-}
-
-async fn supervise(d: Arc<Daemon>, mut events: broadcast::Receiver<AgentEvent>) {
+/// The supervisor: follows agents joining and leaving, ends sessions on their duration or
+/// record limit, and when the daemon shuts down marks open sessions interrupted.
+pub async fn supervise(d: Arc<Daemon>, mut events: broadcast::Receiver<AgentEvent>) {
     loop {
         let next = next_wakeup(&d);
         tokio::select! {

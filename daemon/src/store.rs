@@ -75,6 +75,12 @@ pub fn open_reader(path: &Path) -> Result<Connection> {
     Ok(conn)
 }
 
+/// The uid that owns session `id`, from the sessions table; `None` if there is no such session.
+pub fn session_owner(c: &Connection, id: u64) -> rusqlite::Result<Option<u32>> {
+    use rusqlite::OptionalExtension;
+    c.prepare_cached("SELECT owner_uid FROM sessions WHERE id = ?1")?.query_row([id as i64], |r| r.get(0)).optional()
+}
+
 /// Applies the migrations this database has not seen yet.
 pub fn migrate(conn: &Connection) -> Result<()> {
     let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -151,7 +157,7 @@ mod tests {
 
     /// Activity record tables plus the sample tables.
     fn record_tables() -> Vec<&'static str> {
-        crate::query::RECORD_TABLES.iter().copied().chain(["pm_sample", "pc_sample"]).collect()
+        crate::catalog::RECORD_TABLES.iter().copied().chain(["pm_sample", "pc_sample"]).collect()
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ns(&self) -> Nanos {
-        crate::agent::now_ns()
+        crate::clock::now_ns()
     }
 }
 
@@ -337,28 +337,6 @@ fn paused_marker(device: u32, s: &core::DeviceState) -> Option<pb::PmPaused> {
 }
 
 /// The uid this daemon runs as (a daemon started by a user for itself obeys that user).
-fn daemon_uid() -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
-}
-
-/// Pause and resume are for operators: root, the admin group, or the daemon's own user.
-pub fn require_operator(caller: &crate::access::Caller, what: &str) -> ApiResult<u32> {
-    if caller.admin || (caller.authenticated && Some(caller.uid) == daemon_uid()) {
-        return Ok(caller.uid);
-    }
-    if !caller.authenticated {
-        return Err(ApiError::PermissionDenied(format!(
-            "only operators may {what}; this connection carries no user identity: use the api Unix socket, \
-             or on TCP the node's token or a client certificate"
-        )));
-    }
-    Err(ApiError::PermissionDenied(format!(
-        "only operators may {what}: uid {} is neither root nor in the admin group (api.admin_group)",
-        caller.uid
-    )))
-}
-
 /// Restores the arbiter from the database (before the writer thread takes the connection).
 pub fn open(conn: &rusqlite::Connection, config: &crate::config::Config) -> anyhow::Result<Arc<Arbiter>> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -373,25 +351,6 @@ pub fn open(conn: &rusqlite::Connection, config: &crate::config::Config) -> anyh
     };
     let limits = PauseLimits { default_ttl: a.default_pause.0, max_ttl: a.max_pause.0 };
     Ok(Arc::new(Arbiter::new(clock, timing, limits, pauses, max_lease)))
-}
-
-/// Starts everything PM-related: the arbiter's driver, one sampler supervisor per GPU,
-/// retention, and the Prometheus endpoint when configured. Call before agents connect.
-pub async fn start(d: &Arc<Daemon>, shutdown: &CancellationToken) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let agents = d.registry.subscribe();
-    for dev in d.gpus.managed() {
-        d.arbiter.add_device(dev);
-    }
-    let mut tasks = vec![tokio::spawn(run(d.clone(), agents, shutdown.clone()))];
-    tasks.extend(crate::sampler::spawn_all(d, shutdown));
-    tasks.push(tokio::spawn(crate::retention::run(d.clone(), shutdown.clone())));
-    if let Some(l) = crate::prometheus::bind(d).await? {
-        tasks.push(tokio::spawn(crate::pmstream::track_latest(d.clone(), shutdown.clone())));
-        tasks.push(tokio::spawn(crate::prometheus::serve(l, d.clone(), shutdown.clone())));
-    }
-    let (n, note) = d.gpus.summary(&d.arbiter);
-    tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");
-    Ok(tasks)
 }
 
 /// What the driver last told each device's sampler.
@@ -413,9 +372,23 @@ pub async fn run(d: Arc<Daemon>, mut agents: broadcast::Receiver<AgentEvent>, sh
         tracing::error!("arbiter driver started twice");
         return;
     };
-    // Rows are written by their own task, in order, so a busy writer never delays a command.
+    // Rows are written by a persister running beside the driver, in order, so a busy writer
+    // never delays a command.
     let (db_tx, db_rx) = mpsc::unbounded_channel::<(Vec<Event>, Nanos)>();
-    let persister = tokio::spawn(persist_task(d.clone(), db_rx));
+    let persister = persist_task(d.clone(), db_rx);
+    let driver = drive(&d, &arb, &mut events, &mut agents, db_tx, &shutdown);
+    tokio::join!(driver, persister);
+}
+
+async fn drive(
+    d: &Arc<Daemon>,
+    arb: &Arbiter,
+    events: &mut mpsc::UnboundedReceiver<Vec<Event>>,
+    agents: &mut broadcast::Receiver<AgentEvent>,
+    db_tx: mpsc::UnboundedSender<(Vec<Event>, Nanos)>,
+    shutdown: &CancellationToken,
+) {
+    let d = d.clone();
     let mut links: BTreeMap<u32, SamplerLink> = BTreeMap::new();
     for a in d.registry.all() {
         if a.kind == "sampler" {
@@ -452,7 +425,6 @@ pub async fn run(d: Arc<Daemon>, mut agents: broadcast::Receiver<AgentEvent>, sh
         let _ = db_tx.send((batch, arb.now()));
     }
     drop(db_tx);
-    let _ = persister.await;
 }
 
 async fn persist_task(d: Arc<Daemon>, mut rx: mpsc::UnboundedReceiver<(Vec<Event>, Nanos)>) {

@@ -185,12 +185,13 @@ impl Gpus {
     }
 }
 
-/// Starts one supervisor task per managed GPU when `[sampler] spawn` is set.
-pub fn spawn_all(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+/// The GPUs whose sampler gpuprofd spawns and supervises (none unless `[sampler] enabled`
+/// and `spawn` are set); [`supervise`] runs once per device.
+pub fn spawned_devices(d: &Daemon) -> Vec<u32> {
     if !d.config.sampler.enabled || !d.config.sampler.spawn {
         return Vec::new();
     }
-    d.gpus.managed().into_iter().map(|dev| tokio::spawn(supervise(d.clone(), dev, shutdown.clone()))).collect()
+    d.gpus.managed()
 }
 
 /// The sampler binary: `sampler.program`, or `gpuprof-sampler` next to the running gpuprofd.

@@ -16,24 +16,11 @@ use crate::Daemon;
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
 
-/// Record tables that carry a `session` and a `proc` column.
-pub const RECORD_TABLES: &[&str] = &[
-    "kernel",
-    "memcpy",
-    "memset",
-    "api",
-    "sync",
-    "overhead",
-    "marker",
-    "external_correlation",
-    "context",
-    "stream",
-    "graph",
-];
+pub mod summary;
 
 /// Records stored for a session, per process.
 pub fn session_record_counts(c: &Connection, session: u64) -> rusqlite::Result<HashMap<u64, u64>> {
-    crate::rollup::session_counts(c, session)
+    summary::session_counts(c, session)
 }
 
 /// A WHERE clause with its parameters.
@@ -99,7 +86,7 @@ pub fn check_filter(f: &pb::RecordFilter) -> ApiResult<()> {
 /// The WHERE clause selecting `session`'s rows of `table` (alias `t`, processes joined as
 /// `p` when `time` filters apply) that pass `f`.
 pub fn where_for(c: &Connection, table: &str, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Where> {
-    let (lo, hi) = crate::rollup::rowid_range(c, table, session)?;
+    let (lo, hi) = summary::rowid_range(c, table, session)?;
     let mut w = Where {
         sql: "t.rowid BETWEEN ? AND ? AND t.session = ?".into(),
         params: vec![Value::Integer(lo), Value::Integer(hi), Value::Integer(session as i64)],
@@ -162,7 +149,7 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
             out.top_kernels.push(st.into_stat(string(c, name)?));
         }
     } else {
-        let (count, total, stats) = crate::rollup::top_kernels(c, session, f, top)?;
+        let (count, total, stats) = summary::top_kernels(c, session, f, top)?;
         out.kernel_count = count;
         out.kernel_total_ns = total;
         out.top_kernels = stats;
@@ -171,14 +158,14 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
         out.copies = copies(c, session, f)?;
         out.api_calls = api_calls(c, session, f, top)?;
     } else {
-        out.copies = crate::rollup::copies(c, session, f)?;
-        out.api_calls = crate::rollup::api_calls(c, session, f, top)?;
+        out.copies = summary::copies(c, session, f)?;
+        out.api_calls = summary::api_calls(c, session, f, top)?;
     }
     // The busy rollup is per device only; other filters need the rows.
     if needs_scan(f) || !f.process_ids.is_empty() || !f.stream_ids.is_empty() || !f.name_pattern.is_empty() {
         out.device_busy = device_busy(c, session, f)?;
     } else {
-        out.device_busy = crate::rollup::device_busy(c, session, f)?;
+        out.device_busy = summary::device_busy(c, session, f)?;
     }
     Ok(out)
 }
@@ -312,8 +299,8 @@ impl NameStats {
             count: self.n,
             total_ns: self.total,
             mean_ns: self.total.checked_div(self.n).unwrap_or(0),
-            p50_ns: crate::rollup::quantile(&hist, self.n, 0.5),
-            p95_ns: crate::rollup::quantile(&hist, self.n, 0.95),
+            p50_ns: summary::quantile(&hist, self.n, 0.5),
+            p95_ns: summary::quantile(&hist, self.n, 0.95),
             max_ns: self.max,
             min_ns: if self.n == 0 { 0 } else { self.min },
         }
@@ -382,7 +369,7 @@ pub async fn get_summary(d: &Daemon, caller: &Caller, req: pb::GetSummaryRequest
     } as usize;
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
-    crate::sessions::authorize(d, caller, req.session_id).await?;
+    crate::access::authorize_session(d, caller, req.session_id).await?;
     crate::rollup::catch_up(d).await?;
     let path = d.db_path.clone();
     let id = req.session_id;
@@ -417,7 +404,7 @@ pub async fn query_records(
     }
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
-    crate::sessions::authorize(d, caller, req.session_id).await?;
+    crate::access::authorize_session(d, caller, req.session_id).await?;
     crate::rollup::catch_up(d).await?;
     let (tx, rx) = mpsc::channel(4);
     let path = d.db_path.clone();

@@ -1,0 +1,157 @@
+//! The one place that starts gpuprofd's long-lived tasks and wires their channels: open the
+//! database and the writer thread, bind the sockets, start the managers' tasks, serve, and on
+//! SIGTERM/SIGINT wind everything down in order so every queued record is committed.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use dashmap::DashMap;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::registry::Registry;
+use crate::stats::Stats;
+use crate::{
+    Daemon, agent, api, arbiter, ingest, pmstream, prometheus, retention, rollup, sampler, sessions, store, systemd,
+};
+
+/// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves,
+/// then drains and commits everything queued before returning.
+pub async fn run(config: Config) -> Result<()> {
+    let db_path = config.database_path();
+    let stats = Arc::new(Stats::default());
+    let conn = store::open_writer(&db_path, &config.storage)?;
+    sessions::recover(&conn).context("marking sessions of the previous run interrupted")?;
+    let arbiter = arbiter::open(&conn, &config).context("restoring performance-monitor leases")?;
+    let gpus = Arc::new(sampler::Gpus::from_config(&config));
+    let (writer, writer_thread) =
+        ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
+    // TCP first: once the sockets answer, the whole API is up (tests and units rely on it).
+    let api_tcp = api::bind_tcp(&config.api).await?;
+    let agent_listener = agent::bind(&config.agent_socket)?;
+    let api_listener = agent::bind_unix(&config.api_socket, config.api.socket_mode)?;
+    let shutdown = CancellationToken::new();
+    let (sessions, sessions_persister) = sessions::Sessions::new(writer.clone());
+    let d = Arc::new(Daemon {
+        db_path: db_path.clone(),
+        stats,
+        registry: Registry::default(),
+        session_records: DashMap::new(),
+        pm_samples: broadcast::channel(1024).0,
+        shutdown: shutdown.clone(),
+        sessions,
+        rollup: rollup::Rollup::default(),
+        arbiter,
+        gpus,
+        pm: pmstream::PmHub::default(),
+        writer,
+        config,
+    });
+    // Long-lived tasks, all started here. Subscriptions to agent events are taken before the
+    // agent socket serves, so no join or leave is missed.
+    // The session persister writes until the last `Sessions` handle is gone.
+    tokio::spawn(sessions_persister);
+    let pm_tasks = start_pm(&d, &shutdown).await?;
+    let sessions_task = tokio::spawn(sessions::supervise(d.clone(), d.registry.subscribe()));
+    let rollup_task = tokio::spawn(rollup::run(d.clone()));
+    let retention_task = tokio::spawn(retention::run(d.clone(), shutdown.clone()));
+
+    let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
+    let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));
+
+    tracing::info!(
+        database = %db_path.display(),
+        agent_socket = %d.config.agent_socket.display(),
+        api_socket = %d.config.api_socket.display(),
+        version = env!("CARGO_PKG_VERSION"),
+        "gpuprofd ready"
+    );
+    systemd::ready();
+
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections, draining queued records");
+    systemd::stopping();
+    shutdown.cancel();
+    // Every task gets a bounded time to wind down: a stuck one must not keep the queued
+    // records from being committed.
+    let api_result = bounded("api server", api_task).await;
+    bounded("agent connections", agent_task).await;
+    bounded("sessions", sessions_task).await;
+    bounded("rollup", rollup_task).await;
+    bounded("retention", retention_task).await;
+    for t in pm_tasks {
+        bounded("performance-monitor tasks", t).await;
+    }
+    let sock_paths = [
+        d.config.agent_socket.clone(),
+        d.config.api_socket.clone(),
+        gpuprof_proto::hint::hint_path(&d.config.agent_socket),
+    ];
+    // Everything queued before Stop is committed; the writer then checkpoints and exits.
+    let _ = d.writer.stop().await;
+    drop(d);
+    tokio::task::spawn_blocking(move || writer_thread.join())
+        .await
+        .context("joining writer")?
+        .map_err(|_| anyhow::anyhow!("database writer panicked"))?;
+    for p in sock_paths {
+        let _ = std::fs::remove_file(p);
+    }
+    if let Some(Err(e)) = api_result {
+        return Err(e);
+    }
+    tracing::info!("gpuprofd stopped");
+    Ok(())
+}
+
+/// Starts everything PM-related: the arbiter's driver, one sampler supervisor per GPU, and
+/// the Prometheus endpoint (with the latest-value tracker it reads) when configured.
+async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<JoinHandle<()>>> {
+    let agents = d.registry.subscribe();
+    for dev in d.gpus.managed() {
+        d.arbiter.add_device(dev);
+    }
+    let mut tasks = vec![tokio::spawn(arbiter::run(d.clone(), agents, shutdown.clone()))];
+    tasks.extend(
+        sampler::spawned_devices(d)
+            .into_iter()
+            .map(|dev| tokio::spawn(sampler::supervise(d.clone(), dev, shutdown.clone()))),
+    );
+    if let Some(l) = prometheus::bind(d).await? {
+        tasks.push(tokio::spawn(pmstream::track_latest(d.clone(), shutdown.clone())));
+        tasks.push(tokio::spawn(prometheus::serve(l, d.clone(), shutdown.clone())));
+    }
+    let (n, note) = d.gpus.summary(&d.arbiter);
+    tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");
+    Ok(tasks)
+}
+
+/// Awaits a task for at most 10 s; `None` (and a warning) if it did not finish or panicked.
+async fn bounded<T>(what: &str, task: tokio::task::JoinHandle<T>) -> Option<T> {
+    match tokio::time::timeout(std::time::Duration::from_secs(10), task).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            tracing::error!(task = what, error = %e, "task failed during shutdown");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(task = what, "task still running 10 s after shutdown began; leaving it");
+            None
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}
