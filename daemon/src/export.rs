@@ -112,7 +112,7 @@ impl Out<'_> {
 fn total_rows(c: &Connection, session: u64, tables: &[&str]) -> rusqlite::Result<u64> {
     let mut n = 0;
     for t in tables {
-        n += crate::query::summary::table_count(c, t, session)?;
+        n += crate::query::rollups::table_count(c, t, session)?;
     }
     Ok(n)
 }

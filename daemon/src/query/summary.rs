@@ -1,158 +1,72 @@
-//! Summaries read from the rollups (the one place they are read): records per session and
-//! table, a session's rowid range, top kernels, copies, API calls and device busy time. The
-//! rollup tables are written by [`crate::rollup`].
+//! GetSummary's body: from the rollups ([`super::rollups`]) when the filter allows, else by
+//! scanning the session's rows (a time range needs the rows themselves).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gpuprof_proto::api as pb;
-use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+use rusqlite::{Connection, params_from_iter};
 
-use super::{copy_kind_name, string};
+use crate::error::ApiResult;
 
-/// Records stored for a session, per process (as far as the last pass).
-pub fn session_counts(c: &Connection, session: u64) -> rusqlite::Result<HashMap<u64, u64>> {
-    let mut stmt = c.prepare_cached("SELECT proc, sum(n) FROM session_rows WHERE session = ?1 GROUP BY proc")?;
-    let rows = stmt.query_map([session as i64], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)))?;
-    rows.collect()
-}
+use super::filter::needs_scan;
+use super::{copy_kind_name, rollups, string, where_for};
 
-/// Records of a session in one table, as far as the last pass.
-pub fn table_count(c: &Connection, table: &str, session: u64) -> rusqlite::Result<u64> {
-    let n: Option<i64> = c
-        .prepare_cached("SELECT sum(n) FROM session_rows WHERE session = ?1 AND tbl = ?2")?
-        .query_row(params![session as i64, table], |r| r.get(0))?;
-    Ok(n.unwrap_or(0) as u64)
-}
-
-/// The rowid range holding `session`'s rows of `table`. Open sessions extend to the end of
-/// the table (rows after the last pass may be theirs).
-pub fn rowid_range(c: &Connection, table: &str, session: u64) -> rusqlite::Result<(i64, i64)> {
-    let (first, last): (Option<i64>, Option<i64>) = c
-        .prepare_cached("SELECT min(first_rowid), max(last_rowid) FROM session_rows WHERE session = ?1 AND tbl = ?2")?
-        .query_row(params![session as i64, table], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let open: bool = c
-        .prepare_cached("SELECT state IN ('pending', 'active', 'stopping') FROM sessions WHERE id = ?1")?
-        .query_row([session as i64], |r| r.get(0))
-        .optional()?
-        .unwrap_or(false);
-    let progress: i64 = c
-        .prepare_cached("SELECT last_rowid FROM rollup_progress WHERE tbl = ?1")?
-        .query_row([table], |r| r.get(0))
-        .optional()?
-        .unwrap_or(0);
-    let lo = first.unwrap_or(progress + 1);
-    let hi = if open { i64::MAX } else { last.unwrap_or(0) };
-    Ok((lo, hi))
-}
-
-/// Filter conditions on a rollup table (alias `t`) with proc/dev/stream/name columns as given.
-fn rollup_where(
-    session: u64,
-    f: &pb::RecordFilter,
-    dev: bool,
-    stream: bool,
-    name: bool,
-) -> (String, Vec<rusqlite::types::Value>) {
-    use rusqlite::types::Value;
-    let mut sql = "t.session = ?".to_string();
-    let mut p = vec![Value::Integer(session as i64)];
-    let mut list = |col: &str, vals: Vec<i64>| {
-        if !vals.is_empty() {
-            sql.push_str(&format!(" AND {col} IN ({})", vec!["?"; vals.len()].join(",")));
-            p.extend(vals.into_iter().map(Value::Integer));
+/// GetSummary's body, on a read connection.
+pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> ApiResult<pb::GetSummaryResponse> {
+    let mut out = pb::GetSummaryResponse::default();
+    // Top kernels.
+    if needs_scan(f) {
+        // Same shape as the rollup: exact count/sum/extremes, percentiles from 3% buckets;
+        // memory grows with distinct names, not with rows.
+        let w = where_for(c, "kernel", session, f)?;
+        let mut per: HashMap<i64, NameStats> = HashMap::new();
+        let mut stmt = c.prepare(&format!("SELECT t.name, t.dur FROM kernel t WHERE {}", w.sql))?;
+        let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
+        while let Some(r) = rows.next()? {
+            per.entry(r.get(0)?).or_default().add(r.get::<_, i64>(1)?.max(0));
         }
-    };
-    list("t.proc", f.process_ids.iter().map(|x| *x as i64).collect());
-    if dev {
-        list("t.dev", f.device_ids.iter().map(|x| i64::from(*x)).collect());
-    }
-    if stream {
-        list("t.stream", f.stream_ids.iter().map(|x| i64::from(*x)).collect());
-    }
-    if name && !f.name_pattern.is_empty() {
-        sql.push_str(" AND t.name IN (SELECT id FROM strings WHERE value GLOB ?)");
-        p.push(Value::Text(f.name_pattern.clone()));
-    }
-    (sql, p)
-}
-
-/// Kernel count and the `top` kernels by total time, from the rollup.
-pub fn top_kernels(
-    c: &Connection,
-    session: u64,
-    f: &pb::RecordFilter,
-    top: usize,
-) -> rusqlite::Result<(u64, u64, Vec<pb::KernelStat>)> {
-    let (w, p) = rollup_where(session, f, true, true, true);
-    let (count, sum): (Option<i64>, Option<i64>) = c
-        .prepare(&format!("SELECT sum(t.n), sum(t.total) FROM kernel_rollup t WHERE {w}"))?
-        .query_row(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let mut stmt = c.prepare(&format!(
-        "SELECT t.name, sum(t.n), sum(t.total), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w}
-         GROUP BY t.name ORDER BY sum(t.total) DESC, t.name LIMIT {top}"
-    ))?;
-    let heads: Vec<(i64, i64, i64, i64, i64)> = stmt
-        .query_map(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    let mut buckets = c.prepare(&format!(
-        "SELECT t.bucket, sum(t.n), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w} AND t.name = ?
-         GROUP BY t.bucket ORDER BY t.bucket"
-    ))?;
-    let mut out = Vec::with_capacity(heads.len());
-    for (name, n, total, min, max) in heads {
-        let mut bp = p.clone();
-        bp.push(rusqlite::types::Value::Integer(name));
-        let hist: Vec<(i64, i64, i64)> = buckets
-            .query_map(params_from_iter(bp.iter()), |r| Ok((r.get(1)?, r.get(2)?, r.get(3)?)))?
-            .collect::<rusqlite::Result<_>>()?;
-        let n = n.max(0) as u64;
-        out.push(pb::KernelStat {
-            name: string(c, name)?,
-            count: n,
-            total_ns: total.max(0) as u64,
-            mean_ns: (total.max(0) as u64).checked_div(n).unwrap_or(0),
-            p50_ns: quantile(&hist, n, 0.5),
-            p95_ns: quantile(&hist, n, 0.95),
-            max_ns: max.max(0) as u64,
-            min_ns: min.max(0) as u64,
-        });
-    }
-    Ok((count.unwrap_or(0).max(0) as u64, sum.unwrap_or(0).max(0) as u64, out))
-}
-
-/// The nearest-rank quantile from (count, min, max) buckets in order.
-pub fn quantile(hist: &[(i64, i64, i64)], n: u64, q: f64) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    let rank = ((q * n as f64).ceil() as i64).clamp(1, n as i64) - 1;
-    let mut seen = 0i64;
-    for &(cnt, min, max) in hist {
-        if rank < seen + cnt {
-            let k = rank - seen;
-            if cnt <= 1 || min == max {
-                return min.max(0) as u64;
-            }
-            return (min + (max - min) * k / (cnt - 1)).max(0) as u64;
+        out.kernel_count = per.values().map(|v| v.n).sum();
+        out.kernel_total_ns = per.values().map(|v| v.total).sum();
+        let mut totals: Vec<(i64, u64)> = per.iter().map(|(k, v)| (*k, v.total)).collect();
+        totals.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (name, _) in totals.into_iter().take(top) {
+            let Some(st) = per.remove(&name) else { continue };
+            out.top_kernels.push(st.into_stat(string(c, name)?));
         }
-        seen += cnt;
+    } else {
+        let (count, total, stats) = rollups::top_kernels(c, session, f, top)?;
+        out.kernel_count = count;
+        out.kernel_total_ns = total;
+        out.top_kernels = stats;
     }
-    hist.last().map(|h| h.2.max(0) as u64).unwrap_or(0)
+    if needs_scan(f) {
+        out.copies = copies(c, session, f)?;
+        out.api_calls = api_calls(c, session, f, top)?;
+    } else {
+        out.copies = rollups::copies(c, session, f)?;
+        out.api_calls = rollups::api_calls(c, session, f, top)?;
+    }
+    // The busy rollup is per device only; other filters need the rows.
+    if needs_scan(f) || !f.process_ids.is_empty() || !f.stream_ids.is_empty() || !f.name_pattern.is_empty() {
+        out.device_busy = device_busy(c, session, f)?;
+    } else {
+        out.device_busy = rollups::device_busy(c, session, f)?;
+    }
+    Ok(out)
 }
 
-/// Copy totals per direction, from the rollup.
-pub fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::CopyStat>> {
-    let (w, p) = rollup_where(session, f, true, true, false);
+fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::CopyStat>> {
+    let w = where_for(c, "memcpy", session, f)?;
     let mut stmt = c.prepare(&format!(
-        "SELECT t.kind, sum(t.n), sum(t.bytes), sum(t.total) FROM memcpy_rollup t WHERE {w}
-         GROUP BY t.kind ORDER BY sum(t.bytes) DESC"
+        "SELECT t.kind, count(*), sum(t.bytes), sum(t.dur) FROM memcpy t WHERE {} GROUP BY t.kind ORDER BY sum(t.bytes) DESC",
+        w.sql
     ))?;
-    let rows = stmt.query_map(params_from_iter(p.iter()), |r| {
+    let rows = stmt.query_map(params_from_iter(w.params.iter()), |r| {
         let bytes = r.get::<_, i64>(2)?.max(0) as u64;
         let total = r.get::<_, i64>(3)?.max(0) as u64;
         Ok(pb::CopyStat {
             direction: copy_kind_name(r.get(0)?),
-            count: r.get::<_, i64>(1)?.max(0) as u64,
+            count: r.get::<_, i64>(1)? as u64,
             bytes,
             total_ns: total,
             bandwidth_gbps: if total > 0 { bytes as f64 / total as f64 } else { 0.0 },
@@ -161,19 +75,20 @@ pub fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::R
     rows.collect()
 }
 
-/// API calls by total time, from the rollup.
-pub fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> rusqlite::Result<Vec<pb::ApiStat>> {
-    let (w, p) = rollup_where(session, f, false, false, false);
+fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> rusqlite::Result<Vec<pb::ApiStat>> {
+    let w = where_for(c, "api", session, f)?;
     let mut stmt = c.prepare(&format!(
-        "SELECT t.domain, t.cbid, sum(t.n), sum(t.total), max(t.max) FROM api_rollup t WHERE {w}
-         GROUP BY t.domain, t.cbid ORDER BY sum(t.total) DESC LIMIT {top}"
+        "SELECT t.domain, t.cbid, count(*), sum(t.dur), max(t.dur) FROM api t WHERE {}
+         GROUP BY t.domain, t.cbid ORDER BY sum(t.dur) DESC LIMIT {top}",
+        w.sql
     ))?;
-    let rows = stmt.query_map(params_from_iter(p.iter()), |r| {
+    let rows = stmt.query_map(params_from_iter(w.params.iter()), |r| {
         let domain: i64 = r.get(0)?;
+        let cbid: i64 = r.get(1)?;
         Ok(pb::ApiStat {
-            name: crate::cbid::name(domain, r.get(1)?),
+            name: crate::cbid::name(domain, cbid),
             domain: crate::cbid::domain_name(domain).into(),
-            count: r.get::<_, i64>(2)?.max(0) as u64,
+            count: r.get::<_, i64>(2)? as u64,
             total_ns: r.get::<_, i64>(3)?.max(0) as u64,
             max_ns: r.get::<_, i64>(4)?.max(0) as u64,
         })
@@ -181,33 +96,140 @@ pub fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize)
     rows.collect()
 }
 
-/// Busy time per device, from the rollup.
-pub fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::DeviceBusy>> {
-    let mut stmt = c.prepare_cached(
-        "SELECT dev, closed_ns + open_end - open_start, last_ns - first_ns FROM busy_rollup WHERE session = ?1 ORDER BY dev",
-    )?;
-    let rows = stmt.query_map([session as i64], |r| {
-        Ok(pb::DeviceBusy {
-            device_id: r.get(0)?,
-            busy_ns: r.get::<_, i64>(1)?.max(0) as u64,
-            span_ns: r.get::<_, i64>(2)?.max(0) as u64,
-        })
-    })?;
-    let all: Vec<pb::DeviceBusy> = rows.collect::<rusqlite::Result<_>>()?;
-    Ok(all.into_iter().filter(|d| f.device_ids.is_empty() || f.device_ids.contains(&d.device_id)).collect())
+/// Busy time per device: the union of kernel, copy and set intervals.
+fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::DeviceBusy>> {
+    // One stream of (device, start, end) sorted by SQLite (which spills to disk when large),
+    // swept in order: memory does not grow with the rows.
+    let mut parts = Vec::new();
+    let mut params = Vec::new();
+    for table in ["kernel", "memcpy", "memset"] {
+        let w = where_for(c, table, session, f)?;
+        parts.push(format!(
+            "SELECT t.dev AS dev, t.start + p.base_ns AS s, t.start + p.base_ns + max(t.dur, 0) AS e
+             FROM {table} t JOIN processes p ON p.id = t.proc WHERE {}",
+            w.sql
+        ));
+        params.extend(w.params);
+    }
+    let mut stmt = c.prepare(&format!("SELECT dev, s, e FROM ({}) ORDER BY dev, s", parts.join(" UNION ALL ")))?;
+    let mut rows = stmt.query(params_from_iter(params.iter()))?;
+    let mut sweep = Sweep::default();
+    while let Some(r) = rows.next()? {
+        sweep.push(r.get(0)?, r.get(1)?, r.get(2)?);
+    }
+    Ok(sweep.finish())
+}
+
+/// Kernel durations of one name: exact count, sum and extremes, log-scale buckets.
+struct NameStats {
+    n: u64,
+    total: u64,
+    min: u64,
+    max: u64,
+    /// bucket → (count, min, max).
+    hist: BTreeMap<i64, (i64, i64, i64)>,
+}
+
+impl Default for NameStats {
+    fn default() -> Self {
+        NameStats { n: 0, total: 0, min: u64::MAX, max: 0, hist: BTreeMap::new() }
+    }
+}
+
+impl NameStats {
+    fn add(&mut self, d: i64) {
+        self.n += 1;
+        self.total += d as u64;
+        self.min = self.min.min(d as u64);
+        self.max = self.max.max(d as u64);
+        let h = self.hist.entry(crate::rollup::bucket(d)).or_insert((0, i64::MAX, i64::MIN));
+        h.0 += 1;
+        h.1 = h.1.min(d);
+        h.2 = h.2.max(d);
+    }
+
+    fn into_stat(self, name: String) -> pb::KernelStat {
+        let hist: Vec<(i64, i64, i64)> = self.hist.into_values().collect();
+        pb::KernelStat {
+            name,
+            count: self.n,
+            total_ns: self.total,
+            mean_ns: self.total.checked_div(self.n).unwrap_or(0),
+            p50_ns: rollups::quantile(&hist, self.n, 0.5),
+            p95_ns: rollups::quantile(&hist, self.n, 0.95),
+            max_ns: self.max,
+            min_ns: if self.n == 0 { 0 } else { self.min },
+        }
+    }
+}
+
+/// Busy time per device from intervals sorted by (device, start).
+#[derive(Default)]
+struct Sweep {
+    out: Vec<pb::DeviceBusy>,
+    /// Device, merged interval open now (start, end), busy so far, first start, last end.
+    cur: Option<(u32, i64, i64, i64, i64, i64)>,
+}
+
+impl Sweep {
+    fn push(&mut self, dev: u32, s: i64, e: i64) {
+        match &mut self.cur {
+            Some((d, cs, ce, busy, _, last)) if *d == dev => {
+                *last = (*last).max(e);
+                if s <= *ce {
+                    *ce = (*ce).max(e);
+                } else {
+                    *busy += *ce - *cs;
+                    *cs = s;
+                    *ce = e;
+                }
+            }
+            _ => {
+                self.close();
+                self.cur = Some((dev, s, e, 0, s, e));
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some((dev, cs, ce, busy, first, last)) = self.cur.take() {
+            self.out.push(pb::DeviceBusy {
+                device_id: dev,
+                busy_ns: (busy + ce - cs).max(0) as u64,
+                span_ns: (last - first).max(0) as u64,
+            });
+        }
+    }
+
+    fn finish(mut self) -> Vec<pb::DeviceBusy> {
+        self.close();
+        self.out
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::quantile;
+    use super::*;
 
     #[test]
-    fn quantiles_from_buckets() {
-        // 100 values 1..=100, each its own bucket.
-        let hist: Vec<(i64, i64, i64)> = (1..=100).map(|v| (1, v, v)).collect();
-        assert_eq!(quantile(&hist, 100, 0.5), 50);
-        assert_eq!(quantile(&hist, 100, 0.95), 95);
-        // One bucket of identical values.
-        assert_eq!(quantile(&[(10, 7, 7)], 10, 0.5), 7);
+    fn busy_sweep_over_sorted_intervals() {
+        let mut sw = Sweep::default();
+        for (d, s, e) in [(0, 0, 5), (0, 10, 20), (0, 15, 30), (0, 40, 41), (1, 5, 6)] {
+            sw.push(d, s, e);
+        }
+        let v = sw.finish();
+        assert_eq!((v[0].device_id, v[0].busy_ns, v[0].span_ns), (0, 5 + 20 + 1, 41));
+        assert_eq!((v[1].device_id, v[1].busy_ns, v[1].span_ns), (1, 1, 1));
+        assert!(Sweep::default().finish().is_empty());
+    }
+
+    #[test]
+    fn name_stats() {
+        let mut st = NameStats::default();
+        for d in 1..=100 {
+            st.add(d);
+        }
+        let k = st.into_stat("k".into());
+        assert_eq!((k.count, k.total_ns, k.min_ns, k.max_ns, k.p50_ns, k.p95_ns), (100, 5050, 1, 100, 50, 95));
     }
 }

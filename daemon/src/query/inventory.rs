@@ -1,0 +1,134 @@
+//! ListDevices and ListProcesses: the GPUs and the processes gpuprofd knows about.
+
+use gpuprof_proto::api as pb;
+
+use crate::Daemon;
+use crate::access::Caller;
+use crate::error::ApiResult;
+
+/// ListDevices: the GPUs this daemon manages (found by the driver, in PCI order, which is
+/// the daemon-wide index that samplers and reservations use), completed with what agents
+/// reported about them; then GPUs only agents reported (e.g. in containers without the
+/// driver's /proc view), numbered after those.
+pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
+    let path = d.db_path.clone();
+    let reported = tokio::task::spawn_blocking(move || -> ApiResult<Vec<(pb::Device, String)>> {
+        let c = crate::store::open_reader(&path)?;
+        let mut stmt = c.prepare(
+            "SELECT uuid, name, compute_major, compute_minor, sm_count, global_memory_bytes, pci_bus_id
+             FROM devices ORDER BY id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                pb::Device {
+                    index: 0,
+                    uuid: r.get(0)?,
+                    name: r.get(1)?,
+                    compute_major: r.get(2)?,
+                    compute_minor: r.get(3)?,
+                    sm_count: r.get(4)?,
+                    global_memory_bytes: r.get::<_, i64>(5)?.max(0) as u64,
+                    monitor_state: String::new(),
+                },
+                r.get::<_, String>(6)?,
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    })
+    .await??;
+    let same = |a: &str, b: &str| !a.is_empty() && a.eq_ignore_ascii_case(b);
+    let mut used = vec![false; reported.len()];
+    let mut devices = Vec::new();
+    for g in &d.gpus.found {
+        let mut dev = pb::Device {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            name: g.model.clone(),
+            monitor_state: d.arbiter.monitor_state(g.index),
+            ..Default::default()
+        };
+        if let Some(i) = reported.iter().position(|(r, bus)| same(&r.uuid, &g.uuid) || same(bus, &g.pci_bus_id)) {
+            used[i] = true;
+            let r = &reported[i].0;
+            dev.compute_major = r.compute_major;
+            dev.compute_minor = r.compute_minor;
+            dev.sm_count = r.sm_count;
+            dev.global_memory_bytes = r.global_memory_bytes;
+            if dev.name.is_empty() {
+                dev.name = r.name.clone();
+            }
+        }
+        devices.push(dev);
+    }
+    let mut next = d.gpus.found.iter().map(|g| g.index + 1).max().unwrap_or(0);
+    for (i, (r, _)) in reported.into_iter().enumerate() {
+        if used[i] {
+            continue;
+        }
+        devices.push(pb::Device { index: next, monitor_state: "unmanaged".into(), ..r });
+        next += 1;
+    }
+    Ok(pb::ListDevicesResponse { devices })
+}
+
+/// ListProcesses: connected agents (and, if asked, past connections). Users other than
+/// root and the admin group see their own processes only.
+pub async fn list_processes(
+    d: &Daemon,
+    caller: &Caller,
+    req: pb::ListProcessesRequest,
+) -> ApiResult<pb::ListProcessesResponse> {
+    let mut processes: Vec<pb::Process> = d
+        .registry
+        .all()
+        .into_iter()
+        .filter(|a| caller.may_access(a.uid))
+        .map(|a| pb::Process {
+            id: a.id,
+            pid: a.pid,
+            uid: a.uid,
+            exe: a.exe.clone(),
+            cmdline: a.cmdline.clone(),
+            cgroup: a.cgroup.clone(),
+            agent_kind: a.kind.to_string(),
+            connected_at_ns: a.connected_at_ns,
+            disconnected_at_ns: 0,
+            trace_state: a.trace_state(),
+            cupti_version: a.cupti_version,
+        })
+        .collect();
+    if req.include_exited {
+        let path = d.db_path.clone();
+        let (admin, uid) = (caller.admin, caller.uid);
+        let past = tokio::task::spawn_blocking(move || -> ApiResult<Vec<pb::Process>> {
+            let c = crate::store::open_reader(&path)?;
+            let mut stmt = c.prepare(
+                "SELECT id, pid, uid, exe, cmdline, cgroup, agent_kind, connected_ns, disconnected_ns, cupti_version
+                 FROM processes WHERE disconnected_ns IS NOT NULL AND (?1 OR uid = ?2)
+                 ORDER BY id DESC LIMIT 1000",
+            )?;
+            let rows = stmt.query_map(rusqlite::params![admin, uid], |r| {
+                let cmdline: String = r.get(4)?;
+                Ok(pb::Process {
+                    id: r.get::<_, i64>(0)? as u64,
+                    pid: r.get(1)?,
+                    uid: r.get(2)?,
+                    exe: r.get(3)?,
+                    cmdline: serde_json::from_str(&cmdline).unwrap_or_default(),
+                    cgroup: r.get(5)?,
+                    agent_kind: r.get(6)?,
+                    connected_at_ns: r.get::<_, i64>(7)?.max(0) as u64,
+                    disconnected_at_ns: r.get::<_, i64>(8)?.max(0) as u64,
+                    trace_state: "exited".into(),
+                    cupti_version: r.get(9)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await??;
+        let live: std::collections::HashSet<u64> = processes.iter().map(|p| p.id).collect();
+        processes.extend(past.into_iter().filter(|p| !live.contains(&p.id)));
+        processes.sort_by_key(|p| p.id);
+    }
+    Ok(pb::ListProcessesResponse { processes })
+}

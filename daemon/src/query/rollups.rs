@@ -1,0 +1,213 @@
+//! Summaries read from the rollups (the one place they are read): records per session and
+//! table, a session's rowid range, top kernels, copies, API calls and device busy time. The
+//! rollup tables are written by [`crate::rollup`].
+
+use std::collections::HashMap;
+
+use gpuprof_proto::api as pb;
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+
+use super::{copy_kind_name, string};
+
+/// Records stored for a session, per process (as far as the last pass).
+pub fn session_counts(c: &Connection, session: u64) -> rusqlite::Result<HashMap<u64, u64>> {
+    let mut stmt = c.prepare_cached("SELECT proc, sum(n) FROM session_rows WHERE session = ?1 GROUP BY proc")?;
+    let rows = stmt.query_map([session as i64], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)))?;
+    rows.collect()
+}
+
+/// Records of a session in one table, as far as the last pass.
+pub fn table_count(c: &Connection, table: &str, session: u64) -> rusqlite::Result<u64> {
+    let n: Option<i64> = c
+        .prepare_cached("SELECT sum(n) FROM session_rows WHERE session = ?1 AND tbl = ?2")?
+        .query_row(params![session as i64, table], |r| r.get(0))?;
+    Ok(n.unwrap_or(0) as u64)
+}
+
+/// The rowid range holding `session`'s rows of `table`. Open sessions extend to the end of
+/// the table (rows after the last pass may be theirs).
+pub fn rowid_range(c: &Connection, table: &str, session: u64) -> rusqlite::Result<(i64, i64)> {
+    let (first, last): (Option<i64>, Option<i64>) = c
+        .prepare_cached("SELECT min(first_rowid), max(last_rowid) FROM session_rows WHERE session = ?1 AND tbl = ?2")?
+        .query_row(params![session as i64, table], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let open: bool = c
+        .prepare_cached("SELECT state IN ('pending', 'active', 'stopping') FROM sessions WHERE id = ?1")?
+        .query_row([session as i64], |r| r.get(0))
+        .optional()?
+        .unwrap_or(false);
+    let progress: i64 = c
+        .prepare_cached("SELECT last_rowid FROM rollup_progress WHERE tbl = ?1")?
+        .query_row([table], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let lo = first.unwrap_or(progress + 1);
+    let hi = if open { i64::MAX } else { last.unwrap_or(0) };
+    Ok((lo, hi))
+}
+
+/// Filter conditions on a rollup table (alias `t`) with proc/dev/stream/name columns as given.
+fn rollup_where(
+    session: u64,
+    f: &pb::RecordFilter,
+    dev: bool,
+    stream: bool,
+    name: bool,
+) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut sql = "t.session = ?".to_string();
+    let mut p = vec![Value::Integer(session as i64)];
+    let mut list = |col: &str, vals: Vec<i64>| {
+        if !vals.is_empty() {
+            sql.push_str(&format!(" AND {col} IN ({})", vec!["?"; vals.len()].join(",")));
+            p.extend(vals.into_iter().map(Value::Integer));
+        }
+    };
+    list("t.proc", f.process_ids.iter().map(|x| *x as i64).collect());
+    if dev {
+        list("t.dev", f.device_ids.iter().map(|x| i64::from(*x)).collect());
+    }
+    if stream {
+        list("t.stream", f.stream_ids.iter().map(|x| i64::from(*x)).collect());
+    }
+    if name && !f.name_pattern.is_empty() {
+        sql.push_str(" AND t.name IN (SELECT id FROM strings WHERE value GLOB ?)");
+        p.push(Value::Text(f.name_pattern.clone()));
+    }
+    (sql, p)
+}
+
+/// Kernel count and the `top` kernels by total time, from the rollup.
+pub fn top_kernels(
+    c: &Connection,
+    session: u64,
+    f: &pb::RecordFilter,
+    top: usize,
+) -> rusqlite::Result<(u64, u64, Vec<pb::KernelStat>)> {
+    let (w, p) = rollup_where(session, f, true, true, true);
+    let (count, sum): (Option<i64>, Option<i64>) = c
+        .prepare(&format!("SELECT sum(t.n), sum(t.total) FROM kernel_rollup t WHERE {w}"))?
+        .query_row(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.name, sum(t.n), sum(t.total), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w}
+         GROUP BY t.name ORDER BY sum(t.total) DESC, t.name LIMIT {top}"
+    ))?;
+    let heads: Vec<(i64, i64, i64, i64, i64)> = stmt
+        .query_map(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut buckets = c.prepare(&format!(
+        "SELECT t.bucket, sum(t.n), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w} AND t.name = ?
+         GROUP BY t.bucket ORDER BY t.bucket"
+    ))?;
+    let mut out = Vec::with_capacity(heads.len());
+    for (name, n, total, min, max) in heads {
+        let mut bp = p.clone();
+        bp.push(rusqlite::types::Value::Integer(name));
+        let hist: Vec<(i64, i64, i64)> = buckets
+            .query_map(params_from_iter(bp.iter()), |r| Ok((r.get(1)?, r.get(2)?, r.get(3)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let n = n.max(0) as u64;
+        out.push(pb::KernelStat {
+            name: string(c, name)?,
+            count: n,
+            total_ns: total.max(0) as u64,
+            mean_ns: (total.max(0) as u64).checked_div(n).unwrap_or(0),
+            p50_ns: quantile(&hist, n, 0.5),
+            p95_ns: quantile(&hist, n, 0.95),
+            max_ns: max.max(0) as u64,
+            min_ns: min.max(0) as u64,
+        });
+    }
+    Ok((count.unwrap_or(0).max(0) as u64, sum.unwrap_or(0).max(0) as u64, out))
+}
+
+/// The nearest-rank quantile from (count, min, max) buckets in order.
+pub fn quantile(hist: &[(i64, i64, i64)], n: u64, q: f64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let rank = ((q * n as f64).ceil() as i64).clamp(1, n as i64) - 1;
+    let mut seen = 0i64;
+    for &(cnt, min, max) in hist {
+        if rank < seen + cnt {
+            let k = rank - seen;
+            if cnt <= 1 || min == max {
+                return min.max(0) as u64;
+            }
+            return (min + (max - min) * k / (cnt - 1)).max(0) as u64;
+        }
+        seen += cnt;
+    }
+    hist.last().map(|h| h.2.max(0) as u64).unwrap_or(0)
+}
+
+/// Copy totals per direction, from the rollup.
+pub fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::CopyStat>> {
+    let (w, p) = rollup_where(session, f, true, true, false);
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.kind, sum(t.n), sum(t.bytes), sum(t.total) FROM memcpy_rollup t WHERE {w}
+         GROUP BY t.kind ORDER BY sum(t.bytes) DESC"
+    ))?;
+    let rows = stmt.query_map(params_from_iter(p.iter()), |r| {
+        let bytes = r.get::<_, i64>(2)?.max(0) as u64;
+        let total = r.get::<_, i64>(3)?.max(0) as u64;
+        Ok(pb::CopyStat {
+            direction: copy_kind_name(r.get(0)?),
+            count: r.get::<_, i64>(1)?.max(0) as u64,
+            bytes,
+            total_ns: total,
+            bandwidth_gbps: if total > 0 { bytes as f64 / total as f64 } else { 0.0 },
+        })
+    })?;
+    rows.collect()
+}
+
+/// API calls by total time, from the rollup.
+pub fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> rusqlite::Result<Vec<pb::ApiStat>> {
+    let (w, p) = rollup_where(session, f, false, false, false);
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.domain, t.cbid, sum(t.n), sum(t.total), max(t.max) FROM api_rollup t WHERE {w}
+         GROUP BY t.domain, t.cbid ORDER BY sum(t.total) DESC LIMIT {top}"
+    ))?;
+    let rows = stmt.query_map(params_from_iter(p.iter()), |r| {
+        let domain: i64 = r.get(0)?;
+        Ok(pb::ApiStat {
+            name: crate::cbid::name(domain, r.get(1)?),
+            domain: crate::cbid::domain_name(domain).into(),
+            count: r.get::<_, i64>(2)?.max(0) as u64,
+            total_ns: r.get::<_, i64>(3)?.max(0) as u64,
+            max_ns: r.get::<_, i64>(4)?.max(0) as u64,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Busy time per device, from the rollup.
+pub fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::DeviceBusy>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT dev, closed_ns + open_end - open_start, last_ns - first_ns FROM busy_rollup WHERE session = ?1 ORDER BY dev",
+    )?;
+    let rows = stmt.query_map([session as i64], |r| {
+        Ok(pb::DeviceBusy {
+            device_id: r.get(0)?,
+            busy_ns: r.get::<_, i64>(1)?.max(0) as u64,
+            span_ns: r.get::<_, i64>(2)?.max(0) as u64,
+        })
+    })?;
+    let all: Vec<pb::DeviceBusy> = rows.collect::<rusqlite::Result<_>>()?;
+    Ok(all.into_iter().filter(|d| f.device_ids.is_empty() || f.device_ids.contains(&d.device_id)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantile;
+
+    #[test]
+    fn quantiles_from_buckets() {
+        // 100 values 1..=100, each its own bucket.
+        let hist: Vec<(i64, i64, i64)> = (1..=100).map(|v| (1, v, v)).collect();
+        assert_eq!(quantile(&hist, 100, 0.5), 50);
+        assert_eq!(quantile(&hist, 100, 0.95), 95);
+        // One bucket of identical values.
+        assert_eq!(quantile(&[(10, 7, 7)], 10, 0.5), 7);
+    }
+}
