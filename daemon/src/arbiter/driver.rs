@@ -1,0 +1,320 @@
+//! The arbiter's driver task: turns the lease events of [`super::Arbiter`] into commands to
+//! samplers and injectors, audit rows and PM-stream markers, expires leases on time, and
+//! follows agent connections and sampler states.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuprof_proto::agent::{self as wire, DaemonMessage, daemon_message};
+use gpuprof_proto::api as pb;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::core::{Event, Holder, Lease, Nanos};
+use super::{Arbiter, paused_marker, persist};
+use crate::Daemon;
+use crate::registry::AgentEvent;
+
+/// What the driver last told each device's sampler.
+#[derive(Default)]
+struct SamplerLink {
+    /// Agent connection of the device's sampler.
+    conn: Option<u64>,
+    /// Last command sent: Some(true) start, Some(false) stop.
+    sent: Option<bool>,
+    /// Stream subscribers were told sampling is stopped.
+    marked_paused: bool,
+}
+
+/// The arbiter's driver: applies events (commands to agents, audit rows, markers), expires
+/// leases on time, and follows agent connections and sampler states. Runs until `shutdown`.
+pub async fn run(d: Arc<Daemon>, mut agents: broadcast::Receiver<AgentEvent>, shutdown: CancellationToken) {
+    let arb = d.arbiter.clone();
+    let Some(mut events) = arb.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        tracing::error!("arbiter driver started twice");
+        return;
+    };
+    // Rows are written by a persister running beside the driver, in order, so a busy writer
+    // never delays a command.
+    let (db_tx, db_rx) = mpsc::unbounded_channel::<(Vec<Event>, Nanos)>();
+    let persister = persist_task(d.clone(), db_rx);
+    let driver = drive(&d, &arb, &mut events, &mut agents, db_tx, &shutdown);
+    tokio::join!(driver, persister);
+}
+
+async fn drive(
+    d: &Arc<Daemon>,
+    arb: &Arbiter,
+    events: &mut mpsc::UnboundedReceiver<Vec<Event>>,
+    agents: &mut broadcast::Receiver<AgentEvent>,
+    db_tx: mpsc::UnboundedSender<(Vec<Event>, Nanos)>,
+    shutdown: &CancellationToken,
+) {
+    let d = d.clone();
+    let mut links: BTreeMap<u32, SamplerLink> = BTreeMap::new();
+    for a in d.registry.all() {
+        if a.kind == "sampler" {
+            links.entry(a.sampler_device).or_default().conn = Some(a.id);
+        }
+    }
+    sync_all(&d, &mut links);
+    loop {
+        let sleep_for = arb
+            .next_deadline()
+            .map(|t| Duration::from_nanos(t.saturating_sub(arb.now())))
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(batch) = events.recv() => {
+                handle(&d, &mut links, &batch);
+                let _ = db_tx.send((batch, arb.now()));
+            }
+            ev = agents.recv() => match ev {
+                Ok(ev) => on_agent_event(&d, &mut links, ev),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "arbiter missed agent events; resynchronizing");
+                    resync(&d, &mut links);
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
+            _ = arb.wake.notified() => {}
+            _ = tokio::time::sleep(sleep_for) => arb.tick(),
+        }
+    }
+    // Rows of events already applied still get written.
+    while let Ok(batch) = events.try_recv() {
+        let _ = db_tx.send((batch, arb.now()));
+    }
+    drop(db_tx);
+}
+
+async fn persist_task(d: Arc<Daemon>, mut rx: mpsc::UnboundedReceiver<(Vec<Event>, Nanos)>) {
+    while let Some((batch, now)) = rx.recv().await {
+        match d.writer.call(move |c| persist::apply(c, &batch, now)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "cannot write arbiter audit rows"),
+            Err(_) => {
+                tracing::warn!("database writer gone; arbiter rows not written");
+                return;
+            }
+        }
+    }
+}
+
+fn resync(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
+    for l in links.values_mut() {
+        l.conn = None;
+        l.sent = None;
+    }
+    for a in d.registry.all() {
+        if a.kind == "sampler" {
+            links.entry(a.sampler_device).or_default().conn = Some(a.id);
+        }
+    }
+    sync_all(d, links);
+}
+
+fn on_agent_event(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentEvent) {
+    match ev {
+        AgentEvent::Connected(a) if a.kind == "sampler" => {
+            let device = a.sampler_device;
+            if !d.arbiter.lock().is_managed(device) {
+                tracing::info!(device, "sampler connected for a GPU not yet managed; managing it");
+                d.arbiter.add_device(device);
+            }
+            let link = links.entry(device).or_default();
+            link.conn = Some(a.id);
+            link.sent = None;
+            d.gpus.set_connected(device, true);
+            sync(d, device, link);
+        }
+        AgentEvent::Connected(_) => {}
+        AgentEvent::Disconnected { id, reason } => {
+            for (device, link) in links.iter_mut() {
+                if link.conn == Some(id) {
+                    link.conn = None;
+                    link.sent = None;
+                    d.gpus.set_disconnected(*device, &reason);
+                }
+            }
+            d.arbiter.with_core(|c, now| ((), c.connection_closed(id, now)));
+        }
+        AgentEvent::SamplerState { id, device, status, detail } => {
+            let Some(link) = links.get(&device) else {
+                return;
+            };
+            if link.conn != Some(id) {
+                return;
+            }
+            match wire::SamplerStatus::try_from(status) {
+                Ok(wire::SamplerStatus::Sampling) => {
+                    d.gpus.set_state(device, "sampling", &detail);
+                    d.arbiter.external_clear(device);
+                }
+                Ok(wire::SamplerStatus::Stopped) => d.gpus.set_state(device, "stopped", &detail),
+                Ok(wire::SamplerStatus::HardwareBusy) => {
+                    d.gpus.set_state(device, "hardware busy", &detail);
+                    let lease = d.arbiter.sampler_lease(device);
+                    if lease.is_some() {
+                        d.arbiter.external_busy(device, lease);
+                    }
+                }
+                Ok(wire::SamplerStatus::Failed) => {
+                    tracing::warn!(device, detail = %detail, "PM sampler failed");
+                    d.gpus.set_state(device, "failed", &detail);
+                }
+                _ => {}
+            }
+        }
+        AgentEvent::TraceState { .. } => {}
+    }
+}
+
+fn sync_all(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
+    for device in d.arbiter.devices() {
+        let link = links.entry(device).or_default();
+        sync(d, device, link);
+    }
+}
+
+/// Brings a device's sampler and stream marker in line with the arbiter's state.
+fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
+    let (want, marker) = {
+        let core = d.arbiter.lock();
+        let Some(s) = core.device(device) else {
+            return;
+        };
+        (s.holder.as_ref().is_some_and(|l| l.holder == Holder::Sampler), paused_marker(device, s))
+    };
+    if link.sent != Some(want)
+        && let Some(conn) = link.conn
+        && send_sampler(d, conn, want, "performance monitor lease revoked")
+    {
+        link.sent = Some(want);
+    }
+    match marker {
+        Some(m) if !link.marked_paused => {
+            link.marked_paused = true;
+            let _ = d.arbiter.markers.send(m);
+        }
+        None if link.marked_paused => {
+            link.marked_paused = false;
+            let _ = d.arbiter.markers.send(pb::PmPaused {
+                device,
+                holder: "gpuprofd sampler".into(),
+                reason: "sampling resumed".into(),
+                resumed: true,
+            });
+        }
+        _ => {}
+    }
+}
+
+fn send_sampler(d: &Daemon, conn: u64, start: bool, why: &str) -> bool {
+    let Some(agent) = d.registry.get(conn) else {
+        return false;
+    };
+    let cfg = &d.config.sampler;
+    let msg = if start {
+        daemon_message::Msg::StartPmSampling(wire::StartPmSampling {
+            metrics: cfg.metrics.clone(),
+            interval_ns: cfg.interval.0.as_nanos() as u64,
+        })
+    } else {
+        daemon_message::Msg::StopPmSampling(wire::StopPmSampling { reason: why.to_string() })
+    };
+    let ok = agent.send(DaemonMessage { msg: Some(msg) });
+    if !ok {
+        tracing::warn!(conn, start, "cannot send a command to the sampler (queue full or gone)");
+    }
+    ok
+}
+
+fn send_pc(d: &Daemon, l: &Lease, start: bool, reason: &str) {
+    let Holder::PcSampling { session, proc, agent_device, period_log2, .. } = l.holder else {
+        return;
+    };
+    let Some(agent) = d.registry.get(proc) else {
+        return;
+    };
+    let msg = if start {
+        daemon_message::Msg::StartPcSampling(wire::StartPcSampling {
+            session_id: session,
+            device_id: agent_device,
+            period_log2,
+        })
+    } else {
+        daemon_message::Msg::StopPcSampling(wire::StopPcSampling {
+            session_id: session,
+            device_id: agent_device,
+            reason: reason.to_string(),
+        })
+    };
+    if !agent.send(DaemonMessage { msg: Some(msg) }) {
+        tracing::warn!(proc, start, "cannot send a PC sampling command (queue full or gone)");
+    }
+}
+
+/// Applies one batch of events: commands to PC-sampling holders, sampler sync, markers.
+fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
+    let mut touched: HashMap<u32, ()> = HashMap::new();
+    for e in batch {
+        match e {
+            Event::Granted { lease } => {
+                tracing::info!(device = lease.device, lease = lease.id, holder = %lease.holder.describe(), reason = %lease.reason, "performance monitor granted");
+                send_pc(d, lease, true, "");
+                touched.insert(lease.device, ());
+            }
+            Event::Revoked { lease, by, reason } => {
+                tracing::info!(device = lease.device, lease = lease.id, by, reason = %reason, holder = %lease.holder.describe(), "performance monitor revoked");
+                send_pc(d, lease, false, &format!("preempted: {reason}"));
+                touched.insert(lease.device, ());
+            }
+            Event::Released { lease, was_holder, reason, .. } => {
+                if *was_holder {
+                    send_pc(d, lease, false, reason);
+                }
+                tracing::info!(device = lease.device, lease = lease.id, holder = %lease.holder.describe(), reason = %reason, "lease released");
+                touched.insert(lease.device, ());
+            }
+            Event::Expired { lease, was_holder } => {
+                if *was_holder {
+                    send_pc(d, lease, false, "lease expired");
+                }
+                tracing::info!(device = lease.device, lease = lease.id, holder = %lease.holder.describe(), "lease expired");
+                touched.insert(lease.device, ());
+            }
+            Event::Retry { device, lease } => {
+                match lease.holder {
+                    Holder::Sampler => {
+                        if let Some(conn) = links.get(device).and_then(|l| l.conn) {
+                            send_sampler(d, conn, true, "");
+                        }
+                    }
+                    Holder::PcSampling { .. } => send_pc(d, lease, true, ""),
+                    Holder::Pause { .. } => {}
+                }
+                touched.insert(*device, ());
+            }
+            Event::ExternalBusy { device, attempts, retry_at, .. } => {
+                if *attempts == 1 {
+                    tracing::warn!(device, "an outside tool holds the performance monitor; retrying with backoff");
+                }
+                tracing::debug!(device, attempts, retry_at, "hardware busy");
+                touched.insert(*device, ());
+            }
+            Event::ExternalCleared { device } => {
+                touched.insert(*device, ());
+            }
+            Event::Queued { lease } | Event::Extended { lease, .. } => {
+                touched.insert(lease.device, ());
+            }
+        }
+    }
+    for device in touched.into_keys() {
+        let link = links.entry(device).or_default();
+        sync(d, device, link);
+    }
+}
