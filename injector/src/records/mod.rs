@@ -6,7 +6,7 @@
 //! buffers byte by byte at offsets copied from `cupti_activity.h`, which checks the bindings too.
 //!
 //! Layout: `types` holds the decoded structs ([`Record`] and one struct per kind); `decode` reads
-//! bytes into them ([`decode`], [`record_size`], [`peek_kind`], [`DecodeError`]); `tests` has the
+//! bytes into them ([`decode()`], [`record_size`], [`peek_kind`], [`DecodeError`]); `tests` has the
 //! layout test and the byte builders other modules' tests use.
 
 mod decode;
