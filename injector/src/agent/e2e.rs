@@ -1,0 +1,230 @@
+//! End to end over a real Unix socket: a scripted daemon, a fake backend that produces
+//! CUPTI-layout byte buffers, and the agent loop on its own thread.
+
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use gpuprof_proto::agent as pb;
+use gpuprof_proto::agent::agent_message::Msg as Out;
+use gpuprof_proto::agent::daemon_message::Msg as In;
+use gpuprof_proto::frame::{read_message, write_frame};
+
+use super::api_watch::API_WATCH_ATTEMPTS;
+use super::{Agent, Control, Identity};
+use crate::config::Config;
+use crate::records::tests::kernel_bytes;
+use crate::tracer::{Backend, Completed, RecordSource, StartOutcome};
+use crate::wake::Wake;
+
+struct FakeBuffer(Vec<Vec<u8>>);
+impl RecordSource for FakeBuffer {
+    fn for_each(&self, f: &mut dyn FnMut(&[u8])) {
+        for r in &self.0 {
+            f(r);
+        }
+    }
+    fn read_str(&self, addr: u64) -> Option<String> {
+        Some(format!("kernel_{addr:x}"))
+    }
+}
+
+/// Queues `n` kernels when a trace starts, and `tail` more when it stops (a final flush).
+struct FakeBackend {
+    tx: Sender<Completed>,
+    wake: Arc<Wake>,
+    n: u32,
+    tail: u32,
+    displace_on_tick: bool,
+    reapplied: Arc<std::sync::atomic::AtomicU32>,
+}
+impl FakeBackend {
+    fn queue(&self, first: u32, n: u32) {
+        let recs =
+            (first..first + n).map(|i| kernel_bytes(i, 1000 + u64::from(i), 2000 + u64::from(i), 0xabc)).collect();
+        self.tx.send(Box::new(FakeBuffer(recs))).unwrap();
+        self.wake.wake();
+    }
+}
+impl Backend for FakeBackend {
+    fn cupti_version(&self) -> u32 {
+        130001
+    }
+    fn start(&mut self, cfg: &pb::TraceConfig) -> StartOutcome {
+        assert!(cfg.kernels);
+        self.queue(1, self.n);
+        StartOutcome::Tracing
+    }
+    fn stop(&mut self) {
+        self.queue(self.n + 1, self.tail);
+    }
+    fn tick(&mut self) -> Option<String> {
+        self.displace_on_tick.then(|| "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39): test".to_string())
+    }
+    fn external_drops(&self) -> ([u64; 16], u64) {
+        ([0; 16], 0)
+    }
+    fn reapply_api(&mut self) -> bool {
+        self.reapplied.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+}
+
+fn daemon_send(s: &mut UnixStream, m: In) {
+    write_frame(s, &pb::DaemonMessage { msg: Some(m) }).unwrap();
+}
+
+fn next(s: &mut UnixStream) -> Out {
+    let m: pb::AgentMessage = read_message(s, 8 << 20).expect("agent message");
+    m.msg.expect("non-empty")
+}
+
+/// Reads messages until `pred` matches one, returning all read.
+fn until(s: &mut UnixStream, pred: impl Fn(&Out) -> bool) -> Vec<Out> {
+    let mut seen = Vec::new();
+    loop {
+        let m = next(s);
+        let done = pred(&m);
+        seen.push(m);
+        if done {
+            return seen;
+        }
+    }
+}
+
+fn start_agent(
+    dir: &std::path::Path,
+    displace: bool,
+) -> (UnixListener, Arc<Control>, Arc<Wake>, std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicU32>) {
+    let sock = dir.join("agent.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(16);
+    let wake = Arc::new(Wake::new().unwrap());
+    let control = Arc::new(Control::default());
+    let cfg = Config { socket: sock, flush_interval: Duration::from_millis(20), ..Config::default() };
+    let ident = Identity { pid: 4242, exe: "/usr/bin/python3".into(), ..Default::default() };
+    let reapplied = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let backend = FakeBackend {
+        tx,
+        wake: wake.clone(),
+        n: 20_000,
+        tail: 5,
+        displace_on_tick: displace,
+        reapplied: reapplied.clone(),
+    };
+    let (c2, w2) = (control.clone(), wake.clone());
+    let h = std::thread::spawn(move || Agent::new(cfg, ident, backend, rx, w2, c2).run());
+    (listener, control, wake, h, reapplied)
+}
+
+#[test]
+fn hello_trace_stop_and_exit_over_a_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, reapplied) = start_agent(dir.path(), false);
+    let (mut s, _) = listener.accept().unwrap();
+    let Out::Hello(hello) = next(&mut s) else { panic!("hello first") };
+    assert_eq!(hello.protocol_version, pb::PROTOCOL_VERSION);
+    assert_eq!((hello.pid, hello.cupti_version), (4242, 130001));
+    assert_eq!(hello.kind, pb::AgentKind::Injector as i32);
+    assert!(hello.clock.unwrap().realtime_ns > 1_600_000_000_000_000_000);
+    daemon_send(
+        &mut s,
+        In::Welcome(pb::Welcome {
+            protocol_version: 1,
+            process_id: 1,
+            max_frame_bytes: 4 << 20,
+            heartbeat_interval_ms: 50,
+        }),
+    );
+    let idle = until(&mut s, |m| matches!(m, Out::TraceState(_)));
+    let Some(Out::TraceState(st)) = idle.last() else { panic!() };
+    assert_eq!(st.status, pb::TraceStatus::Idle as i32);
+
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 9, config: None }));
+    let mut strings = 0;
+    let mut kernels = Vec::new();
+    let mut tracing = false;
+    while kernels.len() < 20_000 {
+        match next(&mut s) {
+            Out::Strings(t) => {
+                assert_eq!(kernels.len(), 0, "strings precede the records using them");
+                strings += t.strings.len();
+            }
+            Out::Records(b) => {
+                assert_eq!(b.session_id, 9);
+                kernels.extend(b.kernels);
+            }
+            Out::TraceState(t) => {
+                assert_eq!((t.status, t.session_id), (pb::TraceStatus::Tracing as i32, 9));
+                tracing = true;
+            }
+            Out::Heartbeat(_) | Out::Drops(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(tracing);
+    assert_eq!(strings, 1, "one kernel name, interned once");
+    assert!(kernels.iter().all(|k| k.name_id == 1));
+    let mut ids: Vec<u32> = kernels.iter().map(|k| k.correlation_id).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 20_000);
+
+    daemon_send(&mut s, In::StopTrace(pb::StopTrace { session_id: 9 }));
+    let rest = until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Idle as i32));
+    let tail: usize = rest.iter().map(|m| if let Out::Records(b) = m { b.kernels.len() } else { 0 }).sum();
+    assert_eq!(tail, 5, "the final flush is sent before the idle state");
+    // 20,000 kernels and no API record with API recording on: re-enabled, at most 3 times.
+    let n = reapplied.load(Ordering::SeqCst);
+    assert!((1..=API_WATCH_ATTEMPTS).contains(&n), "re-enabled {n} times");
+
+    let t0 = Instant::now();
+    let ok = control.request_exit(&wake, Duration::from_secs(2));
+    assert!(ok && t0.elapsed() < Duration::from_secs(1));
+    let bye = until(&mut s, |m| matches!(m, Out::Goodbye(_)));
+    assert!(matches!(bye.last(), Some(Out::Goodbye(_))));
+    h.join().unwrap();
+}
+
+#[test]
+fn reports_displacement_and_reconnects_after_a_daemon_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), true);
+    let (mut s, _) = listener.accept().unwrap();
+    assert!(matches!(next(&mut s), Out::Hello(_)));
+    daemon_send(
+        &mut s,
+        In::Welcome(pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 0, heartbeat_interval_ms: 0 }),
+    );
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 3, config: None }));
+    let seen = until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Displaced as i32));
+    let Some(Out::TraceState(t)) = seen.last() else { panic!() };
+    assert_eq!(t.session_id, 3);
+    assert!(t.detail.contains("39"), "{}", t.detail);
+
+    // Daemon restart: the connection drops; the agent reconnects and says hello again.
+    drop(s);
+    let (mut s2, _) = listener.accept().unwrap();
+    assert!(matches!(next(&mut s2), Out::Hello(_)));
+    control.request_exit(&wake, Duration::from_millis(10));
+    h.join().unwrap();
+}
+
+#[test]
+fn no_daemon_is_a_silent_no_op_and_exit_does_not_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(4);
+    let wake = Arc::new(Wake::new().unwrap());
+    let control = Arc::new(Control::default());
+    let cfg = Config { socket: dir.path().join("absent.sock"), ..Config::default() };
+    let backend =
+        FakeBackend { tx, wake: wake.clone(), n: 1, tail: 0, displace_on_tick: false, reapplied: Default::default() };
+    let (c2, w2) = (control.clone(), wake.clone());
+    let h = std::thread::spawn(move || Agent::new(cfg, Identity::default(), backend, rx, w2, c2).run());
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    assert!(control.request_exit(&wake, Duration::from_secs(5)));
+    assert!(t0.elapsed() < Duration::from_millis(100));
+    h.join().unwrap();
+}

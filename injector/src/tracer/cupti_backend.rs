@@ -1,0 +1,296 @@
+//! [`CuptiBackend`]: starts, flushes and stops a trace through CUPTI and notices when another
+//! CUPTI client displaced it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gpuprof_proto::agent as pb;
+
+use super::backend::{Backend, StartOutcome};
+use super::callbacks::{Shared, TRACING, buffer_completed, buffer_requested, now_ms};
+use super::trace_config::kinds_for;
+use crate::cbids;
+use crate::config::ApiMode;
+use crate::log::log;
+use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::{Cupti, CuptiError};
+
+/// "N enables failed: first, second, third, ..." (a detail a person can read).
+fn summarize(failures: &[String]) -> String {
+    let shown: Vec<&str> = failures.iter().take(3).map(String::as_str).collect();
+    let more = if failures.len() > 3 { ", ..." } else { "" };
+    format!("{} enable call(s) failed: {}{more}", failures.len(), shown.join("; "))
+}
+
+/// How long without any buffer callback before checking for another subscriber.
+const QUIET_BEFORE_PROBE: Duration = Duration::from_secs(1);
+
+/// An API domain whose calls a trace records: its activity kind, one past its last callback
+/// id, the ids gpuprof records (`cbids.rs`) and the per-id switch.
+struct ApiDomain {
+    name: &'static str,
+    kind: sys::CUpti_ActivityKind,
+    ids: u32,
+    recorded: &'static [u32],
+    set: fn(&Cupti, u32, bool) -> Result<(), CuptiError>,
+}
+
+static RUNTIME_API: ApiDomain = ApiDomain {
+    name: "RUNTIME",
+    kind: sys::CUPTI_ACTIVITY_KIND_RUNTIME,
+    ids: sys::CUPTI_RUNTIME_TRACE_CBID_SIZE,
+    recorded: cbids::RUNTIME,
+    set: Cupti::enable_runtime_api,
+};
+
+static DRIVER_API: ApiDomain = ApiDomain {
+    name: "DRIVER",
+    kind: sys::CUPTI_ACTIVITY_KIND_DRIVER,
+    ids: sys::CUPTI_DRIVER_TRACE_CBID_SIZE,
+    recorded: cbids::DRIVER,
+    set: Cupti::enable_driver_api,
+};
+
+/// CUPTI buffer settings applied at each trace start (see [`crate::config::Config`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tuning {
+    pub api_mode: ApiMode,
+    /// The recorded runtime callback ids were switched on before the CUDA runtime initialised
+    /// (see [`gpuprof_proto::hint`]): runtime API records need no RUNTIME kind.
+    pub early_runtime: bool,
+    pub prefill_buffers: usize,
+    pub pinned: Option<bool>,
+    pub device_buffer: Option<usize>,
+}
+
+pub struct CuptiBackend {
+    shared: Arc<Shared>,
+    tuning: Tuning,
+    enabled: Vec<u32>,
+    /// The API domains whose calls this trace records, and whether by kind (else by id).
+    apis: Vec<(&'static ApiDomain, bool)>,
+    displaced: bool,
+    last_probe: Instant,
+}
+
+impl CuptiBackend {
+    pub fn new(shared: Arc<Shared>, tuning: Tuning) -> CuptiBackend {
+        CuptiBackend {
+            shared,
+            tuning,
+            enabled: Vec::new(),
+            apis: Vec::new(),
+            displaced: false,
+            last_probe: Instant::now(),
+        }
+    }
+
+    fn cupti(&self) -> &Cupti {
+        &self.shared.cupti
+    }
+
+    /// Buffer attributes, set before the callbacks are registered and any kind is enabled (as
+    /// CUPTI asks), and the pool's first buffers. A refused attribute is logged and skipped.
+    fn apply_tuning(&self) {
+        let c = self.cupti();
+        let set = |name: &str, r: Result<(), CuptiError>| {
+            if let Err(e) = r {
+                log!(Warn, "{name}: {e}");
+            }
+        };
+        let zeroed = self.shared.pool.zeroed();
+        set(
+            "ZEROED_OUT_ACTIVITY_BUFFER",
+            c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, zeroed as u8),
+        );
+        if let Some(p) = self.tuning.pinned {
+            set(
+                "MEM_ALLOCATION_TYPE_HOST_PINNED",
+                c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, p as u8),
+            );
+        }
+        if let Some(n) = self.tuning.device_buffer {
+            set("DEVICE_BUFFER_SIZE", c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, n));
+        }
+        self.shared.pool.prefill(self.tuning.prefill_buffers);
+    }
+
+    /// Whether this trace records domain `d` by activity kind (else by callback id): by id when
+    /// asked to (`GPUPROF_API_MODE=cbid`) or when the ids were switched on before the CUDA
+    /// runtime initialised; by kind otherwise, the one way that works once the runtime runs.
+    fn by_kind(&self, d: &ApiDomain) -> bool {
+        match self.tuning.api_mode {
+            ApiMode::Cbid => false,
+            ApiMode::Kind => !(self.tuning.early_runtime && d.kind == sys::CUPTI_ACTIVITY_KIND_RUNTIME),
+        }
+    }
+
+    /// Switches API recording of `d` on: the kind with the ids gpuprof does not record off, or
+    /// only the recorded ids.
+    fn enable_api(&mut self, d: &'static ApiDomain, by_kind: bool) -> Result<(), String> {
+        if by_kind {
+            self.cupti().activity_enable(d.kind).map_err(|e| format!("kind {}: {e}", d.name))?;
+            if !self.enabled.contains(&d.kind) {
+                self.enabled.push(d.kind);
+            }
+            for cbid in (1..d.ids).filter(|c| !d.recorded.contains(c)) {
+                let _ = (d.set)(self.cupti(), cbid, false);
+            }
+            return Ok(());
+        }
+        let mut first = None;
+        for &cbid in d.recorded {
+            if let Err(e) = (d.set)(self.cupti(), cbid, true) {
+                first.get_or_insert(format!("{} cbid {cbid}: {e}", d.name));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn displaced_detail(e: CuptiError) -> String {
+        format!("{e}: another CUPTI client (e.g. torch.profiler/Kineto) holds CUPTI; gpuprof stood down")
+    }
+}
+
+impl Backend for CuptiBackend {
+    fn cupti_version(&self) -> u32 {
+        self.cupti().version()
+    }
+
+    fn start(&mut self, cfg: &pb::TraceConfig) -> StartOutcome {
+        if !self.enabled.is_empty() || !self.apis.is_empty() {
+            self.stop();
+        }
+        self.displaced = false;
+        if let Err(e) = self.cupti().probe_subscriber() {
+            if e.is_other_subscriber() {
+                return StartOutcome::Displaced(Self::displaced_detail(e));
+            }
+            log!(Warn, "subscriber probe: {e}");
+        }
+        self.apply_tuning();
+        if let Err(e) = self.cupti().register_callbacks(Some(buffer_requested), Some(buffer_completed)) {
+            return StartOutcome::Failed(format!("cuptiActivityRegisterCallbacks: {e}"));
+        }
+        let mut failures = Vec::new();
+        if cfg.sync {
+            let _ = self.cupti().enable_all_sync_records(false);
+        }
+        for kind in kinds_for(cfg) {
+            match self.cupti().activity_enable(kind) {
+                Ok(()) => self.enabled.push(kind),
+                Err(e) => failures.push(format!("kind {kind}: {e}")),
+            }
+        }
+        for (wanted, d) in [(cfg.runtime_api, &RUNTIME_API), (cfg.driver_api, &DRIVER_API)] {
+            if !wanted {
+                continue;
+            }
+            let by_kind = self.by_kind(d);
+            if let Err(e) = self.enable_api(d, by_kind) {
+                failures.push(e);
+            }
+            self.apis.push((d, by_kind));
+        }
+        let summary = summarize(&failures);
+        if !failures.is_empty() {
+            log!(Warn, "trace start: {summary}");
+        }
+        if cfg.kernels && !self.enabled.contains(&sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+            self.stop();
+            return StartOutcome::Failed(format!("could not enable kernel tracing: {summary}"));
+        }
+        self.shared.last_callback_ms.store(now_ms(), Ordering::Relaxed);
+        self.last_probe = Instant::now();
+        TRACING.store(true, Ordering::SeqCst);
+        StartOutcome::Tracing
+    }
+
+    fn stop(&mut self) {
+        TRACING.store(false, Ordering::SeqCst);
+        if self.displaced {
+            // The other client owns the callbacks and the kinds now; disabling shared kinds
+            // would break its trace. Leave CUPTI as it is.
+            self.enabled.clear();
+            self.apis.clear();
+            return;
+        }
+        for kind in self.enabled.drain(..) {
+            let _ = self.shared.cupti.activity_disable(kind);
+        }
+        for (d, by_kind) in std::mem::take(&mut self.apis) {
+            if by_kind {
+                // Back to CUPTI's default (every cbid on with the kind), for the next client.
+                for cbid in 1..d.ids {
+                    let _ = (d.set)(&self.shared.cupti, cbid, true);
+                }
+            } else {
+                for &cbid in d.recorded {
+                    let _ = (d.set)(&self.shared.cupti, cbid, false);
+                }
+            }
+        }
+        // Completed buffers first, then the partly filled ones.
+        let _ = self.cupti().flush_all(false);
+        let _ = self.cupti().flush_all(true);
+    }
+
+    fn tick(&mut self) -> Option<String> {
+        if self.displaced {
+            return None;
+        }
+        if let Err(e) = self.cupti().flush_all(false) {
+            // CUPTI was finalized or re-initialised under us (e.g. by another client's teardown).
+            self.displaced = true;
+            TRACING.store(false, Ordering::SeqCst);
+            return Some(format!("cuptiActivityFlushAll: {e}: CUPTI was reset by another client; gpuprof stood down"));
+        }
+        let quiet = now_ms().saturating_sub(self.shared.last_callback_ms.load(Ordering::Relaxed));
+        if quiet >= QUIET_BEFORE_PROBE.as_millis() as u64 && self.last_probe.elapsed() >= QUIET_BEFORE_PROBE {
+            self.last_probe = Instant::now();
+            if let Err(e) = self.cupti().probe_subscriber()
+                && e.is_other_subscriber()
+            {
+                self.displaced = true;
+                TRACING.store(false, Ordering::SeqCst);
+                return Some(Self::displaced_detail(e));
+            }
+        }
+        None
+    }
+
+    fn reapply_api(&mut self) -> bool {
+        if self.displaced || self.apis.is_empty() {
+            return false;
+        }
+        for i in 0..self.apis.len() {
+            let (d, by_kind) = self.apis[i];
+            let c = &self.shared.cupti;
+            if by_kind {
+                let _ = c.activity_disable(d.kind);
+                let _ = c.activity_enable(d.kind);
+            } else if self.tuning.api_mode == ApiMode::Kind {
+                // The ids switched on early did not take: record by kind from now on.
+                log!(Info, "no {} API records by callback id; recording by activity kind", d.name);
+                if self.enable_api(d, true).is_ok() {
+                    self.apis[i].1 = true;
+                }
+            } else {
+                for &cbid in d.recorded {
+                    let _ = (d.set)(c, cbid, false);
+                    let _ = (d.set)(c, cbid, true);
+                }
+            }
+        }
+        true
+    }
+
+    fn external_drops(&self) -> ([u64; 16], u64) {
+        let mut q = [0u64; 16];
+        for (i, c) in self.shared.queue_dropped.iter().enumerate() {
+            q[i] = c.load(Ordering::Relaxed);
+        }
+        (q, self.shared.cupti_dropped.load(Ordering::Relaxed))
+    }
+}

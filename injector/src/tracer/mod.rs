@@ -1,0 +1,18 @@
+//! CUPTI activity tracing: the buffer callbacks (which run on CUPTI's and the application's
+//! threads and only hand buffers over), and the backend the background thread drives to start,
+//! flush and stop a trace and to notice when another CUPTI client displaced it.
+//!
+//! Layout: `backend` holds the interface the background thread drives ([`Backend`],
+//! [`RecordSource`]); `callbacks` the CUPTI buffer callbacks and the state they reach
+//! ([`Shared`]); `cupti_backend` the CUPTI implementation ([`CuptiBackend`]); `trace_config` the
+//! trace configuration and the activity kinds it enables.
+
+mod backend;
+mod callbacks;
+mod cupti_backend;
+mod trace_config;
+
+pub use backend::{Backend, Completed, RecordSource, StartOutcome};
+pub use callbacks::{Shared, TRACING, install, now_ms};
+pub use cupti_backend::{CuptiBackend, Tuning};
+pub use trace_config::{apply_skip, default_config, effective_config, kinds_for};
