@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod fake_agent;
+pub mod layout;
 pub mod records;
 pub mod traced_agent;
 

@@ -1,0 +1,128 @@
+//! The source tree stays readable: small hand-written files, generated files that name their
+//! generator, one crate that declares CUPTI, and crates whose modules do not call each other
+//! in circles.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use gpuprof_testkit::layout::{cycles, generator, module_graph, repo_root, rust_files};
+
+/// Longest hand-written Rust file, in lines.
+const MAX_LINES: usize = 600;
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(repo_root()).unwrap_or(p).display().to_string()
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn hand_written_rust_files_stay_under_600_lines() {
+    let root = repo_root();
+    let files = rust_files(&root);
+    assert!(files.len() > 50, "the walk found the sources ({} files)", files.len());
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|p| {
+            let text = read(p);
+            let n = text.lines().count();
+            (n > MAX_LINES && generator(&text).is_none()).then(|| format!("{} ({n} lines)", rel(p)))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these by job (at most {MAX_LINES} lines each): {long:#?}");
+}
+
+#[test]
+fn generated_files_name_a_generator_in_the_repo() {
+    let root = repo_root();
+    let mut generated = 0;
+    for p in rust_files(&root) {
+        let text = read(&p);
+        if let Some(g) = generator(&text) {
+            generated += 1;
+            assert!(root.join(g).is_file(), "{} names generator {g}, which is not in the repo", rel(&p));
+        }
+    }
+    assert!(generated >= 3, "the CUPTI bindings and callback-id names are generated ({generated} found)");
+}
+
+#[test]
+fn only_the_cupti_bindings_declare_cupti_functions() {
+    let declaring: Vec<String> = rust_files(&repo_root())
+        .into_iter()
+        .filter(|p| {
+            // Spelled in two halves so that this file does not match itself.
+            let name = concat!("cuptiActivity", "Enable");
+            let t = read(p);
+            t.contains(&format!("fn {name}(")) || t.contains(&format!("{name}: "))
+        })
+        .map(|p| rel(&p))
+        .collect();
+    assert_eq!(declaring, vec!["cupti/src/sys/cupti.rs".to_string()]);
+}
+
+#[test]
+fn the_old_cupti_variable_name_is_only_the_loaders_alias() {
+    let word = concat!("GPUPROF_CUPTI", "_LIB"); // in two halves: this file does not match itself
+    let mut places = BTreeSet::new();
+    for p in rust_files(&repo_root()) {
+        let t = read(&p);
+        let mut rest = t.as_str();
+        while let Some(i) = rest.find(word) {
+            let after = rest[i + word.len()..].chars().next();
+            if !after.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                places.insert(rel(&p));
+            }
+            rest = &rest[i + word.len()..];
+        }
+    }
+    assert_eq!(places, BTreeSet::from(["cupti/src/loader.rs".to_string()]));
+}
+
+fn assert_acyclic(crate_dir: &str, min_modules: usize) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let g = module_graph(&repo_root().join(crate_dir).join("src"));
+    assert!(g.len() >= min_modules, "{crate_dir}: modules found: {:?}", g.keys());
+    let c = cycles(&g);
+    assert!(c.is_empty(), "{crate_dir}: modules that use each other in a circle: {c:?}\ngraph: {g:#?}");
+    g
+}
+
+#[test]
+fn daemon_modules_form_no_cycles_and_leaves_stay_leaves() {
+    let g = assert_acyclic("daemon", 20);
+    // Shared types and helpers everything else may use; they use nothing of the daemon.
+    for leaf in ["catalog", "clock", "error", "config", "registry", "cbid"] {
+        assert!(g.get(leaf).is_some_and(|u| u.is_empty()), "{leaf} must stay a leaf, uses {:?}", g.get(leaf));
+    }
+    // Rollups are written in one place and read in another: the writer side knows no reader.
+    assert!(!g["rollup"].contains("query"), "rollup must not use query: {:?}", g["rollup"]);
+}
+
+#[test]
+fn injector_cupti_and_sampler_modules_form_no_cycles() {
+    assert_acyclic("injector", 10);
+    assert_acyclic("cupti", 8);
+    assert_acyclic("sampler", 1);
+}
+
+/// Long-lived tasks start in `runtime`; the other modules that spawn do so per connection or
+/// per stream, for as long as that connection or stream lives.
+#[test]
+fn long_lived_daemon_tasks_start_in_runtime() {
+    let per_connection = ["agent.rs", "pmstream.rs", "prometheus.rs"];
+    let src = repo_root().join("daemon/src");
+    let mut spawning = BTreeSet::new();
+    for p in rust_files(&src) {
+        let code: String =
+            read(&p).lines().take_while(|l| !l.trim_start().starts_with("#[cfg(test)]")).collect::<Vec<_>>().join("\n");
+        if code.contains("tokio::spawn(") || code.contains("std::thread::spawn(") {
+            spawning.insert(p.strip_prefix(&src).unwrap_or(&p).display().to_string());
+        }
+    }
+    let unexpected: Vec<&String> =
+        spawning.iter().filter(|f| *f != "runtime.rs" && !per_connection.contains(&f.as_str())).collect();
+    assert!(unexpected.is_empty(), "tasks started outside runtime.rs: {unexpected:?}");
+    assert!(spawning.contains("runtime.rs"), "runtime.rs starts the tasks: {spawning:?}");
+}
