@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use gpuprof_proto::agent as wire;
 use gpuprof_proto::api as pb;
 use tokio::sync::oneshot;
 
@@ -151,6 +152,176 @@ impl Live {
             records: 0,
         }
     }
+
+    // ------------------------------------------------------------ transitions
+    //
+    // The caller (the supervisor, under the sessions lock) passes the time in and carries out
+    // the rest: the rows for the persister, StartTrace/StopTrace, the hint file.
+
+    /// Whether `a` may join now: the session is active, covers it, and does not have it yet.
+    /// (Whether another session holds it is the caller's check.)
+    pub(super) fn may_join(&self, a: &Agent) -> bool {
+        self.state == State::Active && !self.procs.contains_key(&a.id) && self.covers(a)
+    }
+
+    /// Adds process `proc` as a member: "starting" until its agent confirms with a trace state
+    /// (tracing, displaced or failed), "failed" when StartTrace could not be `sent`. Returns
+    /// the member's state and detail.
+    pub(super) fn join(&mut self, proc: u64, pid: u32, exe: &str, now_ns: u64, sent: bool) -> (&'static str, String) {
+        let (state, detail) = if sent {
+            ("starting", String::new())
+        } else {
+            (
+                "failed",
+                "could not send StartTrace: the agent's command queue is full or it is disconnecting".to_string(),
+            )
+        };
+        self.procs.insert(
+            proc,
+            Member {
+                pid,
+                exe: exe.to_string(),
+                joined_ns: now_ns,
+                state: state.into(),
+                detail: detail.clone(),
+                settled: state != "starting",
+            },
+        );
+        (state, detail)
+    }
+
+    /// pending → active (a session started without a start time is created active and goes
+    /// through this too): starts the duration clock.
+    pub(super) fn activate(&mut self, now_ns: u64, now: Instant) {
+        self.state = State::Active;
+        self.started_ns = now_ns;
+        self.start_deadline = None;
+        if self.duration_ms > 0 {
+            self.stop_deadline = Some(now + Duration::from_millis(self.duration_ms));
+        }
+    }
+
+    /// active/pending → stopping for `reason`, the flush timeout counting from `now`. False
+    /// (nothing changed) when the session is already stopping. The caller tells the members
+    /// that are not settled to stop, and marks those it cannot tell settled.
+    pub(super) fn begin_stop(&mut self, reason: &str, now: Instant) -> bool {
+        if self.state == State::Stopping {
+            return false;
+        }
+        self.state = State::Stopping;
+        self.stop_reason = reason.to_string();
+        self.start_deadline = None;
+        self.stop_deadline = None;
+        self.flush_deadline = Some(now + STOP_FLUSH_TIMEOUT);
+        true
+    }
+
+    /// Whether stopping → completed/failed is due at `now`: every process settled, or the flush
+    /// timeout passed.
+    pub(super) fn should_finish(&self, now: Instant) -> bool {
+        if self.state != State::Stopping {
+            return false;
+        }
+        let timed_out = self.flush_deadline.is_some_and(|t| now >= t);
+        timed_out || self.procs.values().all(|m| m.settled)
+    }
+
+    /// Ends the session in a final state (`forced`, or else completed, or failed when no
+    /// process could be traced) at `now_ns`: the stop reason says why, members still starting
+    /// or tracing become stopped. Returns the final state.
+    pub(super) fn finish(&mut self, forced: Option<State>, now_ns: u64) -> State {
+        let all_failed = !self.procs.is_empty() && self.procs.values().all(|m| m.state == "failed");
+        let state = forced.unwrap_or(if all_failed { State::Failed } else { State::Completed });
+        if all_failed && forced.is_none() {
+            let why: Vec<String> = self
+                .procs
+                .values()
+                .filter(|m| !m.detail.is_empty())
+                .map(|m| format!("pid {}: {}", m.pid, m.detail))
+                .collect();
+            self.stop_reason = format!("{}; no process could be traced ({})", self.stop_reason, why.join("; "));
+        }
+        if state == State::Interrupted {
+            self.stop_reason = if self.stop_reason.is_empty() {
+                "gpuprofd stopped while the session was open".into()
+            } else {
+                format!("{}; gpuprofd stopped before it finished", self.stop_reason)
+            };
+        }
+        self.state = state;
+        self.stopped_ns = now_ns;
+        for m in self.procs.values_mut() {
+            if m.state == "tracing" || m.state == "starting" {
+                m.state = "stopped".into();
+            }
+        }
+        state
+    }
+
+    /// What the deadlines and the record limit ask of the session at `now`; `records` (read
+    /// only for an active session with a limit) is the number of records received so far.
+    pub(super) fn due(&self, now: Instant, records: impl FnOnce() -> u64) -> Due {
+        match self.state {
+            State::Pending if self.start_deadline.is_some_and(|t| now >= t) => Due::Activate,
+            State::Active => {
+                if self.stop_deadline.is_some_and(|t| now >= t) {
+                    Due::Stop("duration reached")
+                } else if self.max_records > 0 && records() >= self.max_records {
+                    Due::Stop("record limit reached")
+                } else {
+                    Due::Nothing
+                }
+            }
+            State::Stopping => Due::MaybeFinish,
+            _ => Due::Nothing,
+        }
+    }
+}
+
+/// What [`Live::due`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Due {
+    Nothing,
+    /// The start time came: pending → active.
+    Activate,
+    /// The duration passed or the record limit was reached: active → stopping, for this reason.
+    Stop(&'static str),
+    /// Stopping: finish if every process settled or the flush timeout passed.
+    MaybeFinish,
+}
+
+impl Member {
+    /// The agent reported trace status `status` (a [`wire::TraceStatus`]) with `detail`, while
+    /// the session is `stopping` or not. `None`: a status this daemon does not know (ignored);
+    /// otherwise whether the member's state or detail changed.
+    pub(super) fn on_trace_status(&mut self, status: i32, stopping: bool, detail: &str) -> Option<bool> {
+        let new_state = match wire::TraceStatus::try_from(status) {
+            Ok(wire::TraceStatus::Tracing) => "tracing",
+            Ok(wire::TraceStatus::Idle) if stopping => "stopped",
+            Ok(wire::TraceStatus::Idle) => "idle",
+            Ok(wire::TraceStatus::Displaced) => "displaced",
+            Ok(wire::TraceStatus::Failed) => "failed",
+            _ => return None,
+        };
+        if new_state != "tracing" && (stopping || new_state != "idle") {
+            self.settled = true;
+        }
+        if self.state != new_state || self.detail != detail {
+            self.state = new_state.into();
+            self.detail = detail.to_string();
+            return Some(true);
+        }
+        Some(false)
+    }
+
+    /// The member's process went away (`reason`): exited, unless displaced or failed before.
+    pub(super) fn leave(&mut self, reason: &str) {
+        if self.state != "displaced" && self.state != "failed" {
+            self.state = "exited".into();
+        }
+        self.detail = reason.to_string();
+        self.settled = true;
+    }
 }
 
 #[derive(Default)]
@@ -163,14 +334,4 @@ pub(super) struct Inner {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_names_round_trip() {
-        for s in [State::Pending, State::Active, State::Stopping, State::Completed, State::Failed, State::Interrupted] {
-            assert_eq!(State::parse(s.as_str()), Some(s));
-            assert_eq!(State::from_pb(s.to_pb()), Some(s));
-        }
-    }
-}
+mod tests;

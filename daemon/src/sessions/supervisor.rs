@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use super::hints::publish_hint;
 use super::spec::Collect;
-use super::state::{Inner, Member, STOP_FLUSH_TIMEOUT, State};
+use super::state::{Due, Inner, State};
 use super::store::Op;
 use crate::Daemon;
 use crate::clock::now_ns;
@@ -37,12 +37,7 @@ fn stop_trace(id: u64) -> DaemonMessage {
 /// pending → active: joins every free matching process.
 pub(super) fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
     let Some(l) = g.open.get_mut(&id) else { return };
-    l.state = State::Active;
-    l.started_ns = now;
-    l.start_deadline = None;
-    if l.duration_ms > 0 {
-        l.stop_deadline = Some(Instant::now() + Duration::from_millis(l.duration_ms));
-    }
+    l.activate(now, Instant::now());
     d.sessions.op(Op::State { id, state: State::Active, started_ns: Some(now), stopped_ns: None, reason: None });
     for a in d.registry.all() {
         try_join(d, g, id, &a);
@@ -56,27 +51,12 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
         return false;
     }
     let Some(l) = g.open.get_mut(&id) else { return false };
-    if l.state != State::Active || l.procs.contains_key(&a.id) || !l.covers(a) {
+    if !l.may_join(a) {
         return false;
     }
     let now = now_ns();
-    // "starting" until the agent confirms with a trace state (tracing, displaced or failed).
-    let (state, detail) = if a.send(start_trace(id, &l.collect)) {
-        ("starting", String::new())
-    } else {
-        ("failed", "could not send StartTrace: the agent's command queue is full or it is disconnecting".to_string())
-    };
-    l.procs.insert(
-        a.id,
-        Member {
-            pid: a.pid,
-            exe: a.exe.clone(),
-            joined_ns: now,
-            state: state.into(),
-            detail: detail.clone(),
-            settled: state != "starting",
-        },
-    );
+    let sent = a.send(start_trace(id, &l.collect));
+    let (state, detail) = l.join(a.id, a.pid, &a.exe, now, sent);
     if state == "starting" {
         g.busy.insert(a.id, id);
     }
@@ -98,14 +78,9 @@ fn join_any(d: &Daemon, g: &mut Inner, a: &Agent) {
 /// active/pending → stopping: tells every tracing process to stop.
 pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
     let Some(l) = g.open.get_mut(&id) else { return };
-    if l.state == State::Stopping {
+    if !l.begin_stop(reason, Instant::now()) {
         return;
     }
-    l.state = State::Stopping;
-    l.stop_reason = reason.to_string();
-    l.start_deadline = None;
-    l.stop_deadline = None;
-    l.flush_deadline = Some(Instant::now() + STOP_FLUSH_TIMEOUT);
     d.sessions.op(Op::State {
         id,
         state: State::Stopping,
@@ -130,44 +105,21 @@ pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
 /// stopping → completed/failed once every process settled (or the flush timeout passed).
 fn maybe_finish(d: &Daemon, g: &mut Inner, id: u64) {
     let Some(l) = g.open.get(&id) else { return };
-    if l.state != State::Stopping {
-        return;
+    if l.should_finish(Instant::now()) {
+        finish(d, g, id, None);
     }
-    let timed_out = l.flush_deadline.is_some_and(|t| Instant::now() >= t);
-    if !timed_out && !l.procs.values().all(|m| m.settled) {
-        return;
-    }
-    finish(d, g, id, None);
 }
 
 /// Ends a session in a final state (`None`: completed, or failed when no process could be traced).
 fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
     let Some(l) = g.open.get_mut(&id) else { return };
     let now = now_ns();
-    let all_failed = !l.procs.is_empty() && l.procs.values().all(|m| m.state == "failed");
-    let state = forced.unwrap_or(if all_failed { State::Failed } else { State::Completed });
-    if all_failed && forced.is_none() {
-        let why: Vec<String> =
-            l.procs.values().filter(|m| !m.detail.is_empty()).map(|m| format!("pid {}: {}", m.pid, m.detail)).collect();
-        l.stop_reason = format!("{}; no process could be traced ({})", l.stop_reason, why.join("; "));
-    }
-    if state == State::Interrupted {
-        l.stop_reason = if l.stop_reason.is_empty() {
-            "gpuprofd stopped while the session was open".into()
-        } else {
-            format!("{}; gpuprofd stopped before it finished", l.stop_reason)
-        };
-    }
-    l.state = state;
-    l.stopped_ns = now;
+    let state = l.finish(forced, now);
     let mut freed = Vec::new();
-    for (pid, m) in l.procs.iter_mut() {
+    for (pid, m) in l.procs.iter() {
         if g.busy.get(pid) == Some(&id) {
             g.busy.remove(pid);
             freed.push(*pid);
-        }
-        if m.state == "tracing" || m.state == "starting" {
-            m.state = "stopped".into();
         }
         d.sessions.op(Op::Member {
             session: id,
@@ -271,21 +223,12 @@ fn tick(d: &Daemon) {
     let ids: Vec<u64> = g.open.keys().copied().collect();
     for id in ids {
         let Some(l) = g.open.get(&id) else { continue };
-        match l.state {
-            State::Pending if l.start_deadline.is_some_and(|t| now >= t) => activate(d, &mut g, id, now_ns()),
-            State::Active => {
-                if l.stop_deadline.is_some_and(|t| now >= t) {
-                    begin_stop(d, &mut g, id, "duration reached");
-                } else if l.max_records > 0 {
-                    let n =
-                        d.session_records.get(&id).map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
-                    if n >= l.max_records {
-                        begin_stop(d, &mut g, id, "record limit reached");
-                    }
-                }
-            }
-            State::Stopping => maybe_finish(d, &mut g, id),
-            _ => {}
+        let records = || d.session_records.get(&id).map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+        match l.due(now, records) {
+            Due::Activate => activate(d, &mut g, id, now_ns()),
+            Due::Stop(reason) => begin_stop(d, &mut g, id, reason),
+            Due::MaybeFinish => maybe_finish(d, &mut g, id),
+            Due::Nothing => {}
         }
     }
 }
@@ -300,11 +243,7 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
                 g.open.iter().filter(|(_, l)| l.procs.contains_key(&id)).map(|(s, _)| *s).collect();
             for s in sessions {
                 if let Some(m) = g.open.get_mut(&s).and_then(|l| l.procs.get_mut(&id)) {
-                    if m.state != "displaced" && m.state != "failed" {
-                        m.state = "exited".into();
-                    }
-                    m.detail = reason.clone();
-                    m.settled = true;
+                    m.leave(&reason);
                     d.sessions.op(Op::Member {
                         session: s,
                         proc: id,
@@ -322,21 +261,9 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
             let Some(l) = g.open.get_mut(&sid) else { return };
             let stopping = l.state == State::Stopping;
             let Some(m) = l.procs.get_mut(&id) else { return };
-            let new_state = match wire::TraceStatus::try_from(status) {
-                Ok(wire::TraceStatus::Tracing) => "tracing",
-                Ok(wire::TraceStatus::Idle) if stopping => "stopped",
-                Ok(wire::TraceStatus::Idle) => "idle",
-                Ok(wire::TraceStatus::Displaced) => "displaced",
-                Ok(wire::TraceStatus::Failed) => "failed",
-                _ => return,
-            };
-            if new_state != "tracing" && (stopping || new_state != "idle") {
-                m.settled = true;
-            }
-            if m.state != new_state || m.detail != detail {
-                m.state = new_state.into();
-                m.detail = detail.clone();
-                d.sessions.op(Op::Member { session: sid, proc: id, state: new_state.into(), detail, left_ns: None });
+            let Some(changed) = m.on_trace_status(status, stopping, &detail) else { return };
+            if changed {
+                d.sessions.op(Op::Member { session: sid, proc: id, state: m.state.clone(), detail, left_ns: None });
             }
             maybe_finish(d, &mut g, sid);
         }
