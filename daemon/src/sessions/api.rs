@@ -142,7 +142,8 @@ pub async fn start(d: &Daemon, caller: &Caller, req: pb::StartSessionRequest) ->
 pub async fn stop(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session> {
     let rx = {
         let mut g = d.sessions.lock();
-        match g.open.get(&id) {
+        // An ended session stays in memory until its rows are written: not running either.
+        match g.open.get(&id).filter(|l| l.state.is_open()) {
             Some(l) if !caller.may_access(l.owner_uid) => {
                 return Err(caller.denied(&format!("session {id}"), l.owner_uid, &d.config.api.admin_group));
             }

@@ -202,10 +202,11 @@ impl Live {
     }
 
     /// active/pending → stopping for `reason`, the flush timeout counting from `now`. False
-    /// (nothing changed) when the session is already stopping. The caller tells the members
-    /// that are not settled to stop, and marks those it cannot tell settled.
+    /// (nothing changed) when the session is already stopping or has ended (an ended session
+    /// stays in memory until its rows are written). The caller tells the members that are not
+    /// settled to stop, and marks those it cannot tell settled.
     pub(super) fn begin_stop(&mut self, reason: &str, now: Instant) -> bool {
-        if self.state == State::Stopping {
+        if !matches!(self.state, State::Pending | State::Active) {
             return false;
         }
         self.state = State::Stopping;
@@ -228,8 +229,12 @@ impl Live {
 
     /// Ends the session in a final state (`forced`, or else completed, or failed when no
     /// process could be traced) at `now_ns`: the stop reason says why, members still starting
-    /// or tracing become stopped. Returns the final state.
-    pub(super) fn finish(&mut self, forced: Option<State>, now_ns: u64) -> State {
+    /// or tracing become stopped. Returns the final state; `None` (nothing changed) when the
+    /// session has ended already.
+    pub(super) fn finish(&mut self, forced: Option<State>, now_ns: u64) -> Option<State> {
+        if !self.state.is_open() {
+            return None;
+        }
         let all_failed = !self.procs.is_empty() && self.procs.values().all(|m| m.state == "failed");
         let state = forced.unwrap_or(if all_failed { State::Failed } else { State::Completed });
         if all_failed && forced.is_none() {
@@ -255,7 +260,7 @@ impl Live {
                 m.state = "stopped".into();
             }
         }
-        state
+        Some(state)
     }
 
     /// What the deadlines and the record limit ask of the session at `now`; `records` (read

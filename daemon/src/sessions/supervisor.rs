@@ -114,7 +114,7 @@ fn maybe_finish(d: &Daemon, g: &mut Inner, id: u64) {
 fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
     let Some(l) = g.open.get_mut(&id) else { return };
     let now = now_ns();
-    let state = l.finish(forced, now);
+    let Some(state) = l.finish(forced, now) else { return };
     let mut freed = Vec::new();
     for (pid, m) in l.procs.iter() {
         if g.busy.get(pid) == Some(&id) {
