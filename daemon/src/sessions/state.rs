@@ -334,7 +334,7 @@ pub(super) struct Inner {
     pub(super) open: BTreeMap<u64, Live>,
     /// Agent id → the session tracing it.
     pub(super) busy: HashMap<u64, u64>,
-    /// What the new-process hint file holds (see [`publish_hint`](super::hints::publish_hint)).
+    /// What the new-process hint file holds (see `hints::publish_hint`).
     pub(super) hint: String,
 }
 
