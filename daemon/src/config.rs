@@ -161,7 +161,7 @@ pub struct AgentConfig {
     pub max_frame_bytes: u32,
     pub heartbeat_interval_ms: u32,
     pub liveness_timeout_ms: u64,
-    /// Publish the new-process hint (see `sessions::publish_hint`).
+    /// Publish the new-process hint (see `sessions::hints::publish_hint`).
     pub api_from_start: bool,
 }
 

@@ -1,0 +1,53 @@
+//! The new-process hint file next to the agent socket: which processes the active sessions
+//! will trace from their start (see [`gpuprof_proto::hint`]).
+
+use super::spec::TargetSpec;
+use super::state::{Inner, State};
+use crate::Daemon;
+
+/// The new-process hint lines for the active sessions that record runtime API calls: the
+/// targets a process can be matched on when it starts (see [`gpuprof_proto::hint`]).
+fn hint_lines(g: &Inner) -> String {
+    let mut out = String::new();
+    for l in g.open.values().filter(|l| l.state == State::Active && l.collect.trace_config().runtime_api) {
+        let uid = l.own_only.then_some(l.owner_uid);
+        for t in &l.targets {
+            let line = match t {
+                TargetSpec::All => gpuprof_proto::hint::line(uid, "all", ""),
+                TargetSpec::Pid(p) => gpuprof_proto::hint::line(uid, "pid", &p.to_string()),
+                TargetSpec::ExeName(n) => gpuprof_proto::hint::line(uid, "exe_name", n),
+                TargetSpec::Cgroup(c) => gpuprof_proto::hint::line(uid, "cgroup", c),
+                TargetSpec::ExePattern(p) => gpuprof_proto::hint::line(uid, "exe_pattern", p),
+            };
+            if let Some(line) = line {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// With `agent.api_from_start` (the default), rewrites the new-process hint file next to the agent socket
+/// when the active sessions changed (removes it when no session awaits new processes). A failure only costs new
+/// processes the cheaper way of recording API calls, so it is logged, not returned.
+pub(super) fn publish_hint(d: &Daemon, g: &mut Inner) {
+    if !d.config.agent.api_from_start {
+        return;
+    }
+    let text = hint_lines(g);
+    if text == g.hint {
+        return;
+    }
+    let path = gpuprof_proto::hint::hint_path(&d.config.agent_socket);
+    let r = if text.is_empty() {
+        std::fs::remove_file(&path).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+    } else {
+        let tmp = path.with_extension("new-processes.tmp");
+        std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, &path))
+    };
+    match r {
+        Ok(()) => g.hint = text,
+        Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not update the new-process hint"),
+    }
+}

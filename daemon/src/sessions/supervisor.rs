@@ -1,0 +1,288 @@
+//! Transitions of open sessions with what they take outside (commands to agents, rows queued
+//! for the persister, the hint file), and the supervisor task that drives them from agent
+//! events and deadlines.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuprof_proto::agent::{self as wire, DaemonMessage, daemon_message};
+use tokio::sync::broadcast;
+
+use super::hints::publish_hint;
+use super::spec::Collect;
+use super::state::{Due, Inner, State};
+use super::store::Op;
+use crate::Daemon;
+use crate::clock::now_ns;
+use crate::registry::{Agent, AgentEvent};
+
+/// How often record limits are checked while a session with one is active.
+const LIMIT_POLL: Duration = Duration::from_millis(5);
+
+// ---------------------------------------------------------------- transitions (under the lock)
+
+fn start_trace(id: u64, collect: &Collect) -> DaemonMessage {
+    DaemonMessage {
+        msg: Some(daemon_message::Msg::StartTrace(wire::StartTrace {
+            session_id: id,
+            config: Some(collect.trace_config()),
+        })),
+    }
+}
+
+fn stop_trace(id: u64) -> DaemonMessage {
+    DaemonMessage { msg: Some(daemon_message::Msg::StopTrace(wire::StopTrace { session_id: id })) }
+}
+
+/// pending → active: joins every free matching process.
+pub(super) fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
+    let Some(l) = g.open.get_mut(&id) else { return };
+    l.activate(now, Instant::now());
+    d.sessions.op(Op::State { id, state: State::Active, started_ns: Some(now), stopped_ns: None, reason: None });
+    for a in d.registry.all() {
+        try_join(d, g, id, &a);
+    }
+    publish_hint(d, g);
+}
+
+/// Joins `a` to session `id` if the session is active, covers it, and it is free.
+fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
+    if g.busy.contains_key(&a.id) {
+        return false;
+    }
+    let Some(l) = g.open.get_mut(&id) else { return false };
+    if !l.may_join(a) {
+        return false;
+    }
+    let now = now_ns();
+    let sent = a.send(start_trace(id, &l.collect));
+    let (state, detail) = l.join(a.id, a.pid, &a.exe, now, sent);
+    if state == "starting" {
+        g.busy.insert(a.id, id);
+    }
+    tracing::info!(session = id, process = a.id, pid = a.pid, state, "process joined session");
+    d.sessions.op(Op::Join { session: id, proc: a.id, joined_ns: now, state: state.into(), detail });
+    true
+}
+
+/// Joins `a` to the oldest active session that covers it.
+fn join_any(d: &Daemon, g: &mut Inner, a: &Agent) {
+    let ids: Vec<u64> = g.open.iter().filter(|(_, l)| l.state == State::Active).map(|(id, _)| *id).collect();
+    for id in ids {
+        if try_join(d, g, id, a) {
+            return;
+        }
+    }
+}
+
+/// active/pending → stopping: tells every tracing process to stop.
+pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
+    let Some(l) = g.open.get_mut(&id) else { return };
+    if !l.begin_stop(reason, Instant::now()) {
+        return;
+    }
+    d.sessions.op(Op::State {
+        id,
+        state: State::Stopping,
+        started_ns: None,
+        stopped_ns: None,
+        reason: Some(reason.into()),
+    });
+    for (pid, m) in l.procs.iter_mut() {
+        if m.settled {
+            continue;
+        }
+        let sent = d.registry.get(*pid).is_some_and(|a| a.send(stop_trace(id)));
+        if !sent {
+            m.settled = true;
+        }
+    }
+    tracing::info!(session = id, reason, "session stopping");
+    publish_hint(d, g);
+    maybe_finish(d, g, id);
+}
+
+/// stopping → completed/failed once every process settled (or the flush timeout passed).
+fn maybe_finish(d: &Daemon, g: &mut Inner, id: u64) {
+    let Some(l) = g.open.get(&id) else { return };
+    if l.should_finish(Instant::now()) {
+        finish(d, g, id, None);
+    }
+}
+
+/// Ends a session in a final state (`None`: completed, or failed when no process could be traced).
+fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
+    let Some(l) = g.open.get_mut(&id) else { return };
+    let now = now_ns();
+    let Some(state) = l.finish(forced, now) else { return };
+    let mut freed = Vec::new();
+    for (pid, m) in l.procs.iter() {
+        if g.busy.get(pid) == Some(&id) {
+            g.busy.remove(pid);
+            freed.push(*pid);
+        }
+        d.sessions.op(Op::Member {
+            session: id,
+            proc: *pid,
+            state: m.state.clone(),
+            detail: m.detail.clone(),
+            left_ns: Some(now),
+        });
+    }
+    d.sessions.op(Op::State {
+        id,
+        state,
+        started_ns: None,
+        stopped_ns: Some(now),
+        reason: Some(l.stop_reason.clone()),
+    });
+    let waiters = std::mem::take(&mut l.waiters);
+    d.sessions.op(Op::Finished { id, waiters });
+    d.session_records.remove(&id);
+    tracing::info!(session = id, state = state.as_str(), reason = %l.stop_reason, "session ended");
+    // Freed processes may be wanted by other active sessions.
+    if state != State::Interrupted {
+        for pid in freed {
+            if let Some(a) = d.registry.get(pid) {
+                join_any(d, g, &a);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- supervisor
+
+/// The supervisor: follows agents joining and leaving, ends sessions on their duration or
+/// record limit, and when the daemon shuts down marks open sessions interrupted.
+pub async fn supervise(d: Arc<Daemon>, mut events: broadcast::Receiver<AgentEvent>) {
+    loop {
+        let next = next_wakeup(&d);
+        tokio::select! {
+            _ = d.shutdown.cancelled() => break,
+            ev = events.recv() => match ev {
+                Ok(ev) => on_event(&d, ev),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "session supervisor missed agent events; resynchronizing");
+                    resync(&d);
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
+            _ = d.sessions.wake.notified() => {}
+            _ = sleep_until(next) => {}
+        }
+        tick(&d);
+    }
+    // Shutdown: stop tracing everywhere and record the sessions as interrupted.
+    {
+        let mut g = d.sessions.lock();
+        let ids: Vec<u64> = g.open.keys().copied().collect();
+        for id in ids {
+            if let Some(l) = g.open.get(&id) {
+                for pid in l.procs.keys() {
+                    if let Some(a) = d.registry.get(*pid) {
+                        a.send(stop_trace(id));
+                    }
+                }
+            }
+            finish(&d, &mut g, id, Some(State::Interrupted));
+        }
+    }
+    d.sessions.persisted().await;
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn next_wakeup(d: &Daemon) -> Option<Instant> {
+    let g = d.sessions.lock();
+    let mut next: Option<Instant> = None;
+    let mut consider = |t: Option<Instant>| {
+        if let Some(t) = t {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+    };
+    for l in g.open.values() {
+        consider(l.start_deadline);
+        consider(l.stop_deadline);
+        consider(l.flush_deadline);
+        if l.state == State::Active && l.max_records > 0 {
+            consider(Some(Instant::now() + LIMIT_POLL));
+        }
+    }
+    next
+}
+
+/// Applies deadlines and record limits.
+fn tick(d: &Daemon) {
+    let now = Instant::now();
+    let mut g = d.sessions.lock();
+    let ids: Vec<u64> = g.open.keys().copied().collect();
+    for id in ids {
+        let Some(l) = g.open.get(&id) else { continue };
+        let records = || d.session_records.get(&id).map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+        match l.due(now, records) {
+            Due::Activate => activate(d, &mut g, id, now_ns()),
+            Due::Stop(reason) => begin_stop(d, &mut g, id, reason),
+            Due::MaybeFinish => maybe_finish(d, &mut g, id),
+            Due::Nothing => {}
+        }
+    }
+}
+
+fn on_event(d: &Daemon, ev: AgentEvent) {
+    let mut g = d.sessions.lock();
+    match ev {
+        AgentEvent::Connected(a) => join_any(d, &mut g, &a),
+        AgentEvent::Disconnected { id, reason } => {
+            g.busy.remove(&id);
+            let sessions: Vec<u64> =
+                g.open.iter().filter(|(_, l)| l.procs.contains_key(&id)).map(|(s, _)| *s).collect();
+            for s in sessions {
+                if let Some(m) = g.open.get_mut(&s).and_then(|l| l.procs.get_mut(&id)) {
+                    m.leave(&reason);
+                    d.sessions.op(Op::Member {
+                        session: s,
+                        proc: id,
+                        state: m.state.clone(),
+                        detail: reason.clone(),
+                        left_ns: Some(now_ns()),
+                    });
+                }
+                maybe_finish(d, &mut g, s);
+            }
+        }
+        AgentEvent::TraceState { id, status, session_id, detail } => {
+            let sid = if session_id != 0 { Some(session_id) } else { g.busy.get(&id).copied() };
+            let Some(sid) = sid else { return };
+            let Some(l) = g.open.get_mut(&sid) else { return };
+            let stopping = l.state == State::Stopping;
+            let Some(m) = l.procs.get_mut(&id) else { return };
+            let Some(changed) = m.on_trace_status(status, stopping, &detail) else { return };
+            if changed {
+                d.sessions.op(Op::Member { session: sid, proc: id, state: m.state.clone(), detail, left_ns: None });
+            }
+            maybe_finish(d, &mut g, sid);
+        }
+        AgentEvent::SamplerState { .. } => {}
+    }
+}
+
+/// After missed events: join connected processes that should be in sessions, and mark members that are gone.
+fn resync(d: &Daemon) {
+    let agents = d.registry.all();
+    let gone: Vec<u64> = {
+        let g = d.sessions.lock();
+        g.open.values().flat_map(|l| l.procs.keys().copied()).filter(|p| d.registry.get(*p).is_none()).collect()
+    };
+    for id in gone {
+        on_event(d, AgentEvent::Disconnected { id, reason: "disconnected".into() });
+    }
+    let mut g = d.sessions.lock();
+    for a in agents {
+        join_any(d, &mut g, &a);
+    }
+}
