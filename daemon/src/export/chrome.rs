@@ -1,0 +1,381 @@
+//! The Chrome trace JSON writer: the header, one event per record in (process, start) order
+//! (with the ends of launch arrows), then the names of the trace's processes and threads.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use gpuprof_proto::api as pb;
+use rusqlite::Connection;
+
+use super::flows::{Flows, key};
+use super::json::{Buf, json_str, us};
+use super::out::{CHUNK, Out, Stop, Tx, total_rows};
+use super::records::{EVENT_TABLES, Merge, Rec, first_start, record_queries};
+use crate::query::{Strings, copy_kind_name, sync_type_name};
+
+/// Synthetic thread ids of per-process host tracks.
+const SYNC_TID: u64 = 4_294_967_294;
+const OVERHEAD_TID: u64 = 4_294_967_293;
+
+/// Processes of the session: daemon id → (pid, exe, base_ns).
+type Procs = BTreeMap<i64, (i64, String, i64)>;
+
+/// Chrome trace JSON.
+pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
+    let c = crate::store::open_reader(db)?;
+    let total = total_rows(&c, session, EVENT_TABLES)?;
+    let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total };
+    let flows = Flows::build(&c, session, f)?;
+    let procs = session_procs(&c, session)?;
+    let (mut stmts, params) = record_queries(&c, session, f)?;
+    let mut records = Merge::open(&mut stmts, &params)?;
+    let t0 = first_start(&c, session, f, &params)?;
+    let mut trace = Trace::new(&c, out, flows, t0);
+    trace.header(session);
+    while let Some((rec, dur)) = records.next_record()? {
+        trace.record(&rec, dur)?;
+    }
+    trace.track_names(&procs);
+    trace.finish()
+}
+
+/// The processes that joined the session or have records in it.
+fn session_procs(c: &Connection, session: u64) -> rusqlite::Result<Procs> {
+    let mut procs = Procs::new();
+    let mut st = c.prepare(
+        "SELECT p.id, p.pid, p.exe, p.base_ns FROM processes p
+         WHERE p.id IN (SELECT proc FROM session_processes WHERE session = ?1
+                        UNION SELECT proc FROM session_rows WHERE session = ?1)",
+    )?;
+    let mut rows = st.query([session as i64])?;
+    while let Some(r) = rows.next()? {
+        procs.insert(r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?));
+    }
+    Ok(procs)
+}
+
+/// The trace process of a gpuprof process's host threads.
+fn host_pid(proc: i64) -> i64 {
+    proc * 1000
+}
+
+/// The trace process of a gpuprof process's work on one GPU (its threads are the streams).
+fn gpu_pid(proc: i64, dev: i64) -> i64 {
+    proc * 1000 + 1 + dev.clamp(0, 998)
+}
+
+/// A process's label: the executable's file name and the pid.
+fn label(procs: &Procs, proc: i64) -> String {
+    match procs.get(&proc) {
+        Some((pid, exe, _)) => format!("{} (pid {pid})", exe.rsplit('/').next().unwrap_or(exe)),
+        None => format!("process {proc}"),
+    }
+}
+
+/// Where and when an event goes: trace process, thread, and time in ns after t0.
+#[derive(Clone, Copy)]
+struct Place {
+    pid: i64,
+    tid: u64,
+    ts: i64,
+}
+
+/// A trace being written, with what its closing metadata needs.
+struct Trace<'a> {
+    c: &'a Connection,
+    out: Out<'a>,
+    flows: Flows,
+    /// Event times are relative to this (ns since the epoch).
+    t0: i64,
+    /// Nothing written yet after the header (no separator before the next event).
+    first: bool,
+    strings: Strings,
+    /// String id → JSON string literal.
+    names: HashMap<i64, String>,
+    /// (process, thread) of every host track used.
+    host_threads: BTreeSet<(i64, u64)>,
+    /// (process, GPU, stream) of every device track used.
+    streams: BTreeSet<(i64, i64, i64)>,
+}
+
+impl<'a> Trace<'a> {
+    fn new(c: &'a Connection, out: Out<'a>, flows: Flows, t0: i64) -> Trace<'a> {
+        Trace {
+            c,
+            out,
+            flows,
+            t0,
+            first: true,
+            strings: Strings::default(),
+            names: HashMap::new(),
+            host_threads: BTreeSet::new(),
+            streams: BTreeSet::new(),
+        }
+    }
+
+    /// Everything before the first event: the session and t0.
+    fn header(&mut self, session: u64) {
+        let t0 = self.t0;
+        self.out.buf.extend_from_slice(b"{\"displayTimeUnit\":\"ns\",\"otherData\":{\"gpuprof_session\":");
+        let _ = write!(Buf(&mut self.out.buf), "{session},\"t0_ns\":{t0}");
+        self.out.buf.extend_from_slice(b"},\"traceEvents\":[\n");
+    }
+
+    /// One record as its event(s); sends the output on once a chunk is full.
+    fn record(&mut self, rec: &Rec, dur: i64) -> Result<(), Stop> {
+        match EVENT_TABLES[rec.table] {
+            table @ ("kernel" | "memcpy" | "memset" | "graph") => self.device_activity(table, rec, dur)?,
+            "api" => self.api_call(rec, dur),
+            "marker" => self.marker(rec, dur)?,
+            "sync" => self.sync(rec, dur),
+            _ => self.overhead(rec, dur),
+        }
+        self.out.written += 1;
+        self.out.maybe_send()
+    }
+
+    /// The closing bracket, and everything still buffered sent.
+    fn finish(mut self) -> Result<(), Stop> {
+        self.out.buf.extend_from_slice(b"\n]}\n");
+        self.out.send()
+    }
+
+    // ------------------------------------------------------------ events of each record kind
+
+    /// A kernel, copy, set or graph launch on its stream's track, with the end of the launch
+    /// arrow from its API call (not for graph launches).
+    fn device_activity(&mut self, table: &str, rec: &Rec, dur: i64) -> rusqlite::Result<()> {
+        let (dev, stream, corr) = (rec.v[0], rec.v[1], rec.v[2]);
+        self.streams.insert((rec.proc, dev, stream));
+        let at = self.place(rec, gpu_pid(rec.proc, dev), stream as u64);
+        let (name, cat, args) = self.describe_activity(table, &rec.v)?;
+        self.event("X", &name, cat, at, Some(dur), &args);
+        if table != "graph"
+            && corr != 0
+            && let Some(id) = self.flows.end(key(rec.proc, corr))
+        {
+            self.flow_end(at, id);
+        }
+        Ok(())
+    }
+
+    /// Name (a JSON literal), category and arguments of a device activity.
+    fn describe_activity(&mut self, table: &str, v: &[i64; 8]) -> rusqlite::Result<(String, &'static str, String)> {
+        let corr = v[2];
+        Ok(match table {
+            "kernel" => (self.name_of(v[3])?, "kernel", kernel_args(v)),
+            "memcpy" => {
+                let dir = copy_kind_name(v[4]);
+                (
+                    json_str(&format!("Memcpy {dir}")),
+                    "memcpy",
+                    format!(
+                        "\"correlation\":{corr},\"bytes\":{},\"direction\":\"{dir}\",\"src_device\":{},\"dst_device\":{}",
+                        v[3], v[5], v[6]
+                    ),
+                )
+            }
+            "memset" => (
+                "\"Memset\"".to_string(),
+                "memset",
+                format!("\"correlation\":{corr},\"bytes\":{},\"value\":{}", v[3], v[4]),
+            ),
+            _ => {
+                (json_str(&format!("Graph {}", v[3])), "graph", format!("\"correlation\":{corr},\"graph_id\":{}", v[3]))
+            }
+        })
+    }
+
+    /// A CUDA runtime or driver call on its host thread, with the starts of the launch arrows
+    /// to the activities it launched.
+    fn api_call(&mut self, rec: &Rec, dur: i64) {
+        let v = rec.v;
+        let (tid, corr, domain, cbid) = (v[0] as u64, v[1], v[2], v[3]);
+        self.host_threads.insert((rec.proc, tid));
+        let cat = if domain == 2 { "cuda_driver" } else { "cuda_runtime" };
+        let name = json_str(&crate::cbid::name(domain, cbid));
+        let at = self.place(rec, host_pid(rec.proc), tid);
+        self.event(
+            "X",
+            &name,
+            cat,
+            at,
+            Some(dur),
+            &format!("\"correlation\":{corr},\"cbid\":{cbid},\"return\":{}", v[4]),
+        );
+        if corr != 0
+            && let Some((id0, n)) = self.flows.starts(key(rec.proc, corr))
+        {
+            self.flow_starts(at, id0, n);
+        }
+    }
+
+    /// An NVTX range, or a mark (an instant event), on its host thread.
+    fn marker(&mut self, rec: &Rec, dur: i64) -> rusqlite::Result<()> {
+        let v = rec.v;
+        let tid = v[0] as u64;
+        self.host_threads.insert((rec.proc, tid));
+        let name = self.name_of(v[1])?;
+        let domain = if v[2] != 0 { self.name_of(v[2])? } else { "\"\"".into() };
+        let args = format!("\"domain\":{domain}");
+        let at = self.place(rec, host_pid(rec.proc), tid);
+        if v[3] != 0 {
+            self.event("i", &name, "nvtx", at, None, &args);
+        } else {
+            self.event("X", &name, "nvtx", at, Some(dur), &args);
+        }
+        Ok(())
+    }
+
+    /// A synchronization on the process's "CUDA synchronization" track.
+    fn sync(&mut self, rec: &Rec, dur: i64) {
+        let v = rec.v;
+        self.host_threads.insert((rec.proc, SYNC_TID));
+        let name = json_str(&format!("Sync {}", sync_type_name(v[2])));
+        let at = self.place(rec, host_pid(rec.proc), SYNC_TID);
+        let args = format!("\"correlation\":{},\"stream\":{},\"event\":{}", v[1], v[0], v[3]);
+        self.event("X", &name, "sync", at, Some(dur), &args);
+    }
+
+    /// CUPTI's own overhead on the process's "CUPTI overhead" track.
+    fn overhead(&mut self, rec: &Rec, dur: i64) {
+        let v = rec.v;
+        self.host_threads.insert((rec.proc, OVERHEAD_TID));
+        let name = json_str(&format!("CUPTI overhead {}", v[0]));
+        let at = self.place(rec, host_pid(rec.proc), OVERHEAD_TID);
+        let args = format!("\"object_kind\":{},\"object_id\":{}", v[1], v[2]);
+        self.event("X", &name, "overhead", at, Some(dur), &args);
+    }
+
+    // ------------------------------------------------------------ writing events
+
+    /// Where a record's event goes: `pid`/`tid`, at the record's start.
+    fn place(&self, rec: &Rec, pid: i64, tid: u64) -> Place {
+        Place { pid, tid, ts: rec.start - self.t0 }
+    }
+
+    /// A stored string as a JSON string literal (each looked up once).
+    fn name_of(&mut self, id: i64) -> rusqlite::Result<String> {
+        if let Some(n) = self.names.get(&id) {
+            return Ok(n.clone());
+        }
+        let n = json_str(&self.strings.get(self.c, id)?);
+        self.names.insert(id, n.clone());
+        Ok(n)
+    }
+
+    /// The separator before every event but the first.
+    fn separate(&mut self) {
+        if !self.first {
+            self.out.buf.extend_from_slice(b",\n");
+        }
+        self.first = false;
+    }
+
+    /// One timed event: `ph` X (complete, with `dur`), i (instant) or s/f (flow, finished by
+    /// the caller); `name` is a JSON literal, `args` the members of the args object.
+    fn event(&mut self, ph: &str, name: &str, cat: &str, at: Place, dur: Option<i64>, args: &str) {
+        self.separate();
+        let Place { pid, tid, ts } = at;
+        let buf = &mut self.out.buf;
+        let _ =
+            write!(Buf(buf), "{{\"ph\":\"{ph}\",\"cat\":\"{cat}\",\"name\":{name},\"pid\":{pid},\"tid\":{tid},\"ts\":");
+        us(buf, ts);
+        if let Some(d) = dur {
+            buf.extend_from_slice(b",\"dur\":");
+            us(buf, d);
+        }
+        if ph == "i" {
+            buf.extend_from_slice(b",\"s\":\"t\"");
+        }
+        if !args.is_empty() {
+            let _ = write!(Buf(buf), ",\"args\":{{{args}}}");
+        }
+        buf.push(b'}');
+    }
+
+    /// The end of launch arrow `id` at a device activity.
+    fn flow_end(&mut self, at: Place, id: u64) {
+        self.event("f", "\"launch\"", "flow", at, None, "");
+        // Patch in the flow id and binding point (the event above is complete).
+        self.out.buf.pop();
+        let _ = write!(Buf(&mut self.out.buf), ",\"id\":{id},\"bp\":\"e\"}}");
+    }
+
+    /// The starts of `n` launch arrows, ids `id0` on, at an API call.
+    fn flow_starts(&mut self, at: Place, id0: u64, n: u32) {
+        for k in 0..u64::from(n) {
+            self.event("s", "\"launch\"", "flow", at, None, "");
+            self.out.buf.pop();
+            let _ = write!(Buf(&mut self.out.buf), ",\"id\":{}}}", id0 + k);
+        }
+    }
+
+    // ------------------------------------------------------------ names of processes and threads
+
+    /// Names of the host tracks, then of the GPU tracks (metadata events carry no time).
+    fn track_names(&mut self, procs: &Procs) {
+        self.host_track_names(procs);
+        self.gpu_track_names(procs);
+    }
+
+    /// Each process's host threads, and the synchronization and overhead tracks.
+    fn host_track_names(&mut self, procs: &Procs) {
+        let mut seen = BTreeSet::new();
+        for (proc, tid) in std::mem::take(&mut self.host_threads) {
+            let pid = host_pid(proc);
+            if seen.insert(proc) {
+                self.meta("process_name", pid, None, &format!("\"name\":{}", json_str(&label(procs, proc))));
+                self.meta("process_sort_index", pid, None, &format!("\"sort_index\":{pid}"));
+            }
+            let tname = match tid {
+                SYNC_TID => "CUDA synchronization".to_string(),
+                OVERHEAD_TID => "CUPTI overhead".to_string(),
+                t => format!("thread {t}"),
+            };
+            self.meta("thread_name", pid, Some(tid), &format!("\"name\":{}", json_str(&tname)));
+        }
+    }
+
+    /// Each (process, GPU) and its streams.
+    fn gpu_track_names(&mut self, procs: &Procs) {
+        let mut seen = BTreeSet::new();
+        for (proc, dev, stream) in std::mem::take(&mut self.streams) {
+            let pid = gpu_pid(proc, dev);
+            if seen.insert(pid) {
+                let name = json_str(&format!("GPU {dev} · {}", label(procs, proc)));
+                self.meta("process_name", pid, None, &format!("\"name\":{name}"));
+                self.meta("process_sort_index", pid, None, &format!("\"sort_index\":{pid}"));
+            }
+            let name = json_str(&format!("stream {stream}"));
+            self.meta("thread_name", pid, Some(stream as u64), &format!("\"name\":{name}"));
+        }
+    }
+
+    /// A metadata event: `what` (a name or sort index) of a trace process or thread.
+    fn meta(&mut self, what: &str, pid: i64, tid: Option<u64>, value: &str) {
+        self.separate();
+        let tid = tid.map(|t| format!(",\"tid\":{t}")).unwrap_or_default();
+        let _ = write!(
+            Buf(&mut self.out.buf),
+            "{{\"ph\":\"M\",\"name\":\"{what}\",\"pid\":{pid}{tid},\"args\":{{{value}}}}}"
+        );
+    }
+}
+
+/// A kernel's arguments: grid and block are stored as x * 10^6 + y * 10^3 + z.
+fn kernel_args(v: &[i64; 8]) -> String {
+    format!(
+        "\"correlation\":{},\"grid\":[{},{},{}],\"block\":[{},{},{}],\"registers\":{},\"shared_bytes\":{}",
+        v[2],
+        v[4] / 1_000_000,
+        v[4] / 1000 % 1000,
+        v[4] % 1000,
+        v[5] / 1_000_000,
+        v[5] / 1000 % 1000,
+        v[5] % 1000,
+        v[6],
+        v[7]
+    )
+}

@@ -1,0 +1,84 @@
+//! Flow arrows from each launch/copy API call to the device activities with the same
+//! correlation id.
+
+use gpuprof_proto::api as pb;
+use rusqlite::{Connection, params_from_iter};
+
+use crate::query::where_for;
+
+/// Flow key: process and correlation id.
+pub(super) fn key(proc: i64, corr: i64) -> u64 {
+    ((proc as u64) << 32) | (corr as u64 & 0xffff_ffff)
+}
+
+/// Correlation ids present on both sides (API call and device activity), with how many
+/// device activities each has, sorted; flow ids are offsets into it.
+pub(super) struct Flows {
+    keys: Vec<u64>,
+    counts: Vec<u32>,
+    first_id: Vec<u64>,
+    next: Vec<u32>,
+}
+
+impl Flows {
+    pub(super) fn build(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Flows> {
+        let mut api = Vec::new();
+        let w = where_for(c, "api", session, f)?;
+        let mut st = c.prepare(&format!("SELECT t.proc, t.corr FROM api t WHERE {} AND t.corr != 0", w.sql))?;
+        let mut rows = st.query(params_from_iter(w.params.iter()))?;
+        while let Some(r) = rows.next()? {
+            api.push(key(r.get(0)?, r.get(1)?));
+        }
+        api.sort_unstable();
+        api.dedup();
+        let mut dev = Vec::new();
+        for t in ["kernel", "memcpy", "memset"] {
+            let w = where_for(c, t, session, f)?;
+            let mut st = c.prepare(&format!("SELECT t.proc, t.corr FROM {t} t WHERE {} AND t.corr != 0", w.sql))?;
+            let mut rows = st.query(params_from_iter(w.params.iter()))?;
+            while let Some(r) = rows.next()? {
+                let k = key(r.get(0)?, r.get(1)?);
+                if api.binary_search(&k).is_ok() {
+                    dev.push(k);
+                }
+            }
+        }
+        drop(api);
+        dev.sort_unstable();
+        let mut keys = Vec::new();
+        let mut counts: Vec<u32> = Vec::new();
+        for k in dev {
+            if keys.last() == Some(&k) {
+                if let Some(c) = counts.last_mut() {
+                    *c += 1;
+                }
+            } else {
+                keys.push(k);
+                counts.push(1);
+            }
+        }
+        let mut first_id = Vec::with_capacity(keys.len());
+        let mut id = 1u64;
+        for c in &counts {
+            first_id.push(id);
+            id += u64::from(*c);
+        }
+        let next = vec![0; keys.len()];
+        Ok(Flows { keys, counts, first_id, next })
+    }
+
+    /// Flow ids starting at an API call.
+    pub(super) fn starts(&self, k: u64) -> Option<(u64, u32)> {
+        self.keys.binary_search(&k).ok().map(|i| (self.first_id[i], self.counts[i]))
+    }
+
+    /// The next flow id ending at a device activity.
+    pub(super) fn end(&mut self, k: u64) -> Option<u64> {
+        let i = self.keys.binary_search(&k).ok()?;
+        if self.next[i] >= self.counts[i] {
+            return None;
+        }
+        self.next[i] += 1;
+        Some(self.first_id[i] + u64::from(self.next[i]) - 1)
+    }
+}

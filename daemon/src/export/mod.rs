@@ -1,0 +1,79 @@
+//! ExportTrace: a session as Chrome trace JSON (Perfetto UI, chrome://tracing) or as a
+//! standalone SQLite file, streamed to the client in chunks.
+//!
+//! Chrome JSON layout:
+//! - one trace process per gpuprof process (its host threads: API calls and NVTX ranges
+//!   on the calling thread, plus "CUDA synchronization" and "CUPTI overhead" tracks), and
+//!   one per (process, GPU) whose threads are the CUDA streams (kernels, copies, sets,
+//!   graph launches);
+//! - flow arrows from each launch/copy API call to the device activities with the same
+//!   correlation id (one arrow per activity, so a graph launch fans out);
+//! - `ts`/`dur` in µs relative to the session's first record (`otherData.t0_ns`), written
+//!   from integers with ns precision;
+//! - records are merged across tables in (process, start) order, so every track's events
+//!   appear with non-decreasing timestamps.
+//!
+//! The file is assembled on a blocking thread from a read connection and never touches a
+//! path the client chose; the SQLite export is built in the daemon's state directory and
+//! removed once sent.
+//!
+//! Where things are: `chrome` writes the Chrome trace from `records` (the session's rows,
+//! merged) and `flows` (launch arrows), with the helpers in `json`; `sqlite` builds the
+//! SQLite file; `out` sends either to the client in chunks.
+
+mod chrome;
+mod flows;
+mod json;
+mod out;
+mod records;
+mod sqlite;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+
+use gpuprof_proto::api as pb;
+use tokio::sync::mpsc;
+
+use crate::Daemon;
+use crate::access::Caller;
+use crate::error::{ApiError, ApiResult};
+use crate::query::check_filter;
+use chrome::chrome;
+use out::Stop;
+use sqlite::sqlite;
+
+pub use records::EVENT_TABLES;
+
+/// ExportTrace: checks the request, then produces the file on a blocking thread.
+pub async fn export(
+    d: &Daemon,
+    caller: &Caller,
+    req: pb::ExportTraceRequest,
+) -> ApiResult<mpsc::Receiver<Result<pb::ExportTraceResponse, tonic::Status>>> {
+    let format = pb::ExportFormat::try_from(req.format)
+        .map_err(|_| ApiError::invalid("format", format!("{} is not an export format", req.format)))?;
+    let f = req.filter.unwrap_or_default();
+    check_filter(&f)?;
+    crate::access::authorize_session(d, caller, req.session_id).await?;
+    crate::rollup::catch_up(d).await?;
+    let (tx, rx) = mpsc::channel(8);
+    let db = d.db_path.clone();
+    let session = req.session_id;
+    let tmp_dir = db.parent().map(|p| p.join("exports")).unwrap_or_else(|| PathBuf::from("exports"));
+    tokio::task::spawn_blocking(move || {
+        let r = match format {
+            pb::ExportFormat::Unspecified | pb::ExportFormat::ChromeJson => chrome(&db, session, &f, &tx),
+            pb::ExportFormat::Sqlite => sqlite(&db, &tmp_dir, session, &f, &tx),
+        };
+        match r {
+            Ok(()) => {}
+            Err(Stop::ClientGone) => tracing::debug!(session, "export cancelled by the client"),
+            Err(Stop::Failed(e)) => {
+                let _ = tx.blocking_send(Err(e.into()));
+            }
+        }
+    });
+    Ok(rx)
+}

@@ -1,0 +1,88 @@
+//! The single SQLite writer.
+//!
+//! Agent connections hand decoded messages to one dedicated thread through a bounded
+//! channel; the thread drains whatever is queued into one transaction and commits, so
+//! under load each commit covers many batches and when idle each batch is committed at
+//! once. Rows are inserted with multi-row prepared statements. When the channel is full,
+//! connections stop reading their sockets and the backpressure reaches the agents, whose
+//! own bounded queues drop and count.
+//!
+//! Where things are: `msg` holds what connections send to the writer, `writer` the thread
+//! itself (transactions, commits, string interning, process registration), `rows` the
+//! tables and how a batch becomes rows.
+
+mod msg;
+mod rows;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::WriterGone;
+use crate::stats::Stats;
+use writer::Writer;
+
+pub use msg::{ProcessInfo, WriterCall, WriterMsg};
+pub use rows::UNKNOWN;
+
+/// Sending side of the writer channel.
+#[derive(Clone)]
+pub struct WriterHandle {
+    tx: mpsc::Sender<WriterMsg>,
+}
+
+impl WriterHandle {
+    /// Queues a message, waiting while the queue is full (backpressure).
+    pub async fn send(&self, msg: WriterMsg) -> Result<(), WriterGone> {
+        self.tx.send(msg).await.map_err(|_| WriterGone)
+    }
+
+    /// Runs `f` on the writer connection and returns its result.
+    pub async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> T + Send + 'static,
+    ) -> Result<T, WriterGone> {
+        let (tx, rx) = oneshot::channel();
+        self.send(WriterMsg::Call(Box::new(move |c| {
+            let _ = tx.send(f(c));
+        })))
+        .await?;
+        rx.await.map_err(|_| WriterGone)
+    }
+
+    /// Waits until everything queued so far is committed.
+    pub async fn flush(&self) -> Result<(), WriterGone> {
+        let (tx, rx) = oneshot::channel();
+        self.send(WriterMsg::Flush(tx)).await?;
+        rx.await.map_err(|_| WriterGone)
+    }
+
+    /// Asks the writer to commit everything queued so far and stop.
+    pub async fn stop(&self) -> Result<(), WriterGone> {
+        self.send(WriterMsg::Stop).await
+    }
+
+    /// Messages waiting in the queue.
+    pub fn queued_messages(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+}
+
+/// Starts the writer thread on an open connection.
+pub fn spawn(
+    conn: Connection,
+    queue: usize,
+    commit_max_records: usize,
+    stats: Arc<Stats>,
+) -> Result<(WriterHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel(queue);
+    let mut w = Writer::new(conn, stats, commit_max_records)?;
+    let join = std::thread::Builder::new().name("gpuprof-writer".into()).spawn(move || w.run(rx))?;
+    Ok((WriterHandle { tx }, join))
+}

@@ -1,0 +1,51 @@
+//! What agent connections and other modules send to the writer thread.
+
+use gpuprof_proto::agent::{self as wire, RecordBatch};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::catalog::Kind;
+
+/// Facts about a newly connected agent, stored in `processes`.
+#[derive(Debug, Clone)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub agent_kind: &'static str,
+    pub exe: String,
+    pub cmdline: Vec<String>,
+    pub cgroup: String,
+    pub cupti_version: u32,
+    /// Record times of this connection are stored relative to this.
+    pub base_ns: u64,
+    pub devices: Vec<wire::Device>,
+}
+
+/// A closure run on the writer's connection, outside any open transaction, in queue order.
+pub type WriterCall = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// Work for the writer thread.
+pub enum WriterMsg {
+    /// Insert the process row; replies with its id once committed.
+    RegisterProcess(ProcessInfo, oneshot::Sender<Result<u64, String>>),
+    /// The connection closed.
+    ProcessClosed { proc: u64, reason: String },
+    /// Strings defined by a connection, in id order starting after the previous ones.
+    Strings { proc: u64, values: Vec<String> },
+    /// Activity records; `count` is the number of records in the batch.
+    Records { proc: u64, batch: RecordBatch, count: u64 },
+    /// Cumulative drop counters of a connection (`None`: CUPTI's own drops, kind unknown).
+    Drops { proc: u64, counts: Vec<(Option<Kind>, u64)> },
+    /// PM samples from a sampler.
+    PmSamples { proc: u64, batch: wire::PmSampleBatch },
+    /// PC samples (aggregated) from an injector.
+    PcSamples { proc: u64, batch: wire::PcSampleBatch },
+    /// Run arbitrary writes in order (sessions, arbiter audit, ...).
+    Call(WriterCall),
+    /// Commit everything queued before this, then reply.
+    Flush(oneshot::Sender<()>),
+    /// Commit everything queued before this and stop (shutdown). Handles that are still
+    /// held elsewhere get `WriterGone` from then on.
+    Stop,
+}

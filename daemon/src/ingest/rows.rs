@@ -1,0 +1,306 @@
+//! The record tables and how a batch becomes rows: multi-row prepared INSERTs, times made
+//! relative to the process's `base_ns`, connection-local string ids mapped to `strings.id`.
+
+use gpuprof_proto::agent::{self as wire, RecordBatch};
+use rusqlite::{Connection, params};
+
+/// What rows of one connection are written with.
+pub(super) struct ProcCtx {
+    pub(super) base_ns: i64,
+    /// Connection-local string id (index) → strings.id.
+    pub(super) strings: Vec<i64>,
+}
+
+const MULTI_ROWS: usize = 64;
+
+pub(super) struct Table {
+    name: &'static str,
+    cols: usize,
+    /// Appended to the INSERT (an upsert clause), or "".
+    on_conflict: &'static str,
+}
+
+/// Marks a field the injector could not know (a context or stream created before the trace).
+pub const UNKNOWN: i64 = u32::MAX as i64;
+
+const KERNEL: Table = Table { name: "kernel", cols: 19, on_conflict: "" };
+const MEMCPY: Table = Table { name: "memcpy", cols: 16, on_conflict: "" };
+const MEMSET: Table = Table { name: "memset", cols: 12, on_conflict: "" };
+const API: Table = Table { name: "api", cols: 9, on_conflict: "" };
+const SYNC: Table = Table { name: "sync", cols: 9, on_conflict: "" };
+const OVERHEAD: Table = Table { name: "overhead", cols: 7, on_conflict: "" };
+const MARKER: Table = Table { name: "marker", cols: 9, on_conflict: "" };
+const EXTCORR: Table = Table { name: "external_correlation", cols: 5, on_conflict: "" };
+// A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
+pub(super) const CONTEXT: Table = Table {
+    name: "context",
+    cols: 5,
+    on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
+                  WHERE excluded.null_stream != 4294967295",
+};
+pub(super) const STREAM: Table = Table {
+    name: "stream",
+    cols: 6,
+    on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
+                  flags = excluded.flags WHERE excluded.flags != 4294967295",
+};
+const GRAPH: Table = Table { name: "graph", cols: 9, on_conflict: "" };
+
+fn insert_sql(t: &Table, rows: usize) -> String {
+    let one = format!("({})", vec!["?"; t.cols].join(","));
+    format!("INSERT INTO {} VALUES {}{}", t.name, vec![one.as_str(); rows].join(","), t.on_conflict)
+}
+
+pub(super) fn now_ns() -> i64 {
+    crate::clock::now_ns() as i64
+}
+
+/// Inserts `rows` into `t`, `MULTI_ROWS` at a time, each row's values produced by `fill`.
+pub(super) fn insert_rows<T>(
+    conn: &Connection,
+    t: &Table,
+    rows: &[T],
+    mut fill: impl FnMut(&T, &mut [i64]),
+) -> rusqlite::Result<()> {
+    let mut vals = vec![0i64; t.cols];
+    let mut chunks = rows.chunks_exact(MULTI_ROWS);
+    if rows.len() >= MULTI_ROWS {
+        let mut stmt = conn.prepare_cached(&insert_sql(t, MULTI_ROWS))?;
+        for chunk in &mut chunks {
+            let mut idx = 1;
+            for r in chunk {
+                fill(r, &mut vals);
+                for v in &vals {
+                    stmt.raw_bind_parameter(idx, *v)?;
+                    idx += 1;
+                }
+            }
+            stmt.raw_execute()?;
+        }
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut stmt = conn.prepare_cached(&insert_sql(t, 1))?;
+        for r in rest {
+            fill(r, &mut vals);
+            for (i, v) in vals.iter().enumerate() {
+                stmt.raw_bind_parameter(i + 1, *v)?;
+            }
+            stmt.raw_execute()?;
+        }
+    }
+    Ok(())
+}
+
+/// Inserts the records of `b` from process `proc`.
+pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBatch) -> rusqlite::Result<()> {
+    let s = b.session_id as i64;
+    let pr = proc as i64;
+    let base = p.base_ns;
+    let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
+    let rel = |t: u64| t as i64 - base;
+    let dur = |a: u64, e: u64| e.saturating_sub(a) as i64;
+    insert_rows(c, &KERNEL, &b.kernels, |k, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            k.device_id.into(),
+            k.context_id.into(),
+            k.stream_id.into(),
+            k.correlation_id.into(),
+            st(k.name_id),
+            rel(k.start_ns),
+            dur(k.start_ns, k.end_ns),
+            k.grid_x.into(),
+            k.grid_y.into(),
+            k.grid_z.into(),
+            k.block_x.into(),
+            k.block_y.into(),
+            k.block_z.into(),
+            k.registers_per_thread.into(),
+            k.static_shared_bytes.into(),
+            k.dynamic_shared_bytes.into(),
+            k.graph_node_id as i64,
+        ])
+    })?;
+    insert_rows(c, &MEMCPY, &b.memcpys, |m, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            m.device_id.into(),
+            m.context_id.into(),
+            m.stream_id.into(),
+            m.correlation_id.into(),
+            rel(m.start_ns),
+            dur(m.start_ns, m.end_ns),
+            m.bytes as i64,
+            m.copy_kind.into(),
+            m.src_kind.into(),
+            m.dst_kind.into(),
+            m.src_device_id.into(),
+            m.dst_device_id.into(),
+            m.is_async.into(),
+            m.graph_node_id as i64,
+        ])
+    })?;
+    insert_rows(c, &MEMSET, &b.memsets, |m, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            m.device_id.into(),
+            m.context_id.into(),
+            m.stream_id.into(),
+            m.correlation_id.into(),
+            rel(m.start_ns),
+            dur(m.start_ns, m.end_ns),
+            m.bytes as i64,
+            m.value.into(),
+            m.memory_kind.into(),
+            m.graph_node_id as i64,
+        ])
+    })?;
+    insert_rows(c, &API, &b.api_calls, |a, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            a.domain.into(),
+            a.cbid.into(),
+            a.correlation_id.into(),
+            a.thread_id.into(),
+            rel(a.start_ns),
+            dur(a.start_ns, a.end_ns),
+            a.return_value.into(),
+        ])
+    })?;
+    insert_rows(c, &SYNC, &b.syncs, |y, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            y.sync_type.into(),
+            y.context_id.into(),
+            y.stream_id.into(),
+            y.event_id.into(),
+            y.correlation_id.into(),
+            rel(y.start_ns),
+            dur(y.start_ns, y.end_ns),
+        ])
+    })?;
+    insert_rows(c, &OVERHEAD, &b.overheads, |o, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            o.overhead_kind.into(),
+            o.object_kind.into(),
+            o.object_id as i64,
+            rel(o.start_ns),
+            dur(o.start_ns, o.end_ns),
+        ])
+    })?;
+    insert_rows(c, &MARKER, &b.markers, |m, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            m.id as i64,
+            st(m.name_id),
+            st(m.domain_id),
+            m.thread_id.into(),
+            rel(m.start_ns),
+            dur(m.start_ns, m.end_ns),
+            m.is_mark.into(),
+        ])
+    })?;
+    insert_rows(c, &EXTCORR, &b.external_correlations, |x, v| {
+        v.copy_from_slice(&[s, pr, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()])
+    })?;
+    insert_rows(c, &CONTEXT, &b.contexts, |x, v| {
+        v.copy_from_slice(&[s, pr, x.context_id.into(), x.device_id.into(), x.null_stream_id.into()])
+    })?;
+    insert_rows(c, &STREAM, &b.streams, |x, v| {
+        v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()])
+    })?;
+    insert_rows(c, &GRAPH, &b.graphs, |g, v| {
+        v.copy_from_slice(&[
+            s,
+            pr,
+            g.device_id.into(),
+            g.context_id.into(),
+            g.stream_id.into(),
+            g.correlation_id.into(),
+            g.graph_id.into(),
+            rel(g.start_ns),
+            dur(g.start_ns, g.end_ns),
+        ])
+    })?;
+    if !b.devices.is_empty() {
+        let now = now_ns();
+        for d in &b.devices {
+            upsert_device(c, proc, d, now)?;
+        }
+    }
+    Ok(())
+}
+
+/// Inserts PM samples from the sampler `proc`, with the metric ids of `b.metrics`.
+pub(super) fn insert_pm(c: &Connection, proc: u64, b: &wire::PmSampleBatch, ids: &[i64]) -> rusqlite::Result<()> {
+    // The sampler's device ordinal maps to the global device row through process_devices.
+    let device: i64 = c
+        .prepare_cached("SELECT device FROM process_devices WHERE proc = ?1 AND device_id = ?2")?
+        .query_row(params![proc as i64, b.device_id], |r| r.get(0))
+        .unwrap_or(b.device_id as i64);
+    let mut stmt = c.prepare_cached("INSERT INTO pm_sample(device, ts, dur, metric, value) VALUES (?1,?2,?3,?4,?5)")?;
+    for s in &b.samples {
+        for (id, v) in ids.iter().zip(&s.values) {
+            stmt.execute(params![device, s.end_ns as i64, s.end_ns.saturating_sub(s.start_ns) as i64, id, v])?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds aggregated PC samples from process `proc` to the counts stored so far.
+pub(super) fn insert_pc(c: &Connection, proc: u64, p: &ProcCtx, b: &wire::PcSampleBatch) -> rusqlite::Result<()> {
+    let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
+    let mut stmt = c.prepare_cached(
+        "INSERT INTO pc_sample(session, proc, function, pc, stall, module, count) VALUES (?1,?2,?3,?4,?5,?6,?7)
+         ON CONFLICT(session, proc, function, pc, stall) DO UPDATE SET count = count + excluded.count",
+    )?;
+    for s in &b.samples {
+        stmt.execute(params![
+            b.session_id as i64,
+            proc as i64,
+            st(s.function_name_id),
+            s.pc_offset as i64,
+            st(s.stall_reason_id),
+            st(s.module_id),
+            s.count as i64
+        ])?;
+    }
+    Ok(())
+}
+
+/// The device row (by UUID) and the mapping from the process's device ordinal to it.
+pub(super) fn upsert_device(c: &Connection, proc: u64, d: &wire::Device, now: i64) -> rusqlite::Result<()> {
+    if d.uuid.is_empty() {
+        return Ok(());
+    }
+    c.prepare_cached(
+        "INSERT INTO devices(uuid, name, compute_major, compute_minor, sm_count, global_memory_bytes, pci_bus_id, first_seen_ns)
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8)
+         ON CONFLICT(uuid) DO UPDATE SET name = excluded.name, compute_major = excluded.compute_major,
+           compute_minor = excluded.compute_minor, sm_count = excluded.sm_count,
+           global_memory_bytes = excluded.global_memory_bytes, pci_bus_id = excluded.pci_bus_id",
+    )?
+    .execute(params![
+        d.uuid,
+        d.name,
+        d.compute_major,
+        d.compute_minor,
+        d.sm_count,
+        d.global_memory_bytes as i64,
+        d.pci_bus_id,
+        now
+    ])?;
+    let dev: i64 = c.prepare_cached("SELECT id FROM devices WHERE uuid = ?1")?.query_row([&d.uuid], |r| r.get(0))?;
+    c.prepare_cached("INSERT OR REPLACE INTO process_devices(proc, device_id, device) VALUES (?1,?2,?3)")?
+        .execute(params![proc as i64, d.id, dev])?;
+    Ok(())
+}

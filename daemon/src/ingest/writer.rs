@@ -1,0 +1,307 @@
+//! The writer thread: drains the channel into one transaction per commit, interns strings
+//! and metric names across connections, registers processes, and counts what was committed
+//! or lost.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use anyhow::Result;
+use gpuprof_proto::agent::{self as wire, RecordBatch};
+use rusqlite::{Connection, params};
+use tokio::sync::mpsc;
+
+use super::msg::{ProcessInfo, WriterMsg};
+use super::rows::{self, ProcCtx, now_ns, upsert_device};
+use crate::catalog::Kind;
+use crate::stats::Stats;
+
+pub(super) struct Writer {
+    conn: Connection,
+    stats: Arc<Stats>,
+    commit_max_records: u64,
+    procs: HashMap<u64, ProcCtx>,
+    strings: HashMap<Box<str>, i64>,
+    metrics: HashMap<String, i64>,
+    in_txn: bool,
+    failed: Option<String>,
+    pending: [u64; 14],
+    pending_total: u64,
+}
+
+impl Writer {
+    pub(super) fn new(conn: Connection, stats: Arc<Stats>, commit_max_records: usize) -> Result<Writer> {
+        conn.set_prepared_statement_cache_capacity(64);
+        let mut strings = HashMap::new();
+        {
+            let mut stmt = conn.prepare("SELECT id, value FROM strings")?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let v: String = r.get(1)?;
+                strings.insert(v.into_boxed_str(), r.get(0)?);
+            }
+        }
+        let mut metrics = HashMap::new();
+        {
+            let mut stmt = conn.prepare("SELECT id, name FROM pm_metrics")?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                metrics.insert(r.get(1)?, r.get(0)?);
+            }
+        }
+        Ok(Writer {
+            conn,
+            stats,
+            commit_max_records: commit_max_records as u64,
+            procs: HashMap::new(),
+            strings,
+            metrics,
+            in_txn: false,
+            failed: None,
+            pending: [0; 14],
+            pending_total: 0,
+        })
+    }
+
+    pub(super) fn run(&mut self, mut rx: mpsc::Receiver<WriterMsg>) {
+        'outer: while let Some(first) = rx.blocking_recv() {
+            if matches!(first, WriterMsg::Stop) {
+                break;
+            }
+            self.handle(first);
+            while self.pending_total < self.commit_max_records {
+                match rx.try_recv() {
+                    Ok(WriterMsg::Stop) => break 'outer,
+                    Ok(m) => self.handle(m),
+                    Err(_) => break,
+                }
+            }
+            self.commit();
+        }
+        rx.close();
+        self.commit();
+        if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
+            tracing::warn!(error = %e, "final WAL checkpoint failed");
+        }
+        tracing::info!("database writer stopped");
+    }
+
+    fn begin(&mut self) {
+        if !self.in_txn {
+            match self.conn.execute_batch("BEGIN") {
+                Ok(()) => self.in_txn = true,
+                Err(e) => self.fail(format!("cannot begin transaction: {e}")),
+            }
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        if self.failed.is_none() {
+            self.failed = Some(msg);
+        }
+    }
+
+    /// Commits the open transaction; on failure rolls back and counts its records as dropped.
+    fn commit(&mut self) {
+        let result = if let Some(err) = self.failed.take() {
+            Err(err)
+        } else if self.in_txn {
+            self.conn.execute_batch("COMMIT").map_err(|e| format!("commit failed: {e}"))
+        } else {
+            Ok(())
+        };
+        let pending = std::mem::take(&mut self.pending);
+        match result {
+            Ok(()) => {
+                for k in Kind::ALL {
+                    if pending[k.index()] > 0 {
+                        self.stats.add_ingested(k, pending[k.index()]);
+                    }
+                }
+            }
+            Err(msg) => {
+                if self.in_txn {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                let lost: u64 = pending.iter().sum();
+                for k in Kind::ALL {
+                    self.stats.kind(k).dropped_by_daemon.fetch_add(pending[k.index()], Relaxed);
+                }
+                tracing::error!(error = %msg, lost_records = lost, "storage error: transaction rolled back");
+                // Kept until restart (not cleared by a later successful commit): records were lost.
+                self.stats.set_storage_error(format!(
+                    "{msg} ({lost} records lost at unix time {}s)",
+                    crate::clock::now_ns() / 1_000_000_000
+                ));
+            }
+        }
+        self.stats.queued_records.fetch_sub(self.pending_total, Relaxed);
+        self.pending_total = 0;
+        self.in_txn = false;
+    }
+
+    fn handle(&mut self, msg: WriterMsg) {
+        match msg {
+            WriterMsg::RegisterProcess(info, reply) => {
+                self.commit();
+                let r = self.register(&info).map_err(|e| e.to_string());
+                if let Err(e) = &r {
+                    self.stats.set_storage_error(format!("cannot register process: {e}"));
+                }
+                let _ = reply.send(r);
+            }
+            WriterMsg::Call(f) => {
+                self.commit();
+                f(&mut self.conn);
+            }
+            WriterMsg::Flush(reply) => {
+                self.commit();
+                let _ = reply.send(());
+            }
+            WriterMsg::Stop => {}
+            WriterMsg::ProcessClosed { proc, reason } => {
+                self.procs.remove(&proc);
+                self.begin();
+                if let Err(e) = self.conn.execute(
+                    "UPDATE processes SET disconnected_ns = ?1, close_reason = ?2 WHERE id = ?3",
+                    params![now_ns(), reason, proc as i64],
+                ) {
+                    self.fail(e.to_string());
+                }
+            }
+            WriterMsg::Strings { proc, values } => {
+                self.begin();
+                for v in values {
+                    match self.intern(&v) {
+                        Ok(id) => {
+                            if let Some(p) = self.procs.get_mut(&proc) {
+                                p.strings.push(id);
+                            }
+                        }
+                        Err(e) => self.fail(e.to_string()),
+                    }
+                }
+            }
+            WriterMsg::Records { proc, batch, count } => {
+                self.begin();
+                if self.failed.is_some() {
+                    self.count_pending_batch(&batch);
+                    return;
+                }
+                if let Err(e) = self.insert_batch(proc, &batch) {
+                    self.fail(e.to_string());
+                }
+                self.count_pending_batch(&batch);
+                debug_assert_eq!(count, crate::catalog::batch_len(&batch));
+            }
+            WriterMsg::Drops { proc, counts } => {
+                self.begin();
+                let r = (|| -> rusqlite::Result<()> {
+                    let mut stmt = self.conn.prepare_cached(
+                        "INSERT INTO drops(proc, kind, dropped) VALUES (?1, ?2, ?3)
+                         ON CONFLICT(proc, kind) DO UPDATE SET dropped = excluded.dropped",
+                    )?;
+                    for (k, n) in &counts {
+                        stmt.execute(params![proc as i64, k.map_or("cupti", |k| k.name()), *n as i64])?;
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = r {
+                    self.fail(e.to_string());
+                }
+            }
+            WriterMsg::PmSamples { proc, batch } => {
+                self.begin();
+                let n = (batch.samples.len() * batch.metrics.len()) as u64;
+                if let Err(e) = self.insert_pm(proc, &batch) {
+                    self.fail(e.to_string());
+                }
+                self.pending[Kind::PmSample.index()] += n;
+                self.pending_total += n;
+            }
+            WriterMsg::PcSamples { proc, batch } => {
+                self.begin();
+                let n = batch.samples.len() as u64;
+                if let Err(e) = self.insert_pc(proc, &batch) {
+                    self.fail(e.to_string());
+                }
+                self.pending[Kind::PcSample.index()] += n;
+                self.pending_total += n;
+            }
+        }
+    }
+
+    fn count_pending_batch(&mut self, b: &RecordBatch) {
+        for (k, n) in crate::catalog::batch_counts(b) {
+            self.pending[k.index()] += n;
+            self.pending_total += n;
+        }
+    }
+
+    fn register(&mut self, info: &ProcessInfo) -> rusqlite::Result<u64> {
+        let tx = self.conn.transaction()?;
+        let now = now_ns();
+        tx.execute(
+            "INSERT INTO processes(pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns, connected_ns)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                info.pid,
+                info.uid,
+                info.gid,
+                info.agent_kind,
+                info.exe,
+                serde_json::to_string(&info.cmdline).unwrap_or_default(),
+                info.cgroup,
+                info.cupti_version,
+                info.base_ns as i64,
+                now
+            ],
+        )?;
+        let id = tx.last_insert_rowid() as u64;
+        for d in &info.devices {
+            upsert_device(&tx, id, d, now)?;
+        }
+        tx.commit()?;
+        self.procs.insert(id, ProcCtx { base_ns: info.base_ns as i64, strings: vec![0] });
+        Ok(id)
+    }
+
+    fn intern(&mut self, v: &str) -> rusqlite::Result<i64> {
+        if let Some(id) = self.strings.get(v) {
+            return Ok(*id);
+        }
+        self.conn.prepare_cached("INSERT INTO strings(value) VALUES (?1)")?.execute([v])?;
+        let id = self.conn.last_insert_rowid();
+        self.strings.insert(v.into(), id);
+        Ok(id)
+    }
+
+    fn insert_batch(&mut self, proc: u64, b: &RecordBatch) -> rusqlite::Result<()> {
+        let Some(p) = self.procs.get(&proc) else {
+            return Err(rusqlite::Error::InvalidParameterName(format!("records from unregistered process {proc}")));
+        };
+        rows::insert_batch(&self.conn, proc, p, b)
+    }
+
+    fn metric_id(&mut self, name: &str) -> rusqlite::Result<i64> {
+        if let Some(id) = self.metrics.get(name) {
+            return Ok(*id);
+        }
+        self.conn.prepare_cached("INSERT INTO pm_metrics(name) VALUES (?1)")?.execute([name])?;
+        let id = self.conn.last_insert_rowid();
+        self.metrics.insert(name.to_string(), id);
+        Ok(id)
+    }
+
+    fn insert_pm(&mut self, proc: u64, b: &wire::PmSampleBatch) -> rusqlite::Result<()> {
+        let ids = b.metrics.iter().map(|m| self.metric_id(m)).collect::<rusqlite::Result<Vec<_>>>()?;
+        rows::insert_pm(&self.conn, proc, b, &ids)
+    }
+
+    fn insert_pc(&mut self, proc: u64, b: &wire::PcSampleBatch) -> rusqlite::Result<()> {
+        let Some(p) = self.procs.get(&proc) else {
+            return Ok(());
+        };
+        rows::insert_pc(&self.conn, proc, p, b)
+    }
+}

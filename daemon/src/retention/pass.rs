@@ -1,0 +1,183 @@
+//! One pass over sessions, records outside sessions and processes: sessions left
+//! half-deleted first, then everything older than `retention.sessions_max_age`, then the
+//! oldest finished sessions while the database is over `retention.database_max_size`, and
+//! last the freed pages handed back and the files settled.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::delete::{
+    CHUNK_ROWS, Forget, PROCESS_BATCH, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk, expire_processes,
+    expire_unsessioned_chunk, forget_session,
+};
+use super::select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
+use super::steps::{Halt, read, step};
+use super::vacuum::{settle_files, vacuum_step};
+use crate::Daemon;
+use crate::store::Pages;
+
+/// What one pass deleted.
+#[derive(Debug, Default)]
+struct Tally {
+    sessions: u64,
+    records: u64,
+    unsessioned: u64,
+    processes: u64,
+    vacuumed_pages: u64,
+}
+
+/// One pass over sessions, records outside sessions and processes, then the size limit.
+pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over_limit: &mut bool) -> Result<(), Halt> {
+    let r = &d.config.retention;
+    let max_age = r.sessions_max_age.0;
+    let max_size = r.max_bytes(&d.config.storage);
+    let t0 = Instant::now();
+    let mut tally = Tally::default();
+    if !max_age.is_zero() || max_size > 0 {
+        // Every committed row in `session_rows` first: a session's ranges must be complete
+        // before its rows are deleted, and session 0's entries are how old records are found.
+        crate::rollup::catch_up(d).await.map_err(|e| Halt::Failed(format!("rollup pass: {e}")))?;
+    }
+    if shutdown.is_cancelled() {
+        return Err(Halt::Stopped);
+    }
+    if !max_age.is_zero() || max_size > 0 {
+        for id in read(d, orphan_sessions).await? {
+            delete_session(d, id, "orphaned", &mut tally).await?;
+        }
+    }
+    if !max_age.is_zero() {
+        let cutoff = (crate::clock::now_ns() as i64).saturating_sub(max_age.as_nanos() as i64);
+        let old = read(d, move |c| finished_before(c, cutoff)).await?;
+        for id in old {
+            delete_session(d, id, "age", &mut tally).await?;
+        }
+        expire_unsessioned(d, cutoff, &mut tally).await?;
+        loop {
+            let n = step(d, move |c| expire_processes(c, cutoff, PROCESS_BATCH)).await?;
+            tally.processes += n;
+            if n < PROCESS_BATCH {
+                break;
+            }
+        }
+    }
+    if max_size > 0 {
+        let wal_cap = u64::from(d.config.storage.wal_autocheckpoint_pages);
+        loop {
+            let pages = step(d, |c| Pages::read(c)).await?;
+            let used = pages.used_bytes() + crate::store::wal_bytes(&d.db_path).min(wal_cap * pages.page_size);
+            if used <= max_size {
+                *warned_over_limit = false;
+                break;
+            }
+            match read(d, oldest_finished).await? {
+                Some(id) => {
+                    tracing::info!(
+                        used_bytes = used,
+                        max_bytes = max_size,
+                        session = id,
+                        "database over its size limit"
+                    );
+                    delete_session(d, id, "size", &mut tally).await?;
+                }
+                None => {
+                    if !std::mem::replace(warned_over_limit, true) {
+                        tracing::warn!(
+                            used_bytes = used,
+                            max_bytes = max_size,
+                            "database over its retention size limit but no finished session is left to delete \
+                             (open sessions, records outside sessions and PM samples are not deleted for size)"
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    // Hand free pages back to the file system (databases with incremental auto-vacuum).
+    loop {
+        let (pages, freed) = step(d, vacuum_step).await?;
+        tally.vacuumed_pages += freed;
+        if pages.auto_vacuum != 2 || pages.free == 0 || freed == 0 {
+            break;
+        }
+    }
+    let (path, wal_pages) = (d.db_path.clone(), u64::from(d.config.storage.wal_autocheckpoint_pages));
+    step(d, move |c| settle_files(c, &path, wal_pages)).await?;
+    if tally.sessions + tally.records + tally.unsessioned + tally.processes > 0 {
+        tracing::info!(
+            sessions = tally.sessions,
+            session_records = tally.records,
+            records_outside_sessions = tally.unsessioned,
+            processes = tally.processes,
+            pages_returned = tally.vacuumed_pages,
+            elapsed_ms = t0.elapsed().as_millis() as u64,
+            "retention pass deleted old data"
+        );
+    }
+    Ok(())
+}
+
+/// Deletes one session (finished or already forgotten) with everything it owns.
+async fn delete_session(d: &Daemon, id: i64, reason: &'static str, tally: &mut Tally) -> Result<(), Halt> {
+    let t0 = Instant::now();
+    match step(d, move |c| forget_session(c, id)).await? {
+        Forget::Open => return Ok(()),
+        Forget::Deleted => {
+            tally.sessions += 1;
+            d.stats.expired_sessions.fetch_add(1, Relaxed);
+        }
+        Forget::Missing => {}
+    }
+    let mut records = 0u64;
+    for &(table, key) in SESSION_KEYED {
+        loop {
+            let n = step(d, move |c| delete_keyed_chunk(c, table, key, id)).await?;
+            if table == "pc_sample" {
+                records += n;
+                d.stats.expired_records.fetch_add(n, Relaxed);
+            }
+            if n < CHUNK_ROWS {
+                break;
+            }
+        }
+    }
+    let ranges = step(d, move |c| session_ranges(c, id)).await?;
+    for (table, lo, hi) in ranges {
+        let mut at = lo;
+        while at <= hi {
+            let (n, next) = step(d, move |c| delete_session_rows_chunk(c, table, id, at, hi)).await?;
+            records += n;
+            d.stats.expired_records.fetch_add(n, Relaxed);
+            at = next;
+        }
+    }
+    step(d, move |c| c.execute("DELETE FROM session_rows WHERE session = ?1", [id])).await?;
+    tally.records += records;
+    tracing::info!(
+        session = id,
+        reason,
+        records,
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "expired session deleted"
+    );
+    Ok(())
+}
+
+/// Deletes records outside sessions that are older than `cutoff`.
+async fn expire_unsessioned(d: &Daemon, cutoff: i64, tally: &mut Tally) -> Result<(), Halt> {
+    let work = read(d, move |c| unsessioned_work(c, cutoff)).await?;
+    for (table, proc, before) in work {
+        loop {
+            let (n, done) = step(d, move |c| expire_unsessioned_chunk(c, table, proc, before)).await?;
+            tally.unsessioned += n;
+            d.stats.expired_records.fetch_add(n, Relaxed);
+            if done {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
