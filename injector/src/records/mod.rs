@@ -1,9 +1,10 @@
 //! Decoding CUPTI 13.0 activity records from raw bytes.
 //!
 //! Pure, safe code over `&[u8]`: every field is read at the offset the generated bindings give
-//! (`offset_of!` on `src/sys/cupti.rs`), little-endian, bounds-checked. Strings (kernel names,
-//! NVTX messages) stay raw addresses here; [`crate::convert`] resolves them. The tests lay out
-//! buffers byte by byte at offsets copied from `cupti_activity.h`, which checks the bindings too.
+//! (`offset_of!` on `gpuprof_cupti::sys`, generated into `cupti/src/sys/cupti.rs`),
+//! little-endian, bounds-checked. Strings (kernel names, NVTX messages) stay raw addresses here;
+//! [`crate::convert`] resolves them. The tests lay out buffers byte by byte at offsets copied
+//! from `cupti_activity.h`, which checks the bindings too.
 //!
 //! Layout: `types` holds the decoded structs ([`Record`] and one struct per kind); `decode` reads
 //! bytes into them ([`decode()`], [`record_size`], [`peek_kind`], [`DecodeError`]); `tests` has the
