@@ -207,6 +207,7 @@ pub fn session_json(s: &pb::Session) -> Value {
             "displaced": p.displaced,
             "state": p.state,
             "joined_at_ns": p.joined_at_ns,
+            "detail": p.detail,
         })).collect::<Vec<_>>(),
     })
 }

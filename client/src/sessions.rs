@@ -343,10 +343,11 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
                     p.dropped.to_string(),
                     wall(p.joined_at_ns),
                     shorten(&p.exe, 50),
+                    shorten(&p.detail, 60),
                 ]
             })
             .collect();
-        table(&[">ID", ">PID", "STATE", ">RECORDS", ">DROPPED", "JOINED (UTC)", "EXE"], &rows);
+        table(&[">ID", ">PID", "STATE", ">RECORDS", ">DROPPED", "JOINED (UTC)", "EXE", "DETAIL"], &rows);
     }
     Ok(())
 }

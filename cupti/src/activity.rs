@@ -102,6 +102,47 @@ impl Cupti {
         }
     }
 
+    /// `cuptiFinalize()`: detaches CUPTI from the process. Every kind, callback and subscriber
+    /// goes; the next CUPTI call initialises CUPTI again. CUPTI asks that it be called from an
+    /// API-exit callback, or else after the caller flushed the activity buffers (and no other
+    /// thread calls CUPTI meanwhile).
+    pub fn finalize(&self) -> Result<(), CuptiError> {
+        let Ok(f) = &self.raw.cuptiFinalize else {
+            return Err(CuptiError::new(sys::CUPTI_ERROR_NOT_SUPPORTED));
+        };
+        // Safety: no arguments; the symbol resolved (checked above).
+        check(unsafe { f() })
+    }
+
+    /// `cuptiSubscribe(&handle, callback, null)`: a subscriber whose `callback` runs for the
+    /// domains later switched on with [`Cupti::enable_domain`]. Fails with
+    /// CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED when another client holds one.
+    pub fn subscribe(&self, callback: sys::CUpti_CallbackFunc) -> Result<Subscriber, CuptiError> {
+        let mut handle: sys::CUpti_SubscriberHandle = std::ptr::null_mut();
+        // Safety: `callback` is an `extern "C"` function with CUPTI's callback signature that
+        // lives as long as the process (a static of the calling library); `handle` is a valid
+        // out pointer.
+        check(unsafe { self.raw.cuptiSubscribe(&mut handle, callback, std::ptr::null_mut()) })?;
+        Ok(Subscriber(handle))
+    }
+
+    /// `cuptiUnsubscribe(handle)`. Not needed after [`Cupti::finalize`], which ends every
+    /// subscriber.
+    pub fn unsubscribe(&self, s: Subscriber) -> Result<(), CuptiError> {
+        // Safety: `s` came from a successful `cuptiSubscribe` and is consumed here.
+        check(unsafe { self.raw.cuptiUnsubscribe(s.0) })
+    }
+
+    /// `cuptiEnableDomain(on, subscriber, domain)`: the subscriber's callback runs at the entry
+    /// and exit of every call in `domain` (e.g. `CUPTI_CB_DOMAIN_RUNTIME_API`).
+    pub fn enable_domain(&self, s: &Subscriber, domain: sys::CUpti_CallbackDomain, on: bool) -> Result<(), CuptiError> {
+        let Ok(f) = &self.raw.cuptiEnableDomain else {
+            return Err(CuptiError::new(sys::CUPTI_ERROR_NOT_SUPPORTED));
+        };
+        // Safety: `s` is a live subscriber handle; plain value arguments.
+        check(unsafe { f(on as u32, s.0, domain) })
+    }
+
     /// Probes whether another CUPTI subscriber (e.g. Kineto's) exists: subscribes and
     /// immediately unsubscribes. `Err(39)` means someone else holds CUPTI.
     pub fn probe_subscriber(&self) -> Result<(), CuptiError> {
@@ -121,4 +162,26 @@ extern "C" fn probe_callback(
     _cbid: sys::CUpti_CallbackId,
     _data: *const std::ffi::c_void,
 ) {
+}
+
+/// A CUPTI subscriber handle (from [`Cupti::subscribe`]).
+#[derive(Debug)]
+pub struct Subscriber(sys::CUpti_SubscriberHandle);
+
+// Safety: a subscriber handle is an opaque token CUPTI accepts from any thread.
+unsafe impl Send for Subscriber {}
+
+/// Whether `cbdata`, as CUPTI passes it to a runtime or driver API callback, is the exit of the
+/// call.
+///
+/// # Safety
+/// `cbdata` must be the `cbdata` argument of a callback for `CUPTI_CB_DOMAIN_RUNTIME_API` or
+/// `CUPTI_CB_DOMAIN_DRIVER_API` (a `CUpti_CallbackData`), or null.
+pub unsafe fn is_api_exit(cbdata: *const std::ffi::c_void) -> bool {
+    if cbdata.is_null() {
+        return false;
+    }
+    // Safety: per this function's contract, a valid `CUpti_CallbackData` for the callback's
+    // duration.
+    unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).callbackSite == sys::CUPTI_API_EXIT }
 }

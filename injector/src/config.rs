@@ -44,6 +44,34 @@ pub struct Config {
     /// `GPUPROF_API_AT_INIT` (0/1): switch the recorded runtime callback ids on inside `cuInit`
     /// always (1) or never (0); unset follows the daemon's hint ([`gpuprof_proto::hint`]).
     pub api_at_init: Option<bool>,
+    /// `GPUPROF_DETACH`: how a trace leaves CUPTI when it stops (see [`DetachMode`]).
+    pub detach: DetachMode,
+}
+
+/// How a stopped trace leaves the process's CUPTI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DetachMode {
+    /// `finalize` (default): after the last flush, `cuptiFinalize` from the background thread,
+    /// so no CUPTI hook stays in the process; the next trace initialises CUPTI again.
+    #[default]
+    Finalize,
+    /// `callback`: `cuptiFinalize` at the exit of the next CUDA API call on an application
+    /// thread (a subscriber made at stop), falling back to `finalize` when none comes.
+    Callback,
+    /// `off`: kinds and callback ids switched off only; CUPTI stays attached (a late-attached
+    /// process keeps paying for CUPTI's runtime hooks).
+    Off,
+}
+
+impl DetachMode {
+    fn parse(s: &str) -> Option<DetachMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "finalize" => Some(DetachMode::Finalize),
+            "callback" => Some(DetachMode::Callback),
+            "off" | "none" => Some(DetachMode::Off),
+            _ => None,
+        }
+    }
 }
 
 /// How a trace switches on the API records it keeps.
@@ -84,6 +112,7 @@ impl Default for Config {
             cupti_device_buffer: None,
             api_mode: ApiMode::Kind,
             api_at_init: None,
+            detach: DetachMode::Finalize,
         }
     }
 }
@@ -120,6 +149,9 @@ impl Config {
             c.api_mode = m;
         }
         c.api_at_init = flag("GPUPROF_API_AT_INIT");
+        if let Some(m) = get("GPUPROF_DETACH").and_then(|m| DetachMode::parse(&m)) {
+            c.detach = m;
+        }
         if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
             c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
         }
@@ -168,5 +200,15 @@ mod tests {
         assert_eq!(c.cupti_pinned, Some(true));
         assert_eq!(c.cupti_device_buffer, Some(32 << 20));
         assert_eq!(c.prefill_buffers, 3, "never more than the cap");
+    }
+
+    #[test]
+    fn detach_mode() {
+        let mode = |v: &str| Config::from_lookup(|k| (k == "GPUPROF_DETACH").then(|| v.into())).detach;
+        assert_eq!(Config::from_lookup(|_| None).detach, DetachMode::Finalize);
+        assert_eq!(mode("callback"), DetachMode::Callback);
+        assert_eq!(mode(" OFF "), DetachMode::Off);
+        assert_eq!(mode("none"), DetachMode::Off);
+        assert_eq!(mode("bogus"), DetachMode::Finalize, "an unknown mode keeps the default");
     }
 }

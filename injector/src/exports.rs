@@ -32,6 +32,9 @@ pub extern "C" fn InitializeInjectionNvtx2(get_export_table: *const c_void) -> c
             let Ok(f) = lib.get::<InitNvtx>(b"InitializeInjectionNvtx2\0") else { return 0 };
             let r = f(get_export_table);
             std::mem::forget(lib); // keep the reference: CUPTI's NVTX hooks live on
+            if r != 0 {
+                crate::tracer::detach::NVTX_FORWARDED.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             r
         }
     })

@@ -150,6 +150,7 @@ impl LazyCupti {
                         prefill_buffers: self.cfg.prefill_buffers,
                         pinned: self.cfg.cupti_pinned,
                         device_buffer: self.cfg.cupti_device_buffer,
+                        detach: self.cfg.detach,
                     };
                     self.inner = Some(CuptiBackend::new(shared, tuning));
                 }
@@ -182,6 +183,9 @@ impl Backend for LazyCupti {
         if let Some(b) = &mut self.inner {
             b.stop();
         }
+    }
+    fn detach(&mut self) -> String {
+        self.inner.as_mut().map_or_else(String::new, |b| b.detach())
     }
     fn tick(&mut self) -> Option<String> {
         self.inner.as_mut().and_then(|b| b.tick())

@@ -227,7 +227,8 @@ impl Conn {
                         _ => 0,
                     };
                     tracing = None;
-                    send(&mut self.out, trace_state(TraceStatus::Idle, st.session_id, ""))?;
+                    // As the injector does once it has detached from CUPTI.
+                    send(&mut self.out, trace_state(TraceStatus::Idle, st.session_id, "detached: finalized"))?;
                     self.out.flush()?;
                     let _ = events.send(Event::Stopped(st.session_id, n));
                 }

@@ -102,6 +102,7 @@ fn trace_command_prints_top_kernels() {
         assert_eq!(p["records"].as_u64().unwrap(), a.sent_for(id), "{p}");
         assert_eq!(p["records"].as_u64().unwrap(), 3_000);
         assert_eq!(p["state"], "stopped");
+        assert_eq!(p["detail"], "detached: finalized", "how the agent left CUPTI is kept: {p}");
         kernels += a.sent.lock().unwrap()[&id].get("kernel").copied().unwrap_or(0);
     }
     assert_eq!(s["records"].as_u64().unwrap(), 6_000);

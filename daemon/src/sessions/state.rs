@@ -147,6 +147,7 @@ impl Live {
                     displaced: m.state == "displaced",
                     state: m.state.clone(),
                     joined_at_ns: m.joined_ns,
+                    detail: m.detail.clone(),
                 })
                 .collect(),
             records: 0,

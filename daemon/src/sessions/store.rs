@@ -140,7 +140,7 @@ pub fn load(c: &Connection, id: u64) -> rusqlite::Result<Option<pb::Session>> {
 
 fn load_members(c: &Connection, s: &mut pb::Session) -> rusqlite::Result<()> {
     let mut stmt = c.prepare_cached(
-        "SELECT sp.proc, p.pid, p.exe, sp.state, sp.joined_ns
+        "SELECT sp.proc, p.pid, p.exe, sp.state, sp.joined_ns, sp.detail
          FROM session_processes sp JOIN processes p ON p.id = sp.proc
          WHERE sp.session = ?1 ORDER BY sp.proc",
     )?;
@@ -156,6 +156,7 @@ fn load_members(c: &Connection, s: &mut pb::Session) -> rusqlite::Result<()> {
                 displaced: state == "displaced",
                 state,
                 joined_at_ns: r.get::<_, i64>(4)? as u64,
+                detail: r.get(5)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;

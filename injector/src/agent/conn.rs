@@ -82,6 +82,8 @@ impl<B: Backend> Agent<B> {
         // The session belongs to the connection: stop tracing and drop what is queued.
         if self.status == Status::Tracing {
             self.backend.stop();
+            let detail = self.backend.detach();
+            log!(Info, "trace ended with the connection: {detail}");
         }
         self.status = Status::Idle;
         self.session = 0;

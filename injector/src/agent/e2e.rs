@@ -60,6 +60,9 @@ impl Backend for FakeBackend {
     fn stop(&mut self) {
         self.queue(self.n + 1, self.tail);
     }
+    fn detach(&mut self) -> String {
+        "detached: finalized".into()
+    }
     fn tick(&mut self) -> Option<String> {
         self.displace_on_tick.then(|| "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39): test".to_string())
     }
@@ -175,6 +178,13 @@ fn hello_trace_stop_and_exit_over_a_socket() {
     let rest = until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Idle as i32));
     let tail: usize = rest.iter().map(|m| if let Out::Records(b) = m { b.kernels.len() } else { 0 }).sum();
     assert_eq!(tail, 5, "the final flush is sent before the idle state");
+    match rest.last() {
+        Some(Out::TraceState(t)) => {
+            assert_eq!(t.session_id, 9);
+            assert_eq!(t.detail, "detached: finalized", "the idle state says how CUPTI was left");
+        }
+        other => panic!("expected the idle state last, got {other:?}"),
+    }
     // 20,000 kernels and no API record with API recording on: re-enabled, at most 3 times.
     let n = reapplied.load(Ordering::SeqCst);
     assert!((1..=API_WATCH_ATTEMPTS).contains(&n), "re-enabled {n} times");

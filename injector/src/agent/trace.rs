@@ -55,17 +55,19 @@ impl<B: Backend> Agent<B> {
         if self.status == Status::Idle || (session_id != 0 && session_id != self.session) {
             return;
         }
+        let mut detail = String::new();
         if self.status == Status::Tracing {
             self.backend.stop();
             self.drain_queue();
             self.send_records();
+            detail = self.backend.detach();
         }
         self.send_drops();
         let ended = self.session;
         self.status = Status::Idle;
         self.session = 0;
         self.conv.set_session(0);
-        self.send_state(pb::TraceStatus::Idle, ended, String::new());
+        self.send_state(pb::TraceStatus::Idle, ended, detail);
     }
 
     pub(super) fn displaced(&mut self, detail: String) {

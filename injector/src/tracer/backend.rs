@@ -31,6 +31,11 @@ pub trait Backend: Send {
     fn start(&mut self, cfg: &pb::TraceConfig) -> StartOutcome;
     /// Disables what `start` enabled and flushes the rest into the queue.
     fn stop(&mut self);
+    /// After `stop` and the last records were sent: leaves CUPTI (see
+    /// [`detach`](super::detach)). Returns the detail reported with the idle state.
+    fn detach(&mut self) -> String {
+        String::new()
+    }
     /// Periodic flush while tracing. `Some(detail)` when another client displaced the trace.
     fn tick(&mut self) -> Option<String>;
     /// Drops counted outside the converter: (per-kind queue drops, CUPTI's own drops).

@@ -9,9 +9,10 @@ use gpuprof_proto::agent as pb;
 
 use super::backend::{Backend, StartOutcome};
 use super::callbacks::{Shared, TRACING, buffer_completed, buffer_requested, now_ms};
+use super::detach::{Detached, detach};
 use super::trace_config::kinds_for;
 use crate::cbids;
-use crate::config::ApiMode;
+use crate::config::{ApiMode, DetachMode};
 use crate::log::log;
 use gpuprof_cupti::sys::cupti as sys;
 use gpuprof_cupti::{Cupti, CuptiError};
@@ -62,6 +63,7 @@ pub struct Tuning {
     pub prefill_buffers: usize,
     pub pinned: Option<bool>,
     pub device_buffer: Option<usize>,
+    pub detach: DetachMode,
 }
 
 pub struct CuptiBackend {
@@ -234,6 +236,20 @@ impl Backend for CuptiBackend {
         // Completed buffers first, then the partly filled ones.
         let _ = self.cupti().flush_all(false);
         let _ = self.cupti().flush_all(true);
+    }
+
+    fn detach(&mut self) -> String {
+        let d = detach(self.cupti(), self.tuning.detach, self.displaced);
+        if matches!(d, Detached::Finalized(_)) {
+            // The callback ids switched on inside cuInit went with CUPTI: from now on API
+            // calls are recorded as for a late attach.
+            self.tuning.early_runtime = false;
+        }
+        match &d {
+            Detached::Finalized(at) => log!(Info, "CUPTI finalized ({at})"),
+            Detached::Kept(why) => log!(Info, "CUPTI left attached: {why}"),
+        }
+        d.detail()
     }
 
     fn tick(&mut self) -> Option<String> {

@@ -5,11 +5,13 @@
 //! Layout: `backend` holds the interface the background thread drives ([`Backend`],
 //! [`RecordSource`]); `callbacks` the CUPTI buffer callbacks and the state they reach
 //! ([`Shared`]); `cupti_backend` the CUPTI implementation ([`CuptiBackend`]); `trace_config` the
-//! trace configuration and the activity kinds it enables.
+//! trace configuration and the activity kinds it enables; `detach` leaving CUPTI when a trace
+//! stops (`cuptiFinalize`).
 
 mod backend;
 mod callbacks;
 mod cupti_backend;
+pub mod detach;
 mod trace_config;
 
 pub use backend::{Backend, Completed, RecordSource, StartOutcome};
