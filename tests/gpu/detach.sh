@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# GPU checks of detaching from CUPTI when a session stops (libgpuprof_inject.so with the real
+# gpuprofd), on a machine with an NVIDIA GPU, CUDA 13 and PyTorch. The workloads are PyTorch
+# processes driven line by line (tests/gpu/detach_worker.py): `small`, the 100k-small-kernel loop,
+# and `conv`, a conv-net training step. Scenarios (SCENARIOS="...", default all, in this order):
+#   overhead  per workload, processes untraced (none), traced by a session started before the
+#             process (start), traced by a session started later (late), and late with
+#             GPUPROF_DETACH=off (late_off, CUPTI left attached: the behaviour before detaching);
+#             WINDOWS timed windows while traced and WINDOWS after the session stopped, REPS
+#             processes per mode; ratios of medians against untraced, from this one run.
+#   cycles    one process, CYCLES attach/detach cycles while it waits (each traces exactly
+#             2×1000 kernels; RSS, threads and fds at cycles 1, CYCLES/2, CYCLES), then BUSY
+#             cycles stopped while the process launches kernels (the detach races CUDA calls
+#             on the application's threads), then torch.profiler in the same process against a
+#             process gpuprof never touched.
+#   callback  the alternative GPUPROF_DETACH=callback (cuptiFinalize at a CUDA API exit on an
+#             application thread): BUSY cycles stopped while the process launches kernels.
+# Prints CHECK/FIGURE lines and a summary last; logs under $OUT when set.
+# Binaries: release builds in .gpu/ (or GPUPROF_BIN), as for tests/gpu/injector.sh.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+BIN=${GPUPROF_BIN:-$PWD/.gpu}
+INJ=$BIN/libgpuprof_inject.so
+OUTDIR=${OUT:-}
+PY=${PYTHON:-python3}
+SCENARIOS=${SCENARIOS:-overhead cycles callback}
+REPS=${REPS:-2}
+WINDOWS=${WINDOWS:-5}
+CYCLES=${CYCLES:-50}
+BUSY=${BUSY:-20}
+STATE=$(mktemp -d /tmp/gpuprof-detach.XXXXXX)
+CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
+export GPUPROF_AGENT_SOCKET=$STATE/agent.sock GPUPROF_LOG=info
+SUMMARY=()
+FIGURES=()
+DPID=
+check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }
+figure() { FIGURES+=("FIGURE $1"); echo ">>> FIGURE $1"; }
+calc() { awk "BEGIN { printf \"%.4g\", $1 }"; }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+pass_if() { if [ "$2" = 1 ]; then check "$1" PASS "$3"; else check "$1" FAIL "$3"; fi; }
+jq_py() { "$PY" -c "import json,sys; v=json.load(sys.stdin); print($1)"; }
+
+finish() {
+  worker_quit
+  [ -n "$DPID" ] && kill -TERM "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
+  if [ -n "$OUTDIR" ]; then
+    mkdir -p "$OUTDIR"
+    cp "$STATE/gpuprofd.log" "$OUTDIR/detach_gpuprofd.log" 2>/dev/null
+    cat "$STATE"/worker_*.err >"$OUTDIR/detach_workers.log" 2>/dev/null
+    cp "$STATE/windows.log" "$OUTDIR/detach_windows.log" 2>/dev/null
+  fi
+  echo
+  echo "================ detach summary ================"
+  nvidia-smi -L 2>/dev/null | head -2
+  printf '%s\n' "${SUMMARY[@]}" "${FIGURES[@]}"
+  local failed=0
+  for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1)) ;; esac; done
+  echo "$((${#SUMMARY[@]} - failed)) passed, $failed failed"
+}
+trap finish EXIT
+
+[ -e "$INJ" ] && [ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "binaries missing in $BIN"; exit 2; }
+
+printf 'log_level = "info"\n[agent]\napi_from_start = true\n[sampler]\nenabled = false\n' >"$STATE/cfg.toml"
+"$BIN/gpuprofd" --state-dir "$STATE" --config "$STATE/cfg.toml" >"$STATE/gpuprofd.log" 2>&1 &
+DPID=$!
+for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+"${CTL[@]}" status >/dev/null 2>&1 || { echo "gpuprofd did not start"; tail -20 "$STATE/gpuprofd.log"; exit 2; }
+
+# ---------------------------------------------------------------- helpers
+# The worker: a coprocess; `ask CMD` sends a line and reads the answer into $REPLY.
+WPID=
+NW=0
+worker_start() { # WORK [VAR=VALUE ...]
+  local work=$1
+  shift
+  NW=$((NW + 1))
+  coproc W { exec env "$@" "$PY" "$HERE/detach_worker.py" "$work" 2>>"$STATE/worker_$NW.err"; }
+  WPID=$W_PID
+  IFS= read -r -t 120 REPLY <&"${W[0]}"
+  [ "$REPLY" = ready ]
+}
+ask() { echo "$1" >&"${W[1]}" && IFS= read -r -t 300 REPLY <&"${W[0]}"; }
+send() { echo "$1" >&"${W[1]}"; }
+answer() { IFS= read -r -t 300 REPLY <&"${W[0]}"; }
+worker_alive() { [ -n "$WPID" ] && kill -0 "$WPID" 2>/dev/null; }
+worker_quit() {
+  if worker_alive; then
+    echo quit >&"${W[1]}" 2>/dev/null
+    wait "$WPID" 2>/dev/null
+  fi
+  WPID=
+}
+session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'v["id"]'; }
+# The first process state of session $1 ("" when none yet).
+member_state() { "${CTL[@]}" --json session show "$1" 2>/dev/null | jq_py '(v["processes"] or [{}])[0].get("state", "")' 2>/dev/null; }
+member_detail() { "${CTL[@]}" --json session show "$1" 2>/dev/null | jq_py '(v["processes"] or [{}])[0].get("detail", "")' 2>/dev/null; }
+wait_tracing() {
+  for _ in $(seq 200); do [ "$(member_state "$1")" = tracing ] && return 0; sleep 0.05; done
+  return 1
+}
+# Stops a session and waits until its rows are committed (ingest queue empty, kernel count
+# unchanged for two looks).
+session_stop() {
+  "${CTL[@]}" session stop "$1" >/dev/null
+  local prev=-1 cur q same=0
+  for _ in $(seq 50); do
+    sleep 0.1
+    q=$("${CTL[@]}" --json status 2>/dev/null | jq_py 'v["ingest_queue_depth"]' 2>/dev/null)
+    cur=$(kernels_of "$1")
+    if [ "$q" = 0 ] && [ "$cur" = "$prev" ]; then same=$((same + 1)); else same=0; fi
+    [ $same -ge 2 ] && return 0
+    prev=$cur
+  done
+}
+kernels_of() { "${CTL[@]}" --json top "$1" 2>/dev/null | jq_py 'v["kernel_count"]' 2>/dev/null; }
+us_of() { grep -oE 'us=[0-9.]+' <<<"$1" | cut -d= -f2; }
+
+# ---------------------------------------------------------------- overhead
+if [[ " $SCENARIOS " == *" overhead "* ]]; then
+  declare -A TR AF DETAILS
+  for work in small conv; do
+    [ $work = small ] && n=20000 || n=100
+    for rep in $(seq "$REPS"); do
+      for mode in none start late late_off; do
+        env=()
+        [ $mode != none ] && env=(CUDA_INJECTION64_PATH="$INJ")
+        [ $mode = late_off ] && env+=(GPUPROF_DETACH=off)
+        sid=
+        [ $mode = start ] && sid=$(session_start --all --preset default --name "detach-$work-start")
+        if ! worker_start $work "${env[@]}"; then
+          check "overhead $work $mode: worker started" FAIL "rep $rep"
+          worker_quit
+          continue
+        fi
+        if [[ $mode == late* ]]; then
+          sid=$(session_start --pid "$WPID" --preset default --name "detach-$work-$mode")
+        fi
+        [ -n "$sid" ] && wait_tracing "$sid"
+        for _ in $(seq "$WINDOWS"); do
+          ask "run $n"
+          TR[$work.$mode]="${TR[$work.$mode]:-} $(us_of "$REPLY")"
+        done
+        if [ -n "$sid" ]; then
+          session_stop "$sid"
+          DETAILS[$work.$mode]="$(member_detail "$sid")"
+        fi
+        sleep 0.3
+        for _ in $(seq "$WINDOWS"); do
+          ask "run $n"
+          AF[$work.$mode]="${AF[$work.$mode]:-} $(us_of "$REPLY")"
+        done
+        echo "$work $mode rep $rep: traced${TR[$work.$mode]} | after${AF[$work.$mode]}" >>"$STATE/windows.log"
+        worker_quit
+      done
+    done
+    t0=$(echo "${TR[$work.none]}" | median)
+    a0=$(echo "${AF[$work.none]}" | median)
+    for mode in start late late_off; do
+      rt=$(calc "$(echo "${TR[$work.$mode]}" | median) / $t0")
+      ra=$(calc "$(echo "${AF[$work.$mode]}" | median) / $a0")
+      figure "$work $mode: traced ${rt}x untraced, after the stop ${ra}x (untraced medians $t0 / $a0 us; session detail: ${DETAILS[$work.$mode]})"
+      case $mode in
+        start | late)
+          pass_if "$work $mode: after the stop <= 1.02x untraced" "$(calc "$ra <= 1.02")" "${ra}x"
+          pass_if "$work $mode: the session says CUPTI was finalized" \
+            "$([ "${DETAILS[$work.$mode]}" = "detached: finalized" ] && echo 1)" "${DETAILS[$work.$mode]}"
+          ;;
+      esac
+      [ $mode = late ] && pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$rt <= 1.25")" "${rt}x"
+    done
+  done
+fi
+
+# ---------------------------------------------------------------- cycles
+# One cycle: a session over the worker, wait until it traces, a command, stop, wait for rows.
+cycle() { # CMD -> sets CYC_SID, CYC_KERNELS
+  CYC_SID=$(session_start --pid "$WPID" --preset default --name cycle)
+  wait_tracing "$CYC_SID" || echo "cycle: session $CYC_SID not tracing after 10 s" >>"$STATE/windows.log"
+  ask "$1"
+  session_stop "$CYC_SID"
+  CYC_KERNELS=$(kernels_of "$CYC_SID")
+}
+# A cycle stopped while the worker launches kernels: the detach happens under CUDA calls.
+busy_cycle() {
+  local sid
+  sid=$(session_start --pid "$WPID" --preset default --name busy)
+  wait_tracing "$sid"
+  send "kernels 150000"
+  sleep 0.3
+  session_stop "$sid"
+  answer
+  BUSY_DETAIL=$(member_detail "$sid")
+}
+
+if [[ " $SCENARIOS " == *" cycles "* ]]; then
+  if worker_start small CUDA_INJECTION64_PATH="$INJ"; then
+    exact=0
+    bad=()
+    stats=()
+    for i in $(seq "$CYCLES"); do
+      cycle "kernels 1000"
+      if [ "$CYC_KERNELS" = 2000 ]; then exact=$((exact + 1)); else bad+=("$i:$CYC_KERNELS"); fi
+      if [ "$i" = 1 ] || [ "$i" = $((CYCLES / 2)) ] || [ "$i" = "$CYCLES" ]; then
+        ask stats
+        stats+=("cycle $i: ${REPLY#stats }")
+      fi
+      worker_alive || break
+    done
+    pass_if "$CYCLES attach/detach cycles in one process: every cycle traced exactly 2000 kernels" \
+      "$([ $exact = "$CYCLES" ] && echo 1)" "$exact exact; off: ${bad[*]:-none}"
+    figure "cycles: ${stats[*]}"
+    first=${stats[0]:-}
+    last=${stats[${#stats[@]}-1]:-}
+    kv() { grep -oE "$1=[0-9]+" <<<"$2" | cut -d= -f2; }
+    r1=$(kv rss_kb "$first"); r2=$(kv rss_kb "$last")
+    pass_if "cycles: threads and fds flat, RSS within +5 % from cycle 1 to $CYCLES" \
+      "$([ "$(kv threads "$first")" = "$(kv threads "$last")" ] && [ "$(kv fds "$first")" = "$(kv fds "$last")" ] && [ "$(calc "${r2:-0} <= ${r1:-0} * 1.05")" = 1 ] && echo 1)" \
+      "$first -> $last"
+    ok=0
+    details=()
+    for i in $(seq "$BUSY"); do
+      busy_cycle
+      worker_alive && [[ "$REPLY" == done* ]] && ok=$((ok + 1))
+      details+=("$BUSY_DETAIL")
+      worker_alive || break
+    done
+    pass_if "$BUSY cycles stopped while the process launches kernels: no crash, no hang" \
+      "$([ $ok = "$BUSY" ] && echo 1)" "$ok of $BUSY; details: $(printf '%s\n' "${details[@]}" | sort | uniq -c | tr -s ' \n' ' ')"
+    ask "profile 1000"
+    after=$(grep -oE 'kernels=[0-9]+' <<<"$REPLY" | cut -d= -f2)
+    worker_quit
+    worker_start small
+    ask "profile 1000"
+    fresh=$(grep -oE 'kernels=[0-9]+' <<<"$REPLY" | cut -d= -f2)
+    worker_quit
+    pass_if "torch.profiler after the detaches records what it records in an untouched process" \
+      "$([ -n "$after" ] && [ "$after" = "$fresh" ] && [ "$after" -ge 2000 ] && echo 1)" "after gpuprof: $after, untouched: $fresh"
+  else
+    check "cycles: worker started" FAIL
+  fi
+fi
+
+# ---------------------------------------------------------------- callback
+if [[ " $SCENARIOS " == *" callback "* ]]; then
+  if worker_start small CUDA_INJECTION64_PATH="$INJ" GPUPROF_DETACH=callback; then
+    ok=0
+    details=()
+    for i in $(seq "$BUSY"); do
+      busy_cycle
+      worker_alive && [[ "$REPLY" == done* ]] && ok=$((ok + 1))
+      details+=("$BUSY_DETAIL")
+      worker_alive || break
+    done
+    ask "run 20000"
+    figure "callback: after $ok busy cycles the loop runs at $(us_of "$REPLY") us/op"
+    worker_quit
+    at_exit=$(grep -c 'CUPTI finalized (CUDA API exit)' "$STATE/worker_$NW.err")
+    pass_if "GPUPROF_DETACH=callback: $BUSY busy cycles without a crash or hang" \
+      "$([ $ok = "$BUSY" ] && echo 1)" "$ok of $BUSY; finalized at an API exit $at_exit times; details: $(printf '%s\n' "${details[@]}" | sort | uniq -c | tr -s ' \n' ' ')"
+  else
+    check "callback: worker started" FAIL
+  fi
+fi
+grep -iE " (warn|error) " "$STATE/gpuprofd.log" | tail -5
