@@ -51,13 +51,11 @@ pub struct Config {
 /// How a stopped trace leaves the process's CUPTI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DetachMode {
-    /// `finalize` (default): after the last flush, `cuptiFinalize` from the background thread,
-    /// so no CUPTI hook stays in the process; the next trace initialises CUPTI again.
+    /// `finalize` (default): `cuptiFinalize` at the exit of the application's next CUDA API
+    /// call after the last flush, so no CUPTI hook stays in the process; the next trace
+    /// initialises CUPTI again (see `tracer::detach`).
     #[default]
     Finalize,
-    /// `callback`: `cuptiFinalize` at the exit of the next CUDA API call on an application
-    /// thread (a subscriber made at stop), falling back to `finalize` when none comes.
-    Callback,
     /// `off`: kinds and callback ids switched off only; CUPTI stays attached (a late-attached
     /// process keeps paying for CUPTI's runtime hooks).
     Off,
@@ -66,8 +64,7 @@ pub enum DetachMode {
 impl DetachMode {
     fn parse(s: &str) -> Option<DetachMode> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "finalize" => Some(DetachMode::Finalize),
-            "callback" => Some(DetachMode::Callback),
+            "finalize" | "callback" => Some(DetachMode::Finalize),
             "off" | "none" => Some(DetachMode::Off),
             _ => None,
         }
@@ -206,7 +203,7 @@ mod tests {
     fn detach_mode() {
         let mode = |v: &str| Config::from_lookup(|k| (k == "GPUPROF_DETACH").then(|| v.into())).detach;
         assert_eq!(Config::from_lookup(|_| None).detach, DetachMode::Finalize);
-        assert_eq!(mode("callback"), DetachMode::Callback);
+        assert_eq!(mode("callback"), DetachMode::Finalize);
         assert_eq!(mode(" OFF "), DetachMode::Off);
         assert_eq!(mode("none"), DetachMode::Off);
         assert_eq!(mode("bogus"), DetachMode::Finalize, "an unknown mode keeps the default");

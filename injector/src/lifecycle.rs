@@ -207,6 +207,8 @@ extern "C" fn at_exit() {
         if STATE.compare_exchange(RUNNING, EXITED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             return;
         }
+        // A CUDA call made while the process tears down must not finalize CUPTI.
+        crate::tracer::detach::disarm();
         // Flush on this thread, as a plain CUPTI client would in its exit handler: the buffers
         // come back through buffer_completed into the queue. Nothing is disabled here: with a
         // static CUDA runtime its own exit handler may already have torn CUDA down.
@@ -224,6 +226,7 @@ extern "C" fn at_exit() {
 /// background thread; it never traces and leaves the parent's connection alone.
 extern "C" fn in_fork_child() {
     STATE.store(DISABLED, Ordering::SeqCst);
+    crate::tracer::detach::disarm();
     let fd = crate::socket_fd::take();
     if fd >= 0 {
         // Safety: the child's copy of the parent's socket; closing it affects only the child.

@@ -4,17 +4,17 @@
 # processes driven line by line (tests/gpu/detach_worker.py): `small`, the 100k-small-kernel loop,
 # and `conv`, a conv-net training step. Scenarios (SCENARIOS="...", default all, in this order):
 #   overhead  per workload, processes untraced (none), traced by a session started before the
-#             process (start), traced by a session started later (late), and late with
-#             GPUPROF_DETACH=off (late_off, CUPTI left attached: the behaviour before detaching);
+#             process (start), traced by a session started later (late), late with
+#             GPUPROF_DETACH=off (late_off, CUPTI left attached: the behaviour before detaching)
+#             and late with GPUPROF_API_MODE=cbid (late_cbid, API calls by callback id);
 #             WINDOWS timed windows while traced and WINDOWS after the session stopped, REPS
 #             processes per mode; ratios of medians against untraced, from this one run.
-#   cycles    one process, CYCLES attach/detach cycles while it waits (each traces exactly
-#             2×1000 kernels; RSS, threads and fds at cycles 1, CYCLES/2, CYCLES), then BUSY
-#             cycles stopped while the process launches kernels (the detach races CUDA calls
-#             on the application's threads), then torch.profiler in the same process against a
-#             process gpuprof never touched.
-#   callback  the alternative GPUPROF_DETACH=callback (cuptiFinalize at a CUDA API exit on an
-#             application thread): BUSY cycles stopped while the process launches kernels.
+#   cycles    one process, CYCLES attach/detach cycles stopped while it waits (each traces
+#             exactly 2×1000 kernels, then 20 untraced kernels let the pending detach happen;
+#             RSS, threads and fds at cycles 1, CYCLES/2, CYCLES), then BUSY cycles stopped while
+#             the process launches kernels (the detach meets CUDA calls on the application's
+#             thread), then torch.profiler in the same process against a process gpuprof never
+#             touched.
 # Prints CHECK/FIGURE lines and a summary last; logs under $OUT when set.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as for tests/gpu/injector.sh.
 set -uo pipefail
@@ -24,7 +24,7 @@ BIN=${GPUPROF_BIN:-$PWD/.gpu}
 INJ=$BIN/libgpuprof_inject.so
 OUTDIR=${OUT:-}
 PY=${PYTHON:-python3}
-SCENARIOS=${SCENARIOS:-overhead cycles callback}
+SCENARIOS=${SCENARIOS:-overhead cycles}
 REPS=${REPS:-2}
 WINDOWS=${WINDOWS:-5}
 CYCLES=${CYCLES:-50}
@@ -82,13 +82,14 @@ worker_start() { # WORK [VAR=VALUE ...]
   IFS= read -r -t 120 REPLY <&"${W[0]}"
   [ "$REPLY" = ready ]
 }
-ask() { echo "$1" >&"${W[1]}" && IFS= read -r -t 300 REPLY <&"${W[0]}"; }
-send() { echo "$1" >&"${W[1]}"; }
-answer() { IFS= read -r -t 300 REPLY <&"${W[0]}"; }
+# A worker that died leaves W unset: every exchange then fails with REPLY="dead".
+ask() { send "$1" && answer; }
+send() { REPLY=dead; [ -n "${W[1]:-}" ] && echo "$1" >&"${W[1]}"; }
+answer() { REPLY=dead; [ -n "${W[0]:-}" ] && IFS= read -r -t 300 REPLY <&"${W[0]}"; }
 worker_alive() { [ -n "$WPID" ] && kill -0 "$WPID" 2>/dev/null; }
 worker_quit() {
   if worker_alive; then
-    echo quit >&"${W[1]}" 2>/dev/null
+    [ -n "${W[1]:-}" ] && echo quit >&"${W[1]}" 2>/dev/null
     wait "$WPID" 2>/dev/null
   fi
   WPID=
@@ -116,18 +117,20 @@ session_stop() {
   done
 }
 kernels_of() { "${CTL[@]}" --json top "$1" 2>/dev/null | jq_py 'v["kernel_count"]' 2>/dev/null; }
+api_of() { "${CTL[@]}" --json top "$1" 2>/dev/null | jq_py 'sum(a["count"] for a in v.get("api_calls", []))' 2>/dev/null; }
 us_of() { grep -oE 'us=[0-9.]+' <<<"$1" | cut -d= -f2; }
 
 # ---------------------------------------------------------------- overhead
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
-  declare -A TR AF DETAILS
+  declare -A TR AF DETAILS APIS
   for work in small conv; do
     [ $work = small ] && n=20000 || n=100
     for rep in $(seq "$REPS"); do
-      for mode in none start late late_off; do
+      for mode in none start late late_off late_cbid; do
         env=()
         [ $mode != none ] && env=(CUDA_INJECTION64_PATH="$INJ")
         [ $mode = late_off ] && env+=(GPUPROF_DETACH=off)
+        [ $mode = late_cbid ] && env+=(GPUPROF_API_MODE=cbid)
         sid=
         [ $mode = start ] && sid=$(session_start --all --preset default --name "detach-$work-start")
         if ! worker_start $work "${env[@]}"; then
@@ -146,6 +149,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
         if [ -n "$sid" ]; then
           session_stop "$sid"
           DETAILS[$work.$mode]="$(member_detail "$sid")"
+          APIS[$work.$mode]="${APIS[$work.$mode]:-} $(api_of "$sid")"
         fi
         sleep 0.3
         for _ in $(seq "$WINDOWS"); do
@@ -158,15 +162,15 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
     done
     t0=$(echo "${TR[$work.none]}" | median)
     a0=$(echo "${AF[$work.none]}" | median)
-    for mode in start late late_off; do
+    for mode in start late late_off late_cbid; do
       rt=$(calc "$(echo "${TR[$work.$mode]}" | median) / $t0")
       ra=$(calc "$(echo "${AF[$work.$mode]}" | median) / $a0")
-      figure "$work $mode: traced ${rt}x untraced, after the stop ${ra}x (untraced medians $t0 / $a0 us; session detail: ${DETAILS[$work.$mode]})"
+      figure "$work $mode: traced ${rt}x untraced, after the stop ${ra}x (untraced medians $t0 / $a0 us; API records per session:${APIS[$work.$mode]:-}; last session detail: ${DETAILS[$work.$mode]:-})"
       case $mode in
         start | late)
           pass_if "$work $mode: after the stop <= 1.02x untraced" "$(calc "$ra <= 1.02")" "${ra}x"
-          pass_if "$work $mode: the session says CUPTI was finalized" \
-            "$([ "${DETAILS[$work.$mode]}" = "detached: finalized" ] && echo 1)" "${DETAILS[$work.$mode]}"
+          pass_if "$work $mode: the session says CUPTI is detached" \
+            "$([[ "${DETAILS[$work.$mode]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$work.$mode]:-}"
           ;;
       esac
       [ $mode = late ] && pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$rt <= 1.25")" "${rt}x"
@@ -203,6 +207,7 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
     for i in $(seq "$CYCLES"); do
       cycle "kernels 1000"
       if [ "$CYC_KERNELS" = 2000 ]; then exact=$((exact + 1)); else bad+=("$i:$CYC_KERNELS"); fi
+      ask "kernels 10"
       if [ "$i" = 1 ] || [ "$i" = $((CYCLES / 2)) ] || [ "$i" = "$CYCLES" ]; then
         ask stats
         stats+=("cycle $i: ${REPLY#stats }")
@@ -211,6 +216,9 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
     done
     pass_if "$CYCLES attach/detach cycles in one process: every cycle traced exactly 2000 kernels" \
       "$([ $exact = "$CYCLES" ] && echo 1)" "$exact exact; off: ${bad[*]:-none}"
+    fin=$(grep -c "pending detach: detached: finalized" "$STATE/worker_$NW.err")
+    pass_if "cycles: each idle stop's pending detach finalized CUPTI at the next CUDA call" \
+      "$([ "$fin" -ge $((CYCLES - 1)) ] && echo 1)" "$fin of $((CYCLES - 1)) seen at the next start"
     figure "cycles: ${stats[*]}"
     first=${stats[0]:-}
     last=${stats[${#stats[@]}-1]:-}
@@ -243,25 +251,4 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
   fi
 fi
 
-# ---------------------------------------------------------------- callback
-if [[ " $SCENARIOS " == *" callback "* ]]; then
-  if worker_start small CUDA_INJECTION64_PATH="$INJ" GPUPROF_DETACH=callback; then
-    ok=0
-    details=()
-    for i in $(seq "$BUSY"); do
-      busy_cycle
-      worker_alive && [[ "$REPLY" == done* ]] && ok=$((ok + 1))
-      details+=("$BUSY_DETAIL")
-      worker_alive || break
-    done
-    ask "run 20000"
-    figure "callback: after $ok busy cycles the loop runs at $(us_of "$REPLY") us/op"
-    worker_quit
-    at_exit=$(grep -c 'CUPTI finalized (CUDA API exit)' "$STATE/worker_$NW.err")
-    pass_if "GPUPROF_DETACH=callback: $BUSY busy cycles without a crash or hang" \
-      "$([ $ok = "$BUSY" ] && echo 1)" "$ok of $BUSY; finalized at an API exit $at_exit times; details: $(printf '%s\n' "${details[@]}" | sort | uniq -c | tr -s ' \n' ' ')"
-  else
-    check "callback: worker started" FAIL
-  fi
-fi
 grep -iE " (warn|error) " "$STATE/gpuprofd.log" | tail -5

@@ -9,7 +9,7 @@ use gpuprof_proto::agent as pb;
 
 use super::backend::{Backend, StartOutcome};
 use super::callbacks::{Shared, TRACING, buffer_completed, buffer_requested, now_ms};
-use super::detach::{Detached, detach};
+use super::detach::{Detached, Detacher};
 use super::trace_config::kinds_for;
 use crate::cbids;
 use crate::config::{ApiMode, DetachMode};
@@ -74,6 +74,7 @@ pub struct CuptiBackend {
     apis: Vec<(&'static ApiDomain, bool)>,
     displaced: bool,
     last_probe: Instant,
+    detacher: Detacher,
 }
 
 impl CuptiBackend {
@@ -85,6 +86,7 @@ impl CuptiBackend {
             apis: Vec::new(),
             displaced: false,
             last_probe: Instant::now(),
+            detacher: Detacher::default(),
         }
     }
 
@@ -150,6 +152,14 @@ impl CuptiBackend {
         first.map_or(Ok(()), Err)
     }
 
+    fn after_detach(&mut self, d: &Detached) {
+        if *d == Detached::Finalized {
+            // The callback ids switched on inside cuInit went with CUPTI: from now on API
+            // calls are recorded as for a late attach.
+            self.tuning.early_runtime = false;
+        }
+    }
+
     fn displaced_detail(e: CuptiError) -> String {
         format!("{e}: another CUPTI client (e.g. torch.profiler/Kineto) holds CUPTI; gpuprof stood down")
     }
@@ -165,6 +175,11 @@ impl Backend for CuptiBackend {
             self.stop();
         }
         self.displaced = false;
+        let cupti = self.shared.cupti.clone();
+        if let Some(d) = self.detacher.settle(&cupti) {
+            log!(Info, "the last trace's pending detach: {}", d.detail());
+            self.after_detach(&d);
+        }
         if let Err(e) = self.cupti().probe_subscriber() {
             if e.is_other_subscriber() {
                 return StartOutcome::Displaced(Self::displaced_detail(e));
@@ -239,16 +254,10 @@ impl Backend for CuptiBackend {
     }
 
     fn detach(&mut self) -> String {
-        let d = detach(self.cupti(), self.tuning.detach, self.displaced);
-        if matches!(d, Detached::Finalized(_)) {
-            // The callback ids switched on inside cuInit went with CUPTI: from now on API
-            // calls are recorded as for a late attach.
-            self.tuning.early_runtime = false;
-        }
-        match &d {
-            Detached::Finalized(at) => log!(Info, "CUPTI finalized ({at})"),
-            Detached::Kept(why) => log!(Info, "CUPTI left attached: {why}"),
-        }
+        let cupti = self.shared.cupti.clone();
+        let d = self.detacher.detach(&cupti, self.tuning.detach, self.displaced);
+        log!(Info, "trace stopped, {}", d.detail());
+        self.after_detach(&d);
         d.detail()
     }
 

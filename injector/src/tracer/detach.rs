@@ -3,13 +3,19 @@
 //! loop stays 1.2–1.6× slower). `cuptiFinalize` removes every hook; the next CUPTI call (the
 //! next trace start) initialises CUPTI again.
 //!
-//! CUPTI documents two safe points: the exit of a CUDA API call (from a subscriber's callback),
-//! or any thread once the buffers are flushed and nothing else calls CUPTI. The background
-//! thread is the one CUPTI caller of this library and flushes before detaching, so it
-//! finalizes itself by default ([`DetachMode::Finalize`]); [`DetachMode::Callback`] does it at
-//! the next API exit on an application thread instead, waiting at most [`CALLBACK_WAIT`] on the
-//! background thread (never on the application's). Not finalized: when another CUPTI client
-//! (torch.profiler) holds CUPTI, or NVTX was routed through CUPTI (its hooks point into it).
+//! Where `cuptiFinalize` runs decides whether the application survives it. From the background
+//! thread it races the application's CUDA calls: on the H100 a PyTorch process stopped while
+//! launching kernels aborted with a corrupted heap in the 18th such detach. So it runs where
+//! CUPTI documents it safe, at the exit of a CUDA API call on an application thread: at stop,
+//! after the last flush, a subscriber is made with the runtime and driver API domains on, and
+//! its callback finalizes at the first API exit it sees. The background thread waits at most
+//! [`CALLBACK_WAIT`] for that (the application's threads never wait); when the application
+//! makes no CUDA call meanwhile, the detach stays armed ([`Detached::Pending`]) and happens at
+//! its next call, or is called off by the next trace start ([`Detacher::settle`]) or at exit
+//! ([`disarm`]).
+//!
+//! Not detached: when another CUPTI client (torch.profiler) holds CUPTI, or NVTX was routed
+//! through CUPTI (NVTX calls into CUPTI's hooks for the life of the process).
 // Safety: the API callback receives CUPTI's `cbdata` pointer; its one use is commented.
 #![allow(unsafe_code)]
 
@@ -19,18 +25,17 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::config::DetachMode;
+use gpuprof_cupti::activity::Subscriber;
 use gpuprof_cupti::sys::cupti as sys;
 use gpuprof_cupti::{Cupti, CuptiError};
 
-/// Set when NVTX was routed through CUPTI (`InitializeInjectionNvtx2`): NVTX then calls into
-/// CUPTI's hooks for the life of the process, and CUPTI is never finalized.
+/// Set when NVTX was routed through CUPTI (`InitializeInjectionNvtx2`).
 pub static NVTX_FORWARDED: AtomicBool = AtomicBool::new(false);
 
-/// Longest wait for a CUDA API exit in [`DetachMode::Callback`] before finalizing from the
-/// background thread.
+/// Longest wait on the background thread for a CUDA API exit to finalize at.
 pub const CALLBACK_WAIT: Duration = Duration::from_millis(500);
 
-/// The next API exit callback should finalize (whoever clears it first finalizes).
+/// The next API exit callback should finalize (whoever clears it first owns the outcome).
 static ARMED: AtomicBool = AtomicBool::new(false);
 /// The callback's `cuptiFinalize` result, or [`PENDING`].
 static RESULT: AtomicU32 = AtomicU32::new(PENDING);
@@ -39,93 +44,117 @@ const PENDING: u32 = u32::MAX;
 /// How a stop left CUPTI.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Detached {
-    /// `cuptiFinalize` succeeded; where it ran.
-    Finalized(&'static str),
+    /// `cuptiFinalize` succeeded at a CUDA API exit.
+    Finalized,
+    /// Armed: CUPTI is finalized at the application's next CUDA API exit.
+    Pending,
     /// CUPTI stays attached; why.
     Kept(String),
 }
 
 impl Detached {
-    /// The detail reported with the idle trace state: `detached: finalized` or why not.
+    /// The detail reported with the idle trace state.
     pub fn detail(&self) -> String {
         match self {
-            Detached::Finalized(_) => "detached: finalized".into(),
+            Detached::Finalized => "detached: finalized".into(),
+            Detached::Pending => "detached: finalize pending (at the next CUDA call)".into(),
             Detached::Kept(why) => format!("detached: not finalized ({why})"),
         }
     }
 }
 
-/// Detaches from CUPTI after a trace's last flush (see the module doc). `displaced`: another
-/// CUPTI client took over during the trace.
-pub fn detach(cupti: &Cupti, mode: DetachMode, displaced: bool) -> Detached {
-    if mode == DetachMode::Off {
-        return Detached::Kept("GPUPROF_DETACH=off".into());
-    }
-    if displaced {
-        return Detached::Kept("another CUPTI client holds CUPTI".into());
-    }
-    if NVTX_FORWARDED.load(Ordering::SeqCst) {
-        return Detached::Kept("NVTX is routed through CUPTI".into());
-    }
-    if let Err(e) = cupti.probe_subscriber()
-        && e.is_other_subscriber()
-    {
-        return Detached::Kept(format!("another CUPTI client is subscribed: {e}"));
-    }
-    if mode == DetachMode::Callback {
-        match at_api_exit(cupti) {
-            Ok(Some(d)) => return d,
-            Ok(None) => {}
-            Err(e) => return Detached::Kept(format!("at an API exit: {e}")),
-        }
-    }
-    match cupti.finalize() {
-        Ok(()) => Detached::Finalized(if mode == DetachMode::Callback {
-            "background thread (no CUDA call came)"
-        } else {
-            "background thread"
-        }),
-        Err(e) => Detached::Kept(format!("cuptiFinalize: {e}")),
-    }
+/// The detach of the last trace, while it may still be pending.
+#[derive(Debug, Default)]
+pub struct Detacher {
+    /// The armed subscriber of a pending detach.
+    pending: Option<Subscriber>,
 }
 
-/// Arms [`on_api`] and waits for it. `Ok(None)`: no API exit came within [`CALLBACK_WAIT`] and
-/// the callback was disarmed (the caller finalizes).
-fn at_api_exit(cupti: &Cupti) -> Result<Option<Detached>, CuptiError> {
-    let sub = cupti.subscribe(Some(on_api))?;
-    RESULT.store(PENDING, Ordering::SeqCst);
-    ARMED.store(true, Ordering::SeqCst);
-    let on = [sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_CB_DOMAIN_DRIVER_API]
-        .into_iter()
-        .map(|d| cupti.enable_domain(&sub, d, true))
-        .collect::<Result<Vec<()>, _>>();
-    if let Err(e) = on
-        && ARMED.swap(false, Ordering::SeqCst)
-    {
-        let _ = cupti.unsubscribe(sub);
-        return Err(e);
-    }
-    let deadline = Instant::now() + CALLBACK_WAIT;
-    loop {
-        let r = RESULT.load(Ordering::SeqCst);
-        if r != PENDING {
-            // The callback finalized CUPTI, which ended the subscriber too: `sub` goes out of
-            // scope without an unsubscribe.
-            return Ok(Some(if r == sys::CUPTI_SUCCESS {
-                Detached::Finalized("CUDA API exit")
-            } else {
-                Detached::Kept(format!("cuptiFinalize at an API exit: {}", CuptiError::new(r)))
-            }));
+impl Detacher {
+    /// Detaches from CUPTI after a trace's last flush (see the module doc). `displaced`:
+    /// another CUPTI client took over during the trace.
+    pub fn detach(&mut self, cupti: &Cupti, mode: DetachMode, displaced: bool) -> Detached {
+        self.settle(cupti);
+        if mode == DetachMode::Off {
+            return Detached::Kept("GPUPROF_DETACH=off".into());
         }
-        if Instant::now() >= deadline && ARMED.swap(false, Ordering::SeqCst) {
+        if displaced {
+            return Detached::Kept("another CUPTI client holds CUPTI".into());
+        }
+        if NVTX_FORWARDED.load(Ordering::SeqCst) {
+            return Detached::Kept("NVTX is routed through CUPTI".into());
+        }
+        let sub = match cupti.subscribe(Some(on_api)) {
+            Ok(s) => s,
+            Err(e) if e.is_other_subscriber() => {
+                return Detached::Kept(format!("another CUPTI client is subscribed: {e}"));
+            }
+            Err(e) => return Detached::Kept(format!("cuptiSubscribe: {e}")),
+        };
+        RESULT.store(PENDING, Ordering::SeqCst);
+        ARMED.store(true, Ordering::SeqCst);
+        for d in [sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_CB_DOMAIN_DRIVER_API] {
+            if let Err(e) = cupti.enable_domain(&sub, d, true)
+                && ARMED.swap(false, Ordering::SeqCst)
+            {
+                let _ = cupti.unsubscribe(sub);
+                return Detached::Kept(format!("cuptiEnableDomain: {e}"));
+            }
+        }
+        let deadline = Instant::now() + CALLBACK_WAIT;
+        loop {
+            if let Some(d) = outcome() {
+                // The callback finalized CUPTI, which ended the subscriber too: `sub` goes out
+                // of scope without an unsubscribe.
+                return d;
+            }
+            if Instant::now() >= deadline {
+                self.pending = Some(sub);
+                return Detached::Pending;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Before CUPTI is used again (a trace start): calls a pending detach off, or waits for
+    /// the one under way on an application thread. Returns what became of it, if one was
+    /// pending.
+    pub fn settle(&mut self, cupti: &Cupti) -> Option<Detached> {
+        let sub = self.pending.take()?;
+        if ARMED.swap(false, Ordering::SeqCst) {
+            // No CUDA call came since the stop: CUPTI was never finalized.
             let _ = cupti.unsubscribe(sub);
-            return Ok(None);
+            return Some(Detached::Kept("called off by the next trace".into()));
         }
-        std::thread::sleep(Duration::from_millis(1));
+        // An application thread took it: wait for its result.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Some(d) = outcome() {
+                return Some(d);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Some(Detached::Kept("cuptiFinalize at an API exit did not return within 2 s".into()))
     }
 }
 
-/// CUPTI calls this at the entry and exit of every runtime and driver API call while armed.
+/// The callback's result, once it has finalized.
+fn outcome() -> Option<Detached> {
+    match RESULT.load(Ordering::SeqCst) {
+        PENDING => None,
+        sys::CUPTI_SUCCESS => Some(Detached::Finalized),
+        r => Some(Detached::Kept(format!("cuptiFinalize at an API exit: {}", CuptiError::new(r)))),
+    }
+}
+
+/// Calls off a pending detach for good (process exit, fork child): a CUDA call made while the
+/// process tears down must not finalize CUPTI. Async-signal-safe.
+pub fn disarm() {
+    ARMED.store(false, Ordering::SeqCst);
+}
+
+/// CUPTI calls this at the entry and exit of every runtime and driver API call while the
+/// detach subscriber exists.
 extern "C" fn on_api(_userdata: *mut c_void, _domain: sys::CUpti_CallbackDomain, _cbid: u32, cbdata: *const c_void) {
     let _ = catch_unwind(|| {
         // Safety: this subscriber switches on the RUNTIME and DRIVER API domains only, whose
@@ -147,7 +176,8 @@ mod tests {
 
     #[test]
     fn details_say_whether_cupti_was_finalized() {
-        assert_eq!(Detached::Finalized("background thread").detail(), "detached: finalized");
+        assert_eq!(Detached::Finalized.detail(), "detached: finalized");
+        assert_eq!(Detached::Pending.detail(), "detached: finalize pending (at the next CUDA call)");
         assert_eq!(
             Detached::Kept("GPUPROF_DETACH=off".into()).detail(),
             "detached: not finalized (GPUPROF_DETACH=off)"
