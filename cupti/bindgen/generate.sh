@@ -5,7 +5,8 @@
 #   src/sys/cupti.rs   CUPTI types, constants and a run-time loaded function table (activity
 #                      tracing, callbacks, PM sampling, profiler host) for the injector and the
 #                      PM sampler;
-#   src/sys/cuda.rs    the CUDA driver calls both make (cuInit, device facts);
+#   src/sys/cuda.rs    the CUDA driver calls both make (cuInit, device facts, waiting for the
+#                      primary contexts before a trace detaches);
 #   src/cbid_names.rs  runtime and driver API callback id -> function name, from the enums of
 #                      cupti_runtime_cbid.h and cupti_driver_cbid.h.
 # Run at development time only; the output is committed, so building gpuprof needs neither
@@ -68,11 +69,13 @@ bindgen "$here/wrapper.h" "${common[@]}" \
   --output "$out/cupti.rs" \
   -- -I"$here/stub" -I"$CUDA_INCLUDE" -x c
 
-# CUDA driver: cuInit (the PM sampler initialises the driver itself) and the device facts every
-# agent's hello reports (struct CudaDriver). Types come from cupti.rs.
+# CUDA driver: cuInit (the PM sampler initialises the driver itself), the device facts every
+# agent's hello reports, and waiting for the active primary contexts before a trace detaches
+# (struct CudaDriver). Types come from cupti.rs.
 bindgen "$here/wrapper.h" "${common[@]}" \
   --dynamic-loading CudaDriver \
   --allowlist-function 'cu(Init|DriverGetVersion|DeviceGetCount|DeviceGet|DeviceGetName|DeviceGetUuid_v2|DeviceGetAttribute|DeviceTotalMem_v2|DeviceGetPCIBusId)' \
+  --allowlist-function 'cu(DevicePrimaryCtxGetState|DevicePrimaryCtxRetain|DevicePrimaryCtxRelease_v2|CtxPushCurrent_v2|CtxPopCurrent_v2|CtxSynchronize)' \
   --blocklist-type '.*' \
   --raw-line 'use super::cupti::*;' \
   --output "$out/cuda.rs" \

@@ -4,11 +4,12 @@
 # processes driven line by line (tests/gpu/detach_worker.py): `small`, the 100k-small-kernel loop,
 # and `conv`, a conv-net training step. Scenarios (SCENARIOS="...", default all, in this order):
 #   overhead  per workload, processes untraced (none), traced by a session started before the
-#             process (start), traced by a session started later (late), late with
-#             GPUPROF_DETACH=off (late_off, CUPTI left attached: the behaviour before detaching)
-#             and late with GPUPROF_API_MODE=cbid (late_cbid, API calls by callback id);
-#             WINDOWS timed windows while traced and WINDOWS after the session stopped, REPS
-#             processes per mode; ratios of medians against untraced, from this one run.
+#             process (start), traced by a session started later (late), and late with
+#             GPUPROF_DETACH=off (late_off, CUPTI left attached: the behaviour before detaching);
+#             WINDOWS timed windows before the session (none, late*), while traced and after the
+#             session stopped, REPS processes per mode, each pinned to the same CPUs (PIN);
+#             ratios of medians against untraced processes, and for late sessions after/before
+#             in the same process, from this one run.
 #   cycles    one process, CYCLES attach/detach cycles stopped while it waits (each traces
 #             exactly 2×1000 kernels, then 20 untraced kernels let the pending detach happen;
 #             RSS, threads and fds at cycles 1, CYCLES/2, CYCLES), then BUSY cycles stopped while
@@ -25,10 +26,13 @@ INJ=$BIN/libgpuprof_inject.so
 OUTDIR=${OUT:-}
 PY=${PYTHON:-python3}
 SCENARIOS=${SCENARIOS:-overhead cycles}
-REPS=${REPS:-2}
+REPS=${REPS:-3}
 WINDOWS=${WINDOWS:-5}
 CYCLES=${CYCLES:-50}
 BUSY=${BUSY:-20}
+# Every worker runs on these CPUs: unpinned, the same untraced loop ran at 16 or at 25 us/op
+# depending on where the process landed.
+PIN=${PIN:-2-5}
 STATE=$(mktemp -d /tmp/gpuprof-detach.XXXXXX)
 CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
 export GPUPROF_AGENT_SOCKET=$STATE/agent.sock GPUPROF_LOG=info
@@ -77,7 +81,7 @@ worker_start() { # WORK [VAR=VALUE ...]
   local work=$1
   shift
   NW=$((NW + 1))
-  coproc W { exec env "$@" "$PY" "$HERE/detach_worker.py" "$work" 2>>"$STATE/worker_$NW.err"; }
+  coproc W { exec env "$@" taskset -c "$PIN" "$PY" "$HERE/detach_worker.py" "$work" 2>>"$STATE/worker_$NW.err"; }
   WPID=$W_PID
   IFS= read -r -t 120 REPLY <&"${W[0]}"
   [ "$REPLY" = ready ]
@@ -122,21 +126,28 @@ us_of() { grep -oE 'us=[0-9.]+' <<<"$1" | cut -d= -f2; }
 
 # ---------------------------------------------------------------- overhead
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
-  declare -A TR AF DETAILS APIS
+  declare -A BE TR AF WI DETAILS APIS
   for work in small conv; do
     [ $work = small ] && n=20000 || n=100
     for rep in $(seq "$REPS"); do
-      for mode in none start late late_off late_cbid; do
+      for mode in none start late late_off; do
         env=()
         [ $mode != none ] && env=(CUDA_INJECTION64_PATH="$INJ")
         [ $mode = late_off ] && env+=(GPUPROF_DETACH=off)
-        [ $mode = late_cbid ] && env+=(GPUPROF_API_MODE=cbid)
         sid=
         [ $mode = start ] && sid=$(session_start --all --preset default --name "detach-$work-start")
         if ! worker_start $work "${env[@]}"; then
           check "overhead $work $mode: worker started" FAIL "rep $rep"
           worker_quit
           continue
+        fi
+        be=
+        if [ $mode != start ]; then
+          for _ in $(seq "$WINDOWS"); do
+            ask "run $n"
+            be="$be $(us_of "$REPLY")"
+          done
+          BE[$work.$mode]="${BE[$work.$mode]:-}$be"
         fi
         if [[ $mode == late* ]]; then
           sid=$(session_start --pid "$WPID" --preset default --name "detach-$work-$mode")
@@ -152,28 +163,37 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
           APIS[$work.$mode]="${APIS[$work.$mode]:-} $(api_of "$sid")"
         fi
         sleep 0.3
+        af=
         for _ in $(seq "$WINDOWS"); do
           ask "run $n"
-          AF[$work.$mode]="${AF[$work.$mode]:-} $(us_of "$REPLY")"
+          af="$af $(us_of "$REPLY")"
         done
-        echo "$work $mode rep $rep: traced${TR[$work.$mode]} | after${AF[$work.$mode]}" >>"$STATE/windows.log"
+        AF[$work.$mode]="${AF[$work.$mode]:-}$af"
+        # After the stop against before the session, in this one process.
+        [ -n "$be" ] && WI[$work.$mode]="${WI[$work.$mode]:-} $(calc "$(echo "$af" | median) / $(echo "$be" | median)")"
+        echo "$work $mode rep $rep: before$be | traced${TR[$work.$mode]} | after$af" >>"$STATE/windows.log"
         worker_quit
       done
     done
     t0=$(echo "${TR[$work.none]}" | median)
     a0=$(echo "${AF[$work.none]}" | median)
-    for mode in start late late_off late_cbid; do
+    figure "$work none: after/before in the same untraced process (drift):${WI[$work.none]:-}"
+    for mode in start late late_off; do
       rt=$(calc "$(echo "${TR[$work.$mode]}" | median) / $t0")
       ra=$(calc "$(echo "${AF[$work.$mode]}" | median) / $a0")
-      figure "$work $mode: traced ${rt}x untraced, after the stop ${ra}x (untraced medians $t0 / $a0 us; API records per session:${APIS[$work.$mode]:-}; last session detail: ${DETAILS[$work.$mode]:-})"
+      wi=$(echo "${WI[$work.$mode]:-}" | median)
+      figure "$work $mode: traced ${rt}x untraced, after the stop ${ra}x untraced${wi:+, after/before in the same process ${wi}x (per process:${WI[$work.$mode]})} (untraced medians $t0 / $a0 us; API records per session:${APIS[$work.$mode]:-}; last session detail: ${DETAILS[$work.$mode]:-})"
       case $mode in
-        start | late)
-          pass_if "$work $mode: after the stop <= 1.02x untraced" "$(calc "$ra <= 1.02")" "${ra}x"
-          pass_if "$work $mode: the session says CUPTI is detached" \
-            "$([[ "${DETAILS[$work.$mode]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$work.$mode]:-}"
+        start)
+          pass_if "$work start: after the stop <= 1.02x untraced" "$(calc "$ra <= 1.02")" "${ra}x"
+          ;;
+        late)
+          pass_if "$work late: after the stop <= 1.02x its own speed before the session" "$(calc "$wi <= 1.02")" "${wi}x; against untraced processes ${ra}x"
+          pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$rt <= 1.25")" "${rt}x"
           ;;
       esac
-      [ $mode = late ] && pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$rt <= 1.25")" "${rt}x"
+      [[ $mode == start || $mode == late ]] && pass_if "$work $mode: the session says CUPTI is detached" \
+        "$([[ "${DETAILS[$work.$mode]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$work.$mode]:-}"
     done
   done
 fi

@@ -26,6 +26,20 @@ pub struct CudaDriver {
         unsafe extern "C" fn(pi: *mut ::core::ffi::c_int, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuDevicePrimaryCtxRetain:
+        Result<unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult, ::libloading::Error>,
+    pub cuDevicePrimaryCtxRelease_v2: Result<unsafe extern "C" fn(dev: CUdevice) -> CUresult, ::libloading::Error>,
+    pub cuDevicePrimaryCtxGetState: Result<
+        unsafe extern "C" fn(
+            dev: CUdevice,
+            flags: *mut ::core::ffi::c_uint,
+            active: *mut ::core::ffi::c_int,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuCtxPushCurrent_v2: Result<unsafe extern "C" fn(ctx: CUcontext) -> CUresult, ::libloading::Error>,
+    pub cuCtxPopCurrent_v2: Result<unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult, ::libloading::Error>,
+    pub cuCtxSynchronize: Result<unsafe extern "C" fn() -> CUresult, ::libloading::Error>,
     pub cuDeviceGetPCIBusId: Result<
         unsafe extern "C" fn(pciBusId: *mut ::core::ffi::c_char, len: ::core::ffi::c_int, dev: CUdevice) -> CUresult,
         ::libloading::Error,
@@ -53,6 +67,12 @@ impl CudaDriver {
         let cuDeviceGetUuid_v2 = __library.get(b"cuDeviceGetUuid_v2\0").map(|sym| *sym);
         let cuDeviceTotalMem_v2 = __library.get(b"cuDeviceTotalMem_v2\0").map(|sym| *sym);
         let cuDeviceGetAttribute = __library.get(b"cuDeviceGetAttribute\0").map(|sym| *sym);
+        let cuDevicePrimaryCtxRetain = __library.get(b"cuDevicePrimaryCtxRetain\0").map(|sym| *sym);
+        let cuDevicePrimaryCtxRelease_v2 = __library.get(b"cuDevicePrimaryCtxRelease_v2\0").map(|sym| *sym);
+        let cuDevicePrimaryCtxGetState = __library.get(b"cuDevicePrimaryCtxGetState\0").map(|sym| *sym);
+        let cuCtxPushCurrent_v2 = __library.get(b"cuCtxPushCurrent_v2\0").map(|sym| *sym);
+        let cuCtxPopCurrent_v2 = __library.get(b"cuCtxPopCurrent_v2\0").map(|sym| *sym);
+        let cuCtxSynchronize = __library.get(b"cuCtxSynchronize\0").map(|sym| *sym);
         let cuDeviceGetPCIBusId = __library.get(b"cuDeviceGetPCIBusId\0").map(|sym| *sym);
         Ok(CudaDriver {
             __library,
@@ -64,6 +84,12 @@ impl CudaDriver {
             cuDeviceGetUuid_v2,
             cuDeviceTotalMem_v2,
             cuDeviceGetAttribute,
+            cuDevicePrimaryCtxRetain,
+            cuDevicePrimaryCtxRelease_v2,
+            cuDevicePrimaryCtxGetState,
+            cuCtxPushCurrent_v2,
+            cuCtxPopCurrent_v2,
+            cuCtxSynchronize,
             cuDeviceGetPCIBusId,
         })
     }
@@ -100,6 +126,29 @@ impl CudaDriver {
         dev: CUdevice,
     ) -> CUresult {
         (self.cuDeviceGetAttribute.as_ref().expect("Expected function, got error."))(pi, attrib, dev)
+    }
+    pub unsafe fn cuDevicePrimaryCtxRetain(&self, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+        (self.cuDevicePrimaryCtxRetain.as_ref().expect("Expected function, got error."))(pctx, dev)
+    }
+    pub unsafe fn cuDevicePrimaryCtxRelease_v2(&self, dev: CUdevice) -> CUresult {
+        (self.cuDevicePrimaryCtxRelease_v2.as_ref().expect("Expected function, got error."))(dev)
+    }
+    pub unsafe fn cuDevicePrimaryCtxGetState(
+        &self,
+        dev: CUdevice,
+        flags: *mut ::core::ffi::c_uint,
+        active: *mut ::core::ffi::c_int,
+    ) -> CUresult {
+        (self.cuDevicePrimaryCtxGetState.as_ref().expect("Expected function, got error."))(dev, flags, active)
+    }
+    pub unsafe fn cuCtxPushCurrent_v2(&self, ctx: CUcontext) -> CUresult {
+        (self.cuCtxPushCurrent_v2.as_ref().expect("Expected function, got error."))(ctx)
+    }
+    pub unsafe fn cuCtxPopCurrent_v2(&self, pctx: *mut CUcontext) -> CUresult {
+        (self.cuCtxPopCurrent_v2.as_ref().expect("Expected function, got error."))(pctx)
+    }
+    pub unsafe fn cuCtxSynchronize(&self) -> CUresult {
+        (self.cuCtxSynchronize.as_ref().expect("Expected function, got error."))()
     }
     pub unsafe fn cuDeviceGetPCIBusId(
         &self,

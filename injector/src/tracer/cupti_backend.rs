@@ -248,6 +248,14 @@ impl Backend for CuptiBackend {
                 }
             }
         }
+        // Work launched while tracing completes before the last flush (its records are then
+        // whole) and before CUPTI may be finalized (see `detach`).
+        if let Some(driver) = gpuprof_cupti::device::Driver::already_loaded() {
+            match driver.synchronize_active_primary_contexts() {
+                Ok(n) => log!(Debug, "waited for {n} primary context(s) before the last flush"),
+                Err(e) => log!(Warn, "{e}"),
+            }
+        }
         // Completed buffers first, then the partly filled ones.
         let _ = self.cupti().flush_all(false);
         let _ = self.cupti().flush_all(true);

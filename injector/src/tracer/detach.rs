@@ -3,11 +3,14 @@
 //! loop stays 1.2–1.6× slower). `cuptiFinalize` removes every hook; the next CUPTI call (the
 //! next trace start) initialises CUPTI again.
 //!
-//! Where `cuptiFinalize` runs decides whether the application survives it. From the background
-//! thread it races the application's CUDA calls: on the H100 a PyTorch process stopped while
-//! launching kernels aborted with a corrupted heap in the 18th such detach. So it runs where
-//! CUPTI documents it safe, at the exit of a CUDA API call on an application thread: at stop,
-//! after the last flush, a subscriber is made with the runtime and driver API domains on, and
+//! What must hold when `cuptiFinalize` runs: no kernel launched while tracing may still be
+//! queued (it completes into CUPTI state that finalize frees: on the H100 a PyTorch process
+//! stopped while launching kernels crashed, with a corrupted heap after 18 such detaches from
+//! the background thread, with a segfault after 3 at an API exit), and no application thread
+//! may be inside CUPTI. So `stop` waits for the active primary contexts
+//! ([`gpuprof_cupti::device::Driver::synchronize_active_primary_contexts`]) before the last
+//! flush, and finalize runs where CUPTI documents it safe, at the exit of a CUDA API call on an
+//! application thread: a subscriber is made with the runtime and driver API domains on, and
 //! its callback finalizes at the first API exit it sees. The background thread waits at most
 //! [`CALLBACK_WAIT`] for that (the application's threads never wait); when the application
 //! makes no CUDA call meanwhile, the detach stays armed ([`Detached::Pending`]) and happens at
