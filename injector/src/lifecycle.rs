@@ -187,6 +187,9 @@ impl Backend for LazyCupti {
     fn detach(&mut self) -> String {
         self.inner.as_mut().map_or_else(String::new, |b| b.detach())
     }
+    fn poll_detach(&mut self) -> Option<String> {
+        self.inner.as_mut().and_then(|b| b.poll_detach())
+    }
     fn tick(&mut self) -> Option<String> {
         self.inner.as_mut().and_then(|b| b.tick())
     }

@@ -3,9 +3,9 @@
 # gpuprofd), on a machine with an NVIDIA GPU, CUDA 13 and PyTorch. The workloads are PyTorch
 # processes driven line by line (tests/gpu/detach_worker.py): `small`, the 100k-small-kernel loop,
 # and `conv`, a conv-net training step. Scenarios (SCENARIOS="...", default all, in this order):
-#   overhead  per workload, processes untraced (none), traced by a session started before the
-#             process (start), traced by a session started later (late), and late with
-#             GPUPROF_DETACH=off (late_off, CUPTI left attached: the behaviour before detaching);
+#   overhead  per workload, a process traced by a session started before it (start), one
+#             traced by a session started later (late), and late with GPUPROF_DETACH=off
+#             (late_off, CUPTI left attached: the behaviour before detaching), 
 #             WINDOWS timed windows before the session (none, late*), while traced and after the
 #             session stopped, REPS processes per mode, each pinned to the same CPUs (PIN);
 #             ratios of medians against untraced processes, and for late sessions after/before
@@ -30,9 +30,11 @@ REPS=${REPS:-3}
 WINDOWS=${WINDOWS:-5}
 CYCLES=${CYCLES:-50}
 BUSY=${BUSY:-20}
-# Every worker runs on these CPUs: unpinned, the same untraced loop ran at 16 or at 25 us/op
-# depending on where the process landed.
-PIN=${PIN:-2-5}
+# Workers run pinned (unpinned, the same untraced loop ran at 16 or at 25 us/op depending on
+# where the process landed), an untraced one and a traced one side by side, windows alternating,
+# so that the machine's drift (an untraced process alone slowed 13-38 % over a minute) cancels.
+PIN_A=${PIN_A:-2-3}
+PIN_B=${PIN_B:-4-5}
 STATE=$(mktemp -d /tmp/gpuprof-detach.XXXXXX)
 CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
 export GPUPROF_AGENT_SOCKET=$STATE/agent.sock GPUPROF_LOG=info
@@ -47,7 +49,7 @@ pass_if() { if [ "$2" = 1 ]; then check "$1" PASS "$3"; else check "$1" FAIL "$3
 jq_py() { "$PY" -c "import json,sys; v=json.load(sys.stdin); print($1)"; }
 
 finish() {
-  worker_quit
+  for w in "${!WPID[@]}"; do wquit "$w"; done
   [ -n "$DPID" ] && kill -TERM "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
   if [ -n "$OUTDIR" ]; then
     mkdir -p "$OUTDIR"
@@ -74,29 +76,44 @@ for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/nul
 "${CTL[@]}" status >/dev/null 2>&1 || { echo "gpuprofd did not start"; tail -20 "$STATE/gpuprofd.log"; exit 2; }
 
 # ---------------------------------------------------------------- helpers
-# The worker: a coprocess; `ask CMD` sends a line and reads the answer into $REPLY.
-WPID=
+# Workers by name, each a process reading commands from a FIFO and answering on another:
+# `wstart NAME CPUS WORK [VAR=VALUE ...]`, `wask NAME CMD` (answer in $REPLY, "dead" when the
+# worker died), `wsend`/`wanswer` for the two halves, `wquit NAME`.
+declare -A WIN WOUT WPID
 NW=0
-worker_start() { # WORK [VAR=VALUE ...]
-  local work=$1
-  shift
+wstart() {
+  local name=$1 cpus=$2 work=$3 i o
+  shift 3
   NW=$((NW + 1))
-  coproc W { exec env "$@" taskset -c "$PIN" "$PY" "$HERE/detach_worker.py" "$work" 2>>"$STATE/worker_$NW.err"; }
-  WPID=$W_PID
-  IFS= read -r -t 120 REPLY <&"${W[0]}"
+  rm -f "$STATE/$name.in" "$STATE/$name.out"
+  mkfifo "$STATE/$name.in" "$STATE/$name.out"
+  env "$@" taskset -c "$cpus" "$PY" "$HERE/detach_worker.py" "$work" <"$STATE/$name.in" >"$STATE/$name.out" 2>>"$STATE/worker_$NW.err" &
+  WPID[$name]=$!
+  exec {i}<>"$STATE/$name.in" {o}<>"$STATE/$name.out"
+  WIN[$name]=$i
+  WOUT[$name]=$o
+  wanswer "$name"
   [ "$REPLY" = ready ]
 }
-# A worker that died leaves W unset: every exchange then fails with REPLY="dead".
-ask() { send "$1" && answer; }
-send() { REPLY=dead; [ -n "${W[1]:-}" ] && echo "$1" >&"${W[1]}"; }
-answer() { REPLY=dead; [ -n "${W[0]:-}" ] && IFS= read -r -t 300 REPLY <&"${W[0]}"; }
-worker_alive() { [ -n "$WPID" ] && kill -0 "$WPID" 2>/dev/null; }
-worker_quit() {
-  if worker_alive; then
-    [ -n "${W[1]:-}" ] && echo quit >&"${W[1]}" 2>/dev/null
-    wait "$WPID" 2>/dev/null
-  fi
-  WPID=
+walive() { [ -n "${WPID[$1]:-}" ] && kill -0 "${WPID[$1]}" 2>/dev/null; }
+wsend() { REPLY=dead; walive "$1" && echo "$2" >&"${WIN[$1]}"; }
+wanswer() {
+  REPLY=dead
+  local t
+  for t in $(seq 600); do
+    IFS= read -r -t 0.5 REPLY <&"${WOUT[$1]}" && return 0
+    walive "$1" || { REPLY=dead; return 1; }
+  done
+  REPLY=dead
+  return 1
+}
+wask() { wsend "$1" "$2" && wanswer "$1"; }
+wquit() {
+  [ -n "${WPID[$1]:-}" ] || return 0
+  walive "$1" && echo quit >&"${WIN[$1]}"
+  wait "${WPID[$1]}" 2>/dev/null
+  exec {WIN[$1]}>&- {WOUT[$1]}<&-
+  unset "WPID[$1]"
 }
 session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'v["id"]'; }
 # The first process state of session $1 ("" when none yet).
@@ -126,74 +143,63 @@ us_of() { grep -oE 'us=[0-9.]+' <<<"$1" | cut -d= -f2; }
 
 # ---------------------------------------------------------------- overhead
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
-  declare -A BE TR AF WI DETAILS APIS
+  declare -A RB RT RA DETAILS APIS
+  # One window of each worker, alternating; appends B's time over A's to the named list.
+  pair() { # LIST N
+    local ta tb
+    wask a "run $2"
+    ta=$(us_of "$REPLY")
+    wask b "run $2"
+    tb=$(us_of "$REPLY")
+    [ -n "$ta" ] && [ -n "$tb" ] && eval "$1+=\" $(calc "$tb / $ta")\""
+    echo "$1 a=$ta b=$tb" >>"$STATE/windows.log"
+  }
   for work in small conv; do
     [ $work = small ] && n=20000 || n=100
     for rep in $(seq "$REPS"); do
-      for mode in none start late late_off; do
-        env=()
-        [ $mode != none ] && env=(CUDA_INJECTION64_PATH="$INJ")
+      # The two processes swap CPUs from one rep to the next.
+      if [ $((rep % 2)) = 1 ]; then ca=$PIN_A cb=$PIN_B; else ca=$PIN_B cb=$PIN_A; fi
+      for mode in start late late_off; do
+        env=(CUDA_INJECTION64_PATH="$INJ")
         [ $mode = late_off ] && env+=(GPUPROF_DETACH=off)
         sid=
         [ $mode = start ] && sid=$(session_start --all --preset default --name "detach-$work-start")
-        if ! worker_start $work "${env[@]}"; then
-          check "overhead $work $mode: worker started" FAIL "rep $rep"
-          worker_quit
+        if ! wstart a "$ca" $work || ! wstart b "$cb" $work "${env[@]}"; then
+          check "overhead $work $mode: workers started" FAIL "rep $rep"
+          wquit a
+          wquit b
           continue
         fi
-        be=
+        k=$work.$mode
         if [ $mode != start ]; then
-          for _ in $(seq "$WINDOWS"); do
-            ask "run $n"
-            be="$be $(us_of "$REPLY")"
-          done
-          BE[$work.$mode]="${BE[$work.$mode]:-}$be"
+          for _ in $(seq "$WINDOWS"); do pair "RB[$k]" $n; done
+          sid=$(session_start --pid "${WPID[b]}" --preset default --name "detach-$work-$mode")
         fi
-        if [[ $mode == late* ]]; then
-          sid=$(session_start --pid "$WPID" --preset default --name "detach-$work-$mode")
-        fi
-        [ -n "$sid" ] && wait_tracing "$sid"
-        for _ in $(seq "$WINDOWS"); do
-          ask "run $n"
-          TR[$work.$mode]="${TR[$work.$mode]:-} $(us_of "$REPLY")"
-        done
-        if [ -n "$sid" ]; then
-          session_stop "$sid"
-          DETAILS[$work.$mode]="$(member_detail "$sid")"
-          APIS[$work.$mode]="${APIS[$work.$mode]:-} $(api_of "$sid")"
-        fi
+        wait_tracing "$sid"
+        for _ in $(seq "$WINDOWS"); do pair "RT[$k]" $n; done
+        session_stop "$sid"
+        DETAILS[$k]="$(member_detail "$sid")"
+        APIS[$k]="${APIS[$k]:-} $(api_of "$sid")"
         sleep 0.3
-        af=
-        for _ in $(seq "$WINDOWS"); do
-          ask "run $n"
-          af="$af $(us_of "$REPLY")"
-        done
-        AF[$work.$mode]="${AF[$work.$mode]:-}$af"
-        # After the stop against before the session, in this one process.
-        [ -n "$be" ] && WI[$work.$mode]="${WI[$work.$mode]:-} $(calc "$(echo "$af" | median) / $(echo "$be" | median)")"
-        echo "$work $mode rep $rep: before$be | traced${TR[$work.$mode]} | after$af" >>"$STATE/windows.log"
-        worker_quit
+        for _ in $(seq "$WINDOWS"); do pair "RA[$k]" $n; done
+        wquit a
+        wquit b
       done
     done
-    t0=$(echo "${TR[$work.none]}" | median)
-    a0=$(echo "${AF[$work.none]}" | median)
-    figure "$work none: after/before in the same untraced process (drift):${WI[$work.none]:-}"
     for mode in start late late_off; do
-      rt=$(calc "$(echo "${TR[$work.$mode]}" | median) / $t0")
-      ra=$(calc "$(echo "${AF[$work.$mode]}" | median) / $a0")
-      wi=$(echo "${WI[$work.$mode]:-}" | median)
-      figure "$work $mode: traced ${rt}x untraced, after the stop ${ra}x untraced${wi:+, after/before in the same process ${wi}x (per process:${WI[$work.$mode]})} (untraced medians $t0 / $a0 us; API records per session:${APIS[$work.$mode]:-}; last session detail: ${DETAILS[$work.$mode]:-})"
+      k=$work.$mode
+      rt=$(echo "${RT[$k]:-}" | median)
+      ra=$(echo "${RA[$k]:-}" | median)
+      if [ $mode = start ]; then after=$ra; else after=$(calc "$ra / $(echo "${RB[$k]:-}" | median)"); fi
+      figure "$work $mode: traced ${rt}x untraced, after the stop ${after}x (median of paired windows, traced over untraced process${RB[$k]:+, over the same pair before the session ($(echo "${RB[$k]}" | median)x)}; API records per session:${APIS[$k]:-}; last session detail: ${DETAILS[$k]:-})"
       case $mode in
-        start)
-          pass_if "$work start: after the stop <= 1.02x untraced" "$(calc "$ra <= 1.02")" "${ra}x"
-          ;;
-        late)
-          pass_if "$work late: after the stop <= 1.02x its own speed before the session" "$(calc "$wi <= 1.02")" "${wi}x; against untraced processes ${ra}x"
-          pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$rt <= 1.25")" "${rt}x"
+        start | late)
+          pass_if "$work $mode: after the stop <= 1.02x untraced" "$(calc "$after <= 1.02")" "${after}x"
+          pass_if "$work $mode: the session says CUPTI is detached" \
+            "$([[ "${DETAILS[$k]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$k]:-}"
           ;;
       esac
-      [[ $mode == start || $mode == late ]] && pass_if "$work $mode: the session says CUPTI is detached" \
-        "$([[ "${DETAILS[$work.$mode]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$work.$mode]:-}"
+      [ $mode = late ] && pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$rt <= 1.25")" "${rt}x"
     done
   done
 fi
@@ -201,42 +207,43 @@ fi
 # ---------------------------------------------------------------- cycles
 # One cycle: a session over the worker, wait until it traces, a command, stop, wait for rows.
 cycle() { # CMD -> sets CYC_SID, CYC_KERNELS
-  CYC_SID=$(session_start --pid "$WPID" --preset default --name cycle)
+  CYC_SID=$(session_start --pid "${WPID[c]}" --preset default --name cycle)
   wait_tracing "$CYC_SID" || echo "cycle: session $CYC_SID not tracing after 10 s" >>"$STATE/windows.log"
-  ask "$1"
+  wask c "$1"
   session_stop "$CYC_SID"
   CYC_KERNELS=$(kernels_of "$CYC_SID")
 }
 # A cycle stopped while the worker launches kernels: the detach happens under CUDA calls.
 busy_cycle() {
   local sid
-  sid=$(session_start --pid "$WPID" --preset default --name busy)
+  sid=$(session_start --pid "${WPID[c]}" --preset default --name busy)
   wait_tracing "$sid"
-  send "kernels 150000"
+  wsend c "kernels 150000"
   sleep 0.3
   session_stop "$sid"
-  answer
+  wanswer c
   BUSY_DETAIL=$(member_detail "$sid")
 }
 
 if [[ " $SCENARIOS " == *" cycles "* ]]; then
-  if worker_start small CUDA_INJECTION64_PATH="$INJ"; then
+  if wstart c "$PIN_B" small CUDA_INJECTION64_PATH="$INJ"; then
+    CN=$NW
     exact=0
     bad=()
     stats=()
     for i in $(seq "$CYCLES"); do
       cycle "kernels 1000"
       if [ "$CYC_KERNELS" = 2000 ]; then exact=$((exact + 1)); else bad+=("$i:$CYC_KERNELS"); fi
-      ask "kernels 10"
+      wask c "kernels 10"
       if [ "$i" = 1 ] || [ "$i" = $((CYCLES / 2)) ] || [ "$i" = "$CYCLES" ]; then
-        ask stats
+        wask c stats
         stats+=("cycle $i: ${REPLY#stats }")
       fi
-      worker_alive || break
+      walive c || break
     done
     pass_if "$CYCLES attach/detach cycles in one process: every cycle traced exactly 2000 kernels" \
       "$([ $exact = "$CYCLES" ] && echo 1)" "$exact exact; off: ${bad[*]:-none}"
-    fin=$(grep -c "pending detach: detached: finalized" "$STATE/worker_$NW.err")
+    fin=$(grep -c "pending at the stop is done: detached: finalized" "$STATE/worker_$CN.err")
     pass_if "cycles: each idle stop's pending detach finalized CUPTI at the next CUDA call" \
       "$([ "$fin" -ge $((CYCLES - 1)) ] && echo 1)" "$fin of $((CYCLES - 1)) seen at the next start"
     figure "cycles: ${stats[*]}"
@@ -251,19 +258,19 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
     details=()
     for i in $(seq "$BUSY"); do
       busy_cycle
-      worker_alive && [[ "$REPLY" == done* ]] && ok=$((ok + 1))
+      walive c && [[ "$REPLY" == done* ]] && ok=$((ok + 1))
       details+=("$BUSY_DETAIL")
-      worker_alive || break
+      walive c || break
     done
     pass_if "$BUSY cycles stopped while the process launches kernels: no crash, no hang" \
       "$([ $ok = "$BUSY" ] && echo 1)" "$ok of $BUSY; details: $(printf '%s\n' "${details[@]}" | sort | uniq -c | tr -s ' \n' ' ')"
-    ask "profile 1000"
+    wask c "profile 1000"
     after=$(grep -oE 'kernels=[0-9]+' <<<"$REPLY" | cut -d= -f2)
-    worker_quit
-    worker_start small
-    ask "profile 1000"
+    wquit c
+    wstart u "$PIN_B" small
+    wask u "profile 1000"
     fresh=$(grep -oE 'kernels=[0-9]+' <<<"$REPLY" | cut -d= -f2)
-    worker_quit
+    wquit u
     pass_if "torch.profiler after the detaches records what it records in an untouched process" \
       "$([ -n "$after" ] && [ "$after" = "$fresh" ] && [ "$after" -ge 2000 ] && echo 1)" "after gpuprof: $after, untouched: $fresh"
   else

@@ -139,6 +139,11 @@ impl<B: Backend> Agent<B> {
             self.send_records();
             self.send_drops();
         }
+        if self.status == Status::Idle
+            && let Some(detail) = self.backend.poll_detach()
+        {
+            log!(Info, "the detach left pending at the stop is done: {detail}");
+        }
         if let Some(c) = &self.conn
             && c.welcomed
             && c.last_sent.elapsed() >= c.heartbeat

@@ -36,6 +36,11 @@ pub trait Backend: Send {
     fn detach(&mut self) -> String {
         String::new()
     }
+    /// While idle: the outcome of a detach left pending at the stop, once the application
+    /// carried it out (logged, reported once).
+    fn poll_detach(&mut self) -> Option<String> {
+        None
+    }
     /// Periodic flush while tracing. `Some(detail)` when another client displaced the trace.
     fn tick(&mut self) -> Option<String>;
     /// Drops counted outside the converter: (per-kind queue drops, CUPTI's own drops).

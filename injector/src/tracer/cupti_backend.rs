@@ -269,6 +269,12 @@ impl Backend for CuptiBackend {
         d.detail()
     }
 
+    fn poll_detach(&mut self) -> Option<String> {
+        let d = self.detacher.poll()?;
+        self.after_detach(&d);
+        Some(d.detail())
+    }
+
     fn tick(&mut self) -> Option<String> {
         if self.displaced {
             return None;

@@ -119,6 +119,18 @@ impl Detacher {
         }
     }
 
+    /// A pending detach that an application thread has carried out since: what became of it
+    /// (reported once). `None` while none is pending or it is still armed.
+    pub fn poll(&mut self) -> Option<Detached> {
+        self.pending.as_ref()?;
+        if ARMED.load(Ordering::SeqCst) {
+            return None;
+        }
+        let d = outcome()?;
+        self.pending = None;
+        Some(d)
+    }
+
     /// Before CUPTI is used again (a trace start): calls a pending detach off, or waits for
     /// the one under way on an application thread. Returns what became of it, if one was
     /// pending.
