@@ -66,6 +66,7 @@ finish() {
   echo "$((${#SUMMARY[@]} - failed)) passed, $failed failed"
 }
 trap finish EXIT
+trap "exit 143" TERM INT
 
 [ -e "$INJ" ] && [ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "binaries missing in $BIN"; exit 2; }
 
