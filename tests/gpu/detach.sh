@@ -3,13 +3,15 @@
 # gpuprofd), on a machine with an NVIDIA GPU, CUDA 13 and PyTorch. The workloads are PyTorch
 # processes driven line by line (tests/gpu/detach_worker.py): `small`, the 100k-small-kernel loop,
 # and `conv`, a conv-net training step. Scenarios (SCENARIOS="...", default all, in this order):
-#   overhead  per workload, a process traced by a session started before it (start), one
-#             traced by a session started later (late), and late with GPUPROF_DETACH=off
-#             (late_off, CUPTI left attached: the behaviour before detaching), 
-#             WINDOWS timed windows before the session (none, late*), while traced and after the
-#             session stopped, REPS processes per mode, each pinned to the same CPUs (PIN);
-#             ratios of medians against untraced processes, and for late sessions after/before
-#             in the same process, from this one run.
+#   overhead  per workload (WORKS), a process traced by a session started before it (start),
+#             one traced by a session started later (late), and late with GPUPROF_DETACH=off
+#             (late_off, CUPTI left attached: the behaviour before detaching). Each traced
+#             process B runs beside an untraced one A, pinned to their own CPUs (PIN_A, PIN_B,
+#             swapped from one rep to the next), timed windows alternating A and B: WINDOWS
+#             pairs before the session (late*), while traced and after the stop, REPS reps.
+#             Ratios B/A per pair, medians: wall time per op and the launching thread's CPU
+#             time per op (what intercepted CUDA calls cost, without the scheduling noise of a
+#             shared machine); for late sessions after the stop over before it.
 #   cycles    one process, CYCLES attach/detach cycles stopped while it waits (each traces
 #             exactly 2×1000 kernels, then 20 untraced kernels let the pending detach happen;
 #             RSS, threads and fds at cycles 1, CYCLES/2, CYCLES), then BUSY cycles stopped while
@@ -26,8 +28,8 @@ INJ=$BIN/libgpuprof_inject.so
 OUTDIR=${OUT:-}
 PY=${PYTHON:-python3}
 SCENARIOS=${SCENARIOS:-overhead cycles}
-REPS=${REPS:-3}
-WINDOWS=${WINDOWS:-5}
+REPS=${REPS:-2}
+WINDOWS=${WINDOWS:-7}
 CYCLES=${CYCLES:-50}
 BUSY=${BUSY:-20}
 # Workers run pinned (unpinned, the same untraced loop ran at 16 or at 25 us/op depending on
@@ -140,67 +142,81 @@ session_stop() {
 }
 kernels_of() { "${CTL[@]}" --json top "$1" 2>/dev/null | jq_py 'v["kernel_count"]' 2>/dev/null; }
 api_of() { "${CTL[@]}" --json top "$1" 2>/dev/null | jq_py 'sum(a["count"] for a in v.get("api_calls", []))' 2>/dev/null; }
-us_of() { grep -oE 'us=[0-9.]+' <<<"$1" | cut -d= -f2; }
+us_of() { grep -oE ' us=[0-9.]+' <<<"$1" | cut -d= -f2; }
+cpu_of() { grep -oE 'cpu=[0-9.]+' <<<"$1" | cut -d= -f2; }
 
 # ---------------------------------------------------------------- overhead
+# Ratios per window pair (B over A), by "PHASE.WORK.MODE" (PHASE: before, traced, after): WALL
+# from wall-clock time per op, CPU from the launching thread's CPU time per op.
+declare -A WALL CPU DETAILS APIS
+pair() { # KEY N
+  local ta tb ca cb
+  wask a "run $2"
+  ta=$(us_of "$REPLY") ca=$(cpu_of "$REPLY")
+  wask b "run $2"
+  tb=$(us_of "$REPLY") cb=$(cpu_of "$REPLY")
+  [ -n "$ta" ] && [ -n "$tb" ] && WALL[$1]+=" $(calc "$tb / $ta")" && CPU[$1]+=" $(calc "$cb / $ca")"
+  echo "$1 a=$ta b=$tb cpu_a=$ca cpu_b=$cb" >>"$STATE/windows.log"
+}
+med() { echo "${2:-}" | median; } # NAME LIST
+# "after the stop" for a mode: against untraced for start, against the same pair before the
+# session for late sessions.
+after_of() { # ARRAY-NAME WORK MODE
+  local -n arr=$1
+  local ra
+  ra=$(med x "${arr[after.$2.$3]:-}")
+  if [ "$3" = start ]; then echo "$ra"; else calc "$ra / $(med x "${arr[before.$2.$3]:-}")"; fi
+}
 if [[ " $SCENARIOS " == *" overhead "* ]]; then
-  declare -A RB RT RA DETAILS APIS
-  # One window of each worker, alternating; appends B's time over A's to the named list.
-  pair() { # LIST N
-    local ta tb
-    wask a "run $2"
-    ta=$(us_of "$REPLY")
-    wask b "run $2"
-    tb=$(us_of "$REPLY")
-    [ -n "$ta" ] && [ -n "$tb" ] && eval "$1+=\" $(calc "$tb / $ta")\""
-    echo "$1 a=$ta b=$tb" >>"$STATE/windows.log"
-  }
-  for work in small conv; do
-    [ $work = small ] && n=20000 || n=100
+  for work in ${WORKS:-small conv}; do
+    [ $work = small ] && n=10000 || n=100
     for rep in $(seq "$REPS"); do
-      # The two processes swap CPUs from one rep to the next.
+      # The two processes swap CPUs from one rep to the next; A, untraced, serves every mode.
       if [ $((rep % 2)) = 1 ]; then ca=$PIN_A cb=$PIN_B; else ca=$PIN_B cb=$PIN_A; fi
+      wstart a "$ca" $work || { check "overhead $work: untraced worker started" FAIL "rep $rep"; continue; }
       for mode in start late late_off; do
         env=(CUDA_INJECTION64_PATH="$INJ")
         [ $mode = late_off ] && env+=(GPUPROF_DETACH=off)
         sid=
         [ $mode = start ] && sid=$(session_start --all --preset default --name "detach-$work-start")
-        if ! wstart a "$ca" $work || ! wstart b "$cb" $work "${env[@]}"; then
-          check "overhead $work $mode: workers started" FAIL "rep $rep"
-          wquit a
+        if ! wstart b "$cb" $work "${env[@]}"; then
+          check "overhead $work $mode: worker started" FAIL "rep $rep"
           wquit b
           continue
         fi
         k=$work.$mode
         if [ $mode != start ]; then
-          for _ in $(seq "$WINDOWS"); do pair "RB[$k]" $n; done
+          for _ in $(seq "$WINDOWS"); do pair "before.$k" $n; done
           sid=$(session_start --pid "${WPID[b]}" --preset default --name "detach-$work-$mode")
         fi
         wait_tracing "$sid"
-        for _ in $(seq "$WINDOWS"); do pair "RT[$k]" $n; done
+        for _ in $(seq "$WINDOWS"); do pair "traced.$k" $n; done
         session_stop "$sid"
         DETAILS[$k]="$(member_detail "$sid")"
         APIS[$k]="${APIS[$k]:-} $(api_of "$sid")"
-        sleep 0.3
-        for _ in $(seq "$WINDOWS"); do pair "RA[$k]" $n; done
-        wquit a
+        wask b "run 1" # the first CUDA call after the stop carries out a pending detach
+        sleep 0.2
+        for _ in $(seq "$WINDOWS"); do pair "after.$k" $n; done
         wquit b
       done
+      wquit a
     done
     for mode in start late late_off; do
       k=$work.$mode
-      rt=$(echo "${RT[$k]:-}" | median)
-      ra=$(echo "${RA[$k]:-}" | median)
-      if [ $mode = start ]; then after=$ra; else after=$(calc "$ra / $(echo "${RB[$k]:-}" | median)"); fi
-      figure "$work $mode: traced ${rt}x untraced, after the stop ${after}x (median of paired windows, traced over untraced process${RB[$k]:+, over the same pair before the session ($(echo "${RB[$k]}" | median)x)}; API records per session:${APIS[$k]:-}; last session detail: ${DETAILS[$k]:-})"
+      wt=$(med x "${WALL[traced.$k]:-}") ct=$(med x "${CPU[traced.$k]:-}")
+      wa=$(after_of WALL $work $mode) cpa=$(after_of CPU $work $mode)
+      figure "$work $mode: traced ${wt}x (CPU ${ct}x) untraced, after the stop ${wa}x (CPU ${cpa}x) (medians of $((REPS * WINDOWS)) paired windows, traced process over untraced${WALL[before.$k]:+, after over before the session in the same pair (before: $(med x "${WALL[before.$k]}")x, CPU $(med x "${CPU[before.$k]}")x)}; API records per session:${APIS[$k]:-}; last session detail: ${DETAILS[$k]:-})"
       case $mode in
         start | late)
-          pass_if "$work $mode: after the stop <= 1.02x untraced" "$(calc "$after <= 1.02")" "${after}x"
+          pass_if "$work $mode: after the stop <= 1.02x untraced, launching thread's CPU time" "$(calc "$cpa <= 1.02")" "${cpa}x; wall ${wa}x"
           pass_if "$work $mode: the session says CUPTI is detached" \
             "$([[ "${DETAILS[$k]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$k]:-}"
           ;;
+        late_off)
+          figure "$work: detaching takes the after-stop CPU time of a late session from ${cpa}x (off) to $(after_of CPU $work late)x"
+          ;;
       esac
-      [ $mode = late ] && pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$rt <= 1.25")" "${rt}x"
+      [ $mode = late ] && pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$wt <= 1.25")" "${wt}x wall, CPU ${ct}x; from start ${WALL[traced.$work.start]:+$(med x "${WALL[traced.$work.start]}")x}"
     done
   done
 fi

@@ -3,7 +3,9 @@
 #   small: the 100k-small-kernel loop of bench_torch.py (x = x * c + 0: two kernels per op)
 #   conv:  a conv-net training step (two conv layers, a linear head, SGD) on a fixed batch
 # Commands (one per line), each answered with one line:
-#   run N      N ops (small) or N steps (conv), synchronized; "done us=<per op or step>"
+#   run N      N ops (small) or N steps (conv), synchronized; "done us=<per op or step> cpu=<us>"
+#              (cpu: CPU time of this, the launching, thread per op or step, before the final
+#              synchronize: what intercepting CUDA calls costs, without the machine's scheduling)
 #   kernels N  N small ops whatever the workload (exactly 2N kernels); "done us=..."
 #   stats      "stats rss_kb=R threads=T fds=F" from /proc/self
 #   profile N  N small ops under torch.profiler; "profile kernels=K" (CUDA kernel events)
@@ -45,18 +47,19 @@ print("ready", flush=True)
 
 
 def timed(f, n):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     f(n)
+    c = time.thread_time() - c
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    return f"us={(time.perf_counter() - t) / n * 1e6:.3f} cpu={c / n * 1e6:.3f}"
 
 
 for line in sys.stdin:
     cmd, *arg = line.split()
     if cmd == "run":
-        print(f"done us={timed(step, int(arg[0])):.3f}", flush=True)
+        print(f"done {timed(step, int(arg[0]))}", flush=True)
     elif cmd == "kernels":
-        print(f"done us={timed(small, int(arg[0])):.3f}", flush=True)
+        print(f"done {timed(small, int(arg[0]))}", flush=True)
     elif cmd == "stats":
         rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:"))
         threads = len(os.listdir("/proc/self/task"))
