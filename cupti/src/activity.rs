@@ -143,6 +143,22 @@ impl Cupti {
         check(unsafe { f(on as u32, s.0, domain) })
     }
 
+    /// `cuptiEnableCallback(on, subscriber, domain, cbid)`: the subscriber's callback runs at
+    /// the entry and exit of one call of `domain`.
+    pub fn enable_callback(
+        &self,
+        s: &Subscriber,
+        domain: sys::CUpti_CallbackDomain,
+        cbid: u32,
+        on: bool,
+    ) -> Result<(), CuptiError> {
+        let Ok(f) = &self.raw.cuptiEnableCallback else {
+            return Err(CuptiError::new(sys::CUPTI_ERROR_NOT_SUPPORTED));
+        };
+        // Safety: `s` is a live subscriber handle; plain value arguments.
+        check(unsafe { f(on as u32, s.0, domain, cbid) })
+    }
+
     /// Probes whether another CUPTI subscriber (e.g. Kineto's) exists: subscribes and
     /// immediately unsubscribes. `Err(39)` means someone else holds CUPTI.
     pub fn probe_subscriber(&self) -> Result<(), CuptiError> {

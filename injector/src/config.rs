@@ -51,8 +51,8 @@ pub struct Config {
 /// How a stopped trace leaves the process's CUPTI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DetachMode {
-    /// `finalize` (default): `cuptiFinalize` at the exit of the application's next CUDA API
-    /// call after the last flush, so no CUPTI hook stays in the process; the next trace
+    /// `finalize` (default): `cuptiFinalize` at the exit of the application's next CUDA
+    /// synchronization after the last flush, so no CUPTI hook stays in the process; the next trace
     /// initialises CUPTI again (see `tracer::detach`).
     #[default]
     Finalize,

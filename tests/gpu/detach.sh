@@ -260,8 +260,8 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
     done
     pass_if "$CYCLES attach/detach cycles in one process: every cycle traced exactly 2000 kernels" \
       "$([ $exact = "$CYCLES" ] && echo 1)" "$exact exact; off: ${bad[*]:-none}"
-    fin=$(grep -c "pending at the stop is done: detached: finalized" "$STATE/worker_$CN.err")
-    pass_if "cycles: each idle stop's pending detach finalized CUPTI at the next CUDA call" \
+    fin=$(grep -cE "(pending at the stop is done|the last trace's pending detach): detached: finalized" "$STATE/worker_$CN.err")
+    pass_if "cycles: each idle stop's pending detach finalized CUPTI at the next CUDA synchronization" \
       "$([ "$fin" -ge $((CYCLES - 1)) ] && echo 1)" "$fin of $((CYCLES - 1)) seen at the next start"
     figure "cycles: ${stats[*]}"
     first=${stats[0]:-}

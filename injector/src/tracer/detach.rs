@@ -4,17 +4,21 @@
 //! next trace start) initialises CUPTI again.
 //!
 //! What must hold when `cuptiFinalize` runs: no kernel launched while tracing may still be
-//! queued (it completes into CUPTI state that finalize frees: on the H100 a PyTorch process
-//! stopped while launching kernels crashed, with a corrupted heap after 18 such detaches from
-//! the background thread, with a segfault after 3 at an API exit), and no application thread
-//! may be inside CUPTI. So `stop` waits for the active primary contexts
-//! ([`gpuprof_cupti::device::Driver::synchronize_active_primary_contexts`]) before the last
-//! flush, and finalize runs where CUPTI documents it safe, at the exit of a CUDA API call on an
-//! application thread: a subscriber is made with the runtime and driver API domains on, and
-//! its callback finalizes at the first API exit it sees. The background thread waits at most
-//! [`CALLBACK_WAIT`] for that (the application's threads never wait); when the application
-//! makes no CUDA call meanwhile, the detach stays armed ([`Detached::Pending`]) and happens at
-//! its next call, or is called off by the next trace start ([`Detacher::settle`]) or at exit
+//! queued (it completes into CUPTI state that finalize frees), and no application thread may be
+//! inside CUPTI. On the H100 a PyTorch process stopped while launching kernels crashed: with a
+//! corrupted heap after 18 such detaches from the background thread, with a segfault after 3
+//! at any API exit, and after 12 at any API exit once `stop` waited for the active primary
+//! contexts ([`gpuprof_cupti::device::Driver::synchronize_active_primary_contexts`]) before
+//! the last flush (the application kept launching kernels after it). So finalize runs where
+//! CUPTI documents it safe, at the exit of a CUDA API call on an application thread, and only
+//! of a call that waited for the GPU ([`SYNC_CALLS`]: device, context, stream and event
+//! synchronization, which PyTorch makes at every `.item()` and `torch.cuda.synchronize()`):
+//! a subscriber is made with the callbacks of those calls on, and it finalizes at the first
+//! such exit. A synchronization is never made inside a stream capture, so a CUDA graph being
+//! captured is never disturbed. The background thread waits at most [`CALLBACK_WAIT`] for
+//! that (the application's threads never wait); when the application does not synchronize
+//! meanwhile, the detach stays armed ([`Detached::Pending`]) and happens at its next
+//! synchronization, or is called off by the next trace start ([`Detacher::settle`]) or at exit
 //! ([`disarm`]).
 //!
 //! Not detached: when another CUPTI client (torch.profiler) holds CUPTI, or NVTX was routed
@@ -35,6 +39,20 @@ use gpuprof_cupti::{Cupti, CuptiError};
 /// Set when NVTX was routed through CUPTI (`InitializeInjectionNvtx2`).
 pub static NVTX_FORWARDED: AtomicBool = AtomicBool::new(false);
 
+/// The calls at whose exit CUPTI is finalized: each waited for the GPU (runtime and driver
+/// spellings; the runtime's go through the driver's).
+pub const SYNC_CALLS: [(sys::CUpti_CallbackDomain, u32); 9] = [
+    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020),
+    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020),
+    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000),
+    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020),
+    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize),
+    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2),
+    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize),
+    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz),
+    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize),
+];
+
 /// Longest wait on the background thread for a CUDA API exit to finalize at.
 pub const CALLBACK_WAIT: Duration = Duration::from_millis(500);
 
@@ -49,7 +67,7 @@ const PENDING: u32 = u32::MAX;
 pub enum Detached {
     /// `cuptiFinalize` succeeded at a CUDA API exit.
     Finalized,
-    /// Armed: CUPTI is finalized at the application's next CUDA API exit.
+    /// Armed: CUPTI is finalized at the exit of the application's next CUDA synchronization.
     Pending,
     /// CUPTI stays attached; why.
     Kept(String),
@@ -60,7 +78,7 @@ impl Detached {
     pub fn detail(&self) -> String {
         match self {
             Detached::Finalized => "detached: finalized".into(),
-            Detached::Pending => "detached: finalize pending (at the next CUDA call)".into(),
+            Detached::Pending => "detached: finalize pending (at the next CUDA synchronization)".into(),
             Detached::Kept(why) => format!("detached: not finalized ({why})"),
         }
     }
@@ -96,12 +114,12 @@ impl Detacher {
         };
         RESULT.store(PENDING, Ordering::SeqCst);
         ARMED.store(true, Ordering::SeqCst);
-        for d in [sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_CB_DOMAIN_DRIVER_API] {
-            if let Err(e) = cupti.enable_domain(&sub, d, true)
+        for (domain, cbid) in SYNC_CALLS {
+            if let Err(e) = cupti.enable_callback(&sub, domain, cbid, true)
                 && ARMED.swap(false, Ordering::SeqCst)
             {
                 let _ = cupti.unsubscribe(sub);
-                return Detached::Kept(format!("cuptiEnableDomain: {e}"));
+                return Detached::Kept(format!("cuptiEnableCallback: {e}"));
             }
         }
         let deadline = Instant::now() + CALLBACK_WAIT;
@@ -168,11 +186,11 @@ pub fn disarm() {
     ARMED.store(false, Ordering::SeqCst);
 }
 
-/// CUPTI calls this at the entry and exit of every runtime and driver API call while the
-/// detach subscriber exists.
+/// CUPTI calls this at the entry and exit of the [`SYNC_CALLS`] while the detach subscriber
+/// exists.
 extern "C" fn on_api(_userdata: *mut c_void, _domain: sys::CUpti_CallbackDomain, _cbid: u32, cbdata: *const c_void) {
     let _ = catch_unwind(|| {
-        // Safety: this subscriber switches on the RUNTIME and DRIVER API domains only, whose
+        // Safety: this subscriber switches on runtime and driver API callbacks only, whose
         // `cbdata` is a `CUpti_CallbackData`.
         if !unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) } || !ARMED.swap(false, Ordering::SeqCst) {
             return;
@@ -192,7 +210,7 @@ mod tests {
     #[test]
     fn details_say_whether_cupti_was_finalized() {
         assert_eq!(Detached::Finalized.detail(), "detached: finalized");
-        assert_eq!(Detached::Pending.detail(), "detached: finalize pending (at the next CUDA call)");
+        assert_eq!(Detached::Pending.detail(), "detached: finalize pending (at the next CUDA synchronization)");
         assert_eq!(
             Detached::Kept("GPUPROF_DETACH=off".into()).detail(),
             "detached: not finalized (GPUPROF_DETACH=off)"
