@@ -12,7 +12,7 @@
 #             Ratios B/A per pair, medians: wall time per op and the launching thread's CPU
 #             time per op (what intercepted CUDA calls cost, without the scheduling noise of a
 #             shared machine); for late sessions after the stop over before it.
-#   cycles    one process, CYCLES attach/detach cycles stopped while it waits (each traces
+#   cycles    one process (extra environment: CYCLE_ENV), CYCLES attach/detach cycles stopped while it waits (each traces
 #             exactly 2×1000 kernels, then 20 untraced kernels let the pending detach happen;
 #             RSS, threads and fds at cycles 1, CYCLES/2, CYCLES), then BUSY cycles stopped while
 #             the process launches kernels (the detach meets CUDA calls on the application's
@@ -243,7 +243,8 @@ busy_cycle() {
 }
 
 if [[ " $SCENARIOS " == *" cycles "* ]]; then
-  if wstart c "$PIN_B" small CUDA_INJECTION64_PATH="$INJ"; then
+  # shellcheck disable=SC2086 # CYCLE_ENV: extra VAR=VALUE words for the cycled process
+  if wstart c "$PIN_B" small CUDA_INJECTION64_PATH="$INJ" ${CYCLE_ENV:-}; then
     CN=$NW
     exact=0
     bad=()
