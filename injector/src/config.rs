@@ -24,10 +24,13 @@ pub struct Config {
     /// (comma separated: runtime_api, driver_api, memcpy, memset, sync, overhead, nvtx,
     /// external_correlation, graphs), e.g. to keep an expensive kind off one workload.
     pub skip: Vec<String>,
-    /// `GPUPROF_CUPTI_ZEROED` (default on): activity buffers are handed to CUPTI already zeroed
-    /// (zeroed on the background thread when they come back), and CUPTI is told so
+    /// `GPUPROF_CUPTI_ZEROED`: activity buffers are handed to CUPTI already zeroed (zeroed on
+    /// the background thread when they come back), and CUPTI is told so
     /// (`CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER`) instead of zeroing each buffer on the
-    /// application thread that asks for it.
+    /// application thread that asks for it. Default: on only with `GPUPROF_DETACH=off`. With
+    /// detaching, a PyTorch process on the H100 whose traces were stopped while it launched
+    /// kernels corrupted its heap within 4–13 detaches with pre-zeroed buffers, and ran 25 of
+    /// 25 without them.
     pub zeroed_buffers: bool,
     /// `GPUPROF_PREFILL_BUFFERS`: buffers allocated and zeroed at trace start, so the first
     /// requests do not fault in fresh pages on the application thread.
@@ -103,7 +106,7 @@ impl Default for Config {
             exit_timeout: Duration::from_millis(800),
             max_backoff: Duration::from_secs(5),
             skip: Vec::new(),
-            zeroed_buffers: true,
+            zeroed_buffers: false,
             prefill_buffers: 4,
             cupti_pinned: None,
             cupti_device_buffer: None,
@@ -133,10 +136,11 @@ impl Config {
         if let Some(s) = get("GPUPROF_TRACE_SKIP") {
             c.skip = s.split(',').map(|p| p.trim().to_ascii_lowercase()).filter(|p| !p.is_empty()).collect();
         }
-        let flag = |k: &str| get(k).map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"));
-        if let Some(z) = flag("GPUPROF_CUPTI_ZEROED") {
-            c.zeroed_buffers = z;
+        if let Some(m) = get("GPUPROF_DETACH").and_then(|m| DetachMode::parse(&m)) {
+            c.detach = m;
         }
+        let flag = |k: &str| get(k).map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"));
+        c.zeroed_buffers = flag("GPUPROF_CUPTI_ZEROED").unwrap_or(c.detach == DetachMode::Off);
         if let Some(n) = get("GPUPROF_PREFILL_BUFFERS").and_then(|s| s.parse::<usize>().ok()) {
             c.prefill_buffers = n;
         }
@@ -146,9 +150,6 @@ impl Config {
             c.api_mode = m;
         }
         c.api_at_init = flag("GPUPROF_API_AT_INIT");
-        if let Some(m) = get("GPUPROF_DETACH").and_then(|m| DetachMode::parse(&m)) {
-            c.detach = m;
-        }
         if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
             c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
         }
@@ -176,7 +177,18 @@ mod tests {
     #[test]
     fn cupti_buffer_settings() {
         let d = Config::from_lookup(|_| None);
-        assert!(d.zeroed_buffers && d.cupti_pinned.is_none() && d.cupti_device_buffer.is_none());
+        assert!(!d.zeroed_buffers && d.cupti_pinned.is_none() && d.cupti_device_buffer.is_none());
+        let zeroed = |detach: &str, z: Option<&str>| {
+            Config::from_lookup(|k| match k {
+                "GPUPROF_DETACH" => Some(detach.into()),
+                "GPUPROF_CUPTI_ZEROED" => z.map(Into::into),
+                _ => None,
+            })
+            .zeroed_buffers
+        };
+        assert!(!zeroed("finalize", None), "detaching: CUPTI zeroes its buffers itself");
+        assert!(zeroed("off", None), "not detaching: pre-zeroed buffers");
+        assert!(zeroed("finalize", Some("1")) && !zeroed("off", Some("0")), "the variable decides when set");
         assert_eq!(d.api_mode, ApiMode::Kind);
         let mode = |v: &str| Config::from_lookup(|k| (k == "GPUPROF_API_MODE").then(|| v.into())).api_mode;
         assert_eq!(mode("cbid"), ApiMode::Cbid);
