@@ -14,7 +14,8 @@ use crate::config::Config;
 use crate::registry::Registry;
 use crate::stats::Stats;
 use crate::{
-    Daemon, agent, api, arbiter, ingest, pmstream, prometheus, retention, rollup, sampler, sessions, store, systemd,
+    Daemon, agent, api, arbiter, ingest, kubelet, pmstream, prometheus, retention, rollup, sampler, sessions, store,
+    systemd,
 };
 
 /// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves,
@@ -41,6 +42,7 @@ pub async fn run(config: Config) -> Result<()> {
         session_records: DashMap::new(),
         pm_samples: broadcast::channel(1024).0,
         shutdown: shutdown.clone(),
+        pods: kubelet::Pods::new(&config.kubernetes),
         sessions,
         rollup: rollup::Rollup::default(),
         arbiter,
