@@ -19,6 +19,7 @@ pub mod error;
 pub mod export;
 pub mod ingest;
 pub mod kubelet;
+pub mod otlp;
 pub mod pmstream;
 pub mod prometheus;
 pub mod query;

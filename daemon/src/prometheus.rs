@@ -142,6 +142,18 @@ pub fn render(d: &Daemon) -> String {
     let _ = writeln!(o, "gpuprof_protocol_errors_total {}", s.protocol_errors.load(Relaxed));
     family(&mut o, "gpuprof_database_bytes", "gauge", "Database size (main file and WAL).");
     let _ = writeln!(o, "gpuprof_database_bytes {}", crate::store::database_bytes(&d.db_path));
+    for (name, help, v) in [
+        ("gpuprof_otlp_points_sent_total", "OTLP data points the collector accepted.", &s.otlp_points_sent),
+        (
+            "gpuprof_otlp_points_dropped_total",
+            "OTLP data points lost to failed exports or rejected by the collector.",
+            &s.otlp_points_dropped,
+        ),
+        ("gpuprof_otlp_failed_exports_total", "OTLP exports that failed.", &s.otlp_failed_exports),
+    ] {
+        family(&mut o, name, "counter", help);
+        let _ = writeln!(o, "{name} {}", v.load(Relaxed));
+    }
     family(&mut o, "gpuprof_pm_subscribers", "gauge", "StreamPmSamples subscribers now.");
     let _ = writeln!(o, "gpuprof_pm_subscribers {}", d.pm.subscribers.load(Relaxed));
     family(&mut o, "gpuprof_pm_subscribers_dropped_total", "counter", "Slow StreamPmSamples subscribers dropped.");
