@@ -85,7 +85,7 @@ pub struct CollectArgs {
 }
 
 impl CollectArgs {
-    fn request(&self, targets: Vec<pb::Target>) -> Result<pb::StartSessionRequest> {
+    pub fn request(&self, targets: Vec<pb::Target>) -> Result<pb::StartSessionRequest> {
         let start_at_ns = match &self.start_at {
             None => 0,
             Some(s) => parse_start(s)?,
@@ -147,6 +147,10 @@ pub struct TraceArgs {
     /// Kernels to list in the summary.
     #[arg(long, default_value_t = 10)]
     pub top: u32,
+    /// Also write the trace (Chrome trace JSON, for ui.perfetto.dev) to this file; with several
+    /// --host, their traces merged into one.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -434,6 +438,12 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
             );
         }
         print_summary(&summary, 80);
+    }
+    if let Some(path) = &args.output {
+        let data = crate::records::export_bytes(c, id, pb::ExportFormat::ChromeJson).await?;
+        let tmp = path.with_extension("partial");
+        std::fs::write(&tmp, &data).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
     }
     if pb::SessionState::try_from(final_session.state) == Ok(pb::SessionState::Failed) {
         bail!("session {id} failed: {}", final_session.stop_reason);
