@@ -13,7 +13,9 @@
 //!   `/system.slice/docker-<id>.scope`, `/machine.slice/libpod-<id>.scope` (Podman), kind's
 //!   `/kubelet.slice/kubelet-kubepods.slice/...`;
 //! - cgroup v2 (the `0::` line) is preferred; on v1 the first hierarchy whose path names a pod or
-//!   a container, else the first one (`name=systemd` included).
+//!   a container, else the first one below the root (`name=systemd` included);
+//! - read from inside another cgroup namespace (gpuprofd in a pod on cgroup v2), paths that
+//!   start with `/../..`: the segments that name the pod and container are still there.
 //!
 //! Pod UIDs are returned in the API's form (lower case, with dashes); static pods' UIDs are 32
 //! hex digits without dashes and stay so. Container ids are the runtime's full 64 hex digits.
@@ -209,6 +211,9 @@ mod tests {
             CID,
             "containerd",
         );
+        // Read from inside another cgroup namespace (gpuprofd in a pod of its own on cgroup v2):
+        // the path climbs out of the reader's namespace root first.
+        check(&format!("/../../kubepods-besteffort-pod{u}.slice/cri-containerd-{CID}.scope"), UID, CID, "containerd");
         // CRI-O's conmon is not the container.
         check(&format!("/kubepods.slice/kubepods-pod{u}.slice/crio-conmon-{CID}.scope"), UID, "", "");
     }
