@@ -1,6 +1,7 @@
 //! `gpuprofctl`: command-line client of gpuprofd.
 #![forbid(unsafe_code)]
 
+mod fleet;
 mod output;
 mod profile;
 mod records;
@@ -9,7 +10,7 @@ mod sessions;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
 use gpuprofctl::{DEFAULT_API_SOCKET, Remote, Target, connect_to, pb};
 
@@ -29,6 +30,11 @@ struct Cli {
     /// Needs --token-file, or --cert and --key.
     #[arg(long, global = true, env = "GPUPROF_ADDR", value_name = "URL")]
     addr: Option<String>,
+    /// A remote gpuprofd as HOST:PORT (https://HOST:PORT, like --addr). Repeat it to trace on
+    /// several hosts at once (`trace` only): one session per host, started together, and with
+    /// -o one merged Chrome trace. TLS and credentials (--ca, --token-file, --cert) apply to all.
+    #[arg(long = "host", global = true, value_name = "HOST:PORT", conflicts_with = "addr")]
+    hosts: Vec<String>,
     /// CA certificate (PEM) that signed the server's certificate (default: the system's roots).
     #[arg(long, global = true, env = "GPUPROF_CA_FILE", value_name = "FILE")]
     ca: Option<PathBuf>,
@@ -94,7 +100,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    let remote_with_cert = cli.addr.is_some() && cli.cert.is_some();
+    let remote_with_cert = (cli.addr.is_some() || !cli.hosts.is_empty()) && cli.cert.is_some();
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -118,11 +124,28 @@ fn connection_dropped(e: &anyhow::Error) -> bool {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    let target = match cli.addr {
-        Some(addr) => {
-            Target::Remote(Remote { addr, ca: cli.ca, token_file: cli.token_file, cert: cli.cert, key: cli.key })
+    let remote = |addr: String| Remote {
+        addr,
+        ca: cli.ca.clone(),
+        token_file: cli.token_file.clone(),
+        cert: cli.cert.clone(),
+        key: cli.key.clone(),
+    };
+    if cli.hosts.len() > 1 {
+        let Cmd::Trace(a) = cli.cmd else {
+            anyhow::bail!(output::Usage("--host more than once works with trace only".into()));
+        };
+        let mut clients = Vec::new();
+        for h in &cli.hosts {
+            let c = connect_to(&Target::Remote(remote(format!("https://{h}")))).await.with_context(|| h.clone())?;
+            clients.push((h.clone(), c));
         }
-        None => Target::Socket(cli.socket),
+        return fleet::trace(clients, a, cli.json).await;
+    }
+    let target = match (cli.hosts.first(), cli.addr.clone()) {
+        (Some(h), _) => Target::Remote(remote(format!("https://{h}"))),
+        (None, Some(addr)) => Target::Remote(remote(addr)),
+        (None, None) => Target::Socket(cli.socket.clone()),
     };
     let mut client = connect_to(&target).await?;
     match cli.cmd {

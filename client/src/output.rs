@@ -172,6 +172,8 @@ pub fn target_text(t: &pb::Target) -> String {
         Some(T::ExePattern(p)) => format!("pattern={p}"),
         Some(T::Cgroup(c)) => format!("cgroup={c}"),
         Some(T::All(_)) => "all".into(),
+        Some(T::PodUid(u)) => format!("pod={u}"),
+        Some(T::ContainerId(c)) => format!("container={c}"),
         None => "?".into(),
     }
 }
@@ -208,6 +210,10 @@ pub fn session_json(s: &pb::Session) -> Value {
             "state": p.state,
             "joined_at_ns": p.joined_at_ns,
             "detail": p.detail,
+            "container_id": p.container_id,
+            "pod_uid": p.pod_uid,
+            "pod_name": p.pod_name,
+            "pod_namespace": p.pod_namespace,
         })).collect::<Vec<_>>(),
     })
 }

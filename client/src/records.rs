@@ -377,3 +377,16 @@ impl Drop for TempPath {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// A whole export of a session in memory (for merging several hosts' traces).
+pub async fn export_bytes(c: &mut Client, session: u64, format: pb::ExportFormat) -> Result<Vec<u8>> {
+    let mut stream = c
+        .export_trace(pb::ExportTraceRequest { session_id: session, format: format as i32, filter: None })
+        .await?
+        .into_inner();
+    let mut data = Vec::new();
+    while let Some(m) = stream.message().await? {
+        data.extend_from_slice(&m.data);
+    }
+    Ok(data)
+}

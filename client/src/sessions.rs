@@ -25,9 +25,17 @@ pub struct TargetArgs {
     /// Glob over the executable path or command line (repeatable), e.g. '*train*.py'.
     #[arg(long = "pattern", value_name = "GLOB")]
     pub patterns: Vec<String>,
-    /// Substring of the cgroup path: a container or pod id (repeatable).
-    #[arg(long = "cgroup", value_name = "ID")]
+    /// Substring of the cgroup path as gpuprofd reads it from /proc/PID/cgroup (repeatable).
+    #[arg(long = "cgroup", value_name = "PATH")]
     pub cgroups: Vec<String>,
+    /// Every process of a Kubernetes pod, by UID (repeatable), e.g. from
+    /// `kubectl get pod NAME -o jsonpath='{.metadata.uid}'`.
+    #[arg(long = "pod", value_name = "UID")]
+    pub pods: Vec<String>,
+    /// Every process of a container (repeatable): its id or a prefix of at least 12 hex digits,
+    /// with or without a scheme like containerd://.
+    #[arg(long = "container", value_name = "ID")]
+    pub containers: Vec<String>,
     /// Every GPU process (yours only, unless you are root or in the admin group).
     #[arg(long)]
     pub all: bool,
@@ -41,11 +49,15 @@ impl TargetArgs {
         v.extend(self.exes.iter().map(|p| pb::Target { target: Some(T::ExeName(p.clone())) }));
         v.extend(self.patterns.iter().map(|p| pb::Target { target: Some(T::ExePattern(p.clone())) }));
         v.extend(self.cgroups.iter().map(|p| pb::Target { target: Some(T::Cgroup(p.clone())) }));
+        v.extend(self.pods.iter().map(|p| pb::Target { target: Some(T::PodUid(p.clone())) }));
+        v.extend(self.containers.iter().map(|p| pb::Target { target: Some(T::ContainerId(p.clone())) }));
         if self.all {
             v.push(pb::Target { target: Some(T::All(true)) });
         }
         if v.is_empty() {
-            bail!(Usage("say which processes to trace: --pid, --exe, --pattern, --cgroup or --all".into()));
+            bail!(Usage(
+                "say which processes to trace: --pid, --exe, --pattern, --cgroup, --pod, --container or --all".into()
+            ));
         }
         Ok(v)
     }
@@ -73,7 +85,7 @@ pub struct CollectArgs {
 }
 
 impl CollectArgs {
-    fn request(&self, targets: Vec<pb::Target>) -> Result<pb::StartSessionRequest> {
+    pub fn request(&self, targets: Vec<pb::Target>) -> Result<pb::StartSessionRequest> {
         let start_at_ns = match &self.start_at {
             None => 0,
             Some(s) => parse_start(s)?,
@@ -104,7 +116,7 @@ pub enum SessionCmd {
     /// Start a session; prints its id.
     Start {
         #[command(flatten)]
-        targets: TargetArgs,
+        targets: Box<TargetArgs>,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -135,6 +147,10 @@ pub struct TraceArgs {
     /// Kernels to list in the summary.
     #[arg(long, default_value_t = 10)]
     pub top: u32,
+    /// Also write the trace (Chrome trace JSON, for ui.perfetto.dev) to this file; with several
+    /// --host, their traces merged into one.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -196,7 +212,9 @@ pub async fn procs(c: &mut Client, args: ProcsArgs, json: bool) -> Result<()> {
                     "id": p.id, "pid": p.pid, "uid": p.uid, "exe": p.exe, "cmdline": p.cmdline,
                     "cgroup": p.cgroup, "agent_kind": p.agent_kind, "connected_at_ns": p.connected_at_ns,
                     "disconnected_at_ns": p.disconnected_at_ns, "trace_state": p.trace_state,
-                    "cupti_version": p.cupti_version,
+                    "cupti_version": p.cupti_version, "container_id": p.container_id,
+                    "container_runtime": p.container_runtime, "pod_uid": p.pod_uid, "pod_name": p.pod_name,
+                    "pod_namespace": p.pod_namespace,
                 })
             })
             .collect();
@@ -214,11 +232,13 @@ pub async fn procs(c: &mut Client, args: ProcsArgs, json: bool) -> Result<()> {
                 p.agent_kind.clone(),
                 p.trace_state.clone(),
                 wall(p.connected_at_ns),
+                pod_text(&p.pod_namespace, &p.pod_name, &p.pod_uid),
+                container_text(&p.container_id),
                 shorten(&p.cmdline.join(" "), 60),
             ]
         })
         .collect();
-    table(&[">ID", ">PID", ">UID", "KIND", "STATE", "CONNECTED (UTC)", "COMMAND"], &rows);
+    table(&[">ID", ">PID", ">UID", "KIND", "STATE", "CONNECTED (UTC)", "POD", "CONTAINER", "COMMAND"], &rows);
     Ok(())
 }
 
@@ -342,12 +362,17 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
                     p.records.to_string(),
                     p.dropped.to_string(),
                     wall(p.joined_at_ns),
+                    pod_text(&p.pod_namespace, &p.pod_name, &p.pod_uid),
+                    container_text(&p.container_id),
                     shorten(&p.exe, 50),
                     shorten(&p.detail, 60),
                 ]
             })
             .collect();
-        table(&[">ID", ">PID", "STATE", ">RECORDS", ">DROPPED", "JOINED (UTC)", "EXE", "DETAIL"], &rows);
+        table(
+            &[">ID", ">PID", "STATE", ">RECORDS", ">DROPPED", "JOINED (UTC)", "POD", "CONTAINER", "EXE", "DETAIL"],
+            &rows,
+        );
     }
     Ok(())
 }
@@ -414,8 +439,28 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
         }
         print_summary(&summary, 80);
     }
+    if let Some(path) = &args.output {
+        let data = crate::records::export_bytes(c, id, pb::ExportFormat::ChromeJson).await?;
+        let tmp = path.with_extension("partial");
+        std::fs::write(&tmp, &data).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    }
     if pb::SessionState::try_from(final_session.state) == Ok(pb::SessionState::Failed) {
         bail!("session {id} failed: {}", final_session.stop_reason);
     }
     Ok(())
+}
+
+/// A pod as `namespace/name` when the daemon knows the name, else its UID; "-" outside pods.
+fn pod_text(namespace: &str, name: &str, uid: &str) -> String {
+    match (namespace, name, uid) {
+        (_, _, "") => "-".into(),
+        ("", "", uid) => uid.into(),
+        (ns, name, _) => format!("{ns}/{name}"),
+    }
+}
+
+/// A container id shortened the way `docker ps` and `crictl ps` show it; "-" outside containers.
+fn container_text(id: &str) -> String {
+    if id.is_empty() { "-".into() } else { id.chars().take(12).collect() }
 }

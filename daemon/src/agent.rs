@@ -30,7 +30,7 @@ use crate::Daemon;
 use crate::catalog::{Kind, batch_len};
 use crate::clock::now_ns;
 use crate::ingest::{ProcessInfo, WriterMsg};
-use crate::registry::{Agent, AgentEvent};
+use crate::registry::{Agent, AgentEvent, Placement};
 
 /// Binds the agent socket (replacing a stale file) with mode 0666: any user's CUDA
 /// process may connect; identity comes from SO_PEERCRED.
@@ -191,6 +191,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         }
     };
     let base_ns = hello.clock.map(|c| c.realtime_ns).filter(|t| *t > 0).unwrap_or_else(now_ns);
+    let (cgroup, placement) = place(&d, pid, &hello.cgroup).await;
     let info = ProcessInfo {
         pid,
         uid: cred.uid(),
@@ -198,7 +199,8 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         agent_kind: kind,
         exe: hello.exe.clone(),
         cmdline: hello.cmdline.clone(),
-        cgroup: hello.cgroup.clone(),
+        cgroup: cgroup.clone(),
+        placement: placement.clone(),
         cupti_version: hello.cupti_version,
         base_ns,
         devices: hello.devices.clone(),
@@ -236,7 +238,8 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         kind,
         exe: hello.exe,
         cmdline: hello.cmdline,
-        cgroup: hello.cgroup,
+        cgroup,
+        placement,
         cupti_version: hello.cupti_version,
         sampler_device: hello.sampler_device,
         connected_at_ns: now_ns(),
@@ -277,6 +280,23 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     d.stats.connected_agents.fetch_sub(1, Relaxed);
     writer_task.abort();
     let _ = d.writer.send(WriterMsg::ProcessClosed { proc: id, reason }).await;
+}
+
+/// The process's cgroup and what it says about its container and pod: read from
+/// `/proc/PID/cgroup` (trusted, and the host's view even inside a cgroup namespace); when that
+/// is not visible (the daemon in a pid namespace without the agent), taken from the path the
+/// agent reported. Pod name and namespace come from the kubelet when configured.
+async fn place(d: &Daemon, pid: u32, claimed: &str) -> (String, Placement) {
+    let a = crate::cgroup::of_pid(pid).unwrap_or_else(|| crate::cgroup::parse_path(claimed));
+    let cgroup = a.cgroup.clone();
+    let mut p = Placement::from(a);
+    if !p.pod_uid.is_empty()
+        && let Some(pod) = d.pods.lookup(&p.pod_uid).await
+    {
+        p.pod_name = pod.name;
+        p.pod_namespace = pod.namespace;
+    }
+    (cgroup, p)
 }
 
 fn reject(d: &Daemon, pid: u32, reason: &str) {

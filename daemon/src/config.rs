@@ -31,6 +31,8 @@ pub struct Config {
     pub arbiter: ArbiterConfig,
     pub retention: RetentionConfig,
     pub prometheus: PrometheusConfig,
+    pub kubernetes: KubernetesConfig,
+    pub otlp: OtlpConfig,
 }
 
 /// A duration written like "1ms", "300s", "5m", "24h" (humantime syntax).
@@ -153,6 +155,30 @@ impl RetentionConfig {
 #[serde(deny_unknown_fields)]
 pub struct PrometheusConfig {
     pub listen: String,
+}
+
+/// OTLP metrics export to an OpenTelemetry collector.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpConfig {
+    pub endpoint: String,
+    pub interval: Dur,
+    pub timeout: Dur,
+    pub ca_file: String,
+    pub client_cert_file: String,
+    pub client_key_file: String,
+}
+
+/// Pod names and namespaces from the kubelet's pod list (pod UIDs come from cgroups without it).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesConfig {
+    pub kubelet_url: String,
+    pub token_file: String,
+    pub ca_file: String,
+    pub insecure_skip_tls_verify: bool,
+    pub timeout: Dur,
+    pub refresh_min: Dur,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -328,6 +354,33 @@ impl Config {
         }
         self.api.validate_tcp()?;
         self.validate_pm()?;
+        let k = &self.kubernetes;
+        let url = &k.kubelet_url;
+        if !(url.is_empty() || url.starts_with("https://") || url.starts_with("http://")) {
+            bail!(
+                "kubernetes.kubelet_url must be an http:// or https:// URL like \"https://127.0.0.1:10250/pods\", got {:?}",
+                k.kubelet_url
+            );
+        }
+        if k.timeout.0.is_zero() {
+            bail!("kubernetes.timeout must be greater than 0");
+        }
+        let o = &self.otlp;
+        if !(o.endpoint.is_empty() || o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+            bail!(
+                "otlp.endpoint must be like \"http://127.0.0.1:4317\" or \"https://collector:4317\", got {:?}",
+                o.endpoint
+            );
+        }
+        if o.interval.0 < std::time::Duration::from_secs(1) {
+            bail!("otlp.interval must be at least 1s, got {:?}", o.interval.0);
+        }
+        if o.timeout.0.is_zero() {
+            bail!("otlp.timeout must be greater than 0");
+        }
+        if o.client_cert_file.is_empty() != o.client_key_file.is_empty() {
+            bail!("otlp.client_cert_file and otlp.client_key_file go together: set both or neither");
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             bail!("log_level {:?} is not a valid filter: {e}", self.log_level);
         }

@@ -12,11 +12,14 @@ pub mod api;
 pub mod arbiter;
 pub mod catalog;
 pub mod cbid;
+pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod export;
 pub mod ingest;
+pub mod kubelet;
+pub mod otlp;
 pub mod pmstream;
 pub mod prometheus;
 pub mod query;
@@ -58,6 +61,8 @@ pub struct Daemon {
     /// Live PM samples: (process id of the sampler, batch).
     pub pm_samples: broadcast::Sender<Arc<(u64, PmSampleBatch)>>,
     pub shutdown: CancellationToken,
+    /// Pod names and namespaces from the kubelet (`[kubernetes]`).
+    pub pods: kubelet::Pods,
     /// Profiling sessions (see [`sessions`]).
     pub sessions: sessions::Sessions,
     /// Per-session rollups behind the writer (see [`rollup`]).

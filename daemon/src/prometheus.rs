@@ -120,6 +120,7 @@ pub fn render(d: &Daemon) -> String {
     for (dev, st) in d.gpus.snapshot() {
         let _ = writeln!(o, "gpuprof_sampler_restarts_total{{gpu=\"{dev}\"}} {}", st.restarts);
     }
+    processes(&mut o, d);
     family(&mut o, "gpuprof_uptime_seconds", "gauge", "Seconds since gpuprofd started.");
     let _ = writeln!(o, "gpuprof_uptime_seconds {}", s.started.elapsed().as_secs_f64());
     family(&mut o, "gpuprof_connected_agents", "gauge", "Agent connections (injectors and samplers).");
@@ -141,9 +142,49 @@ pub fn render(d: &Daemon) -> String {
     let _ = writeln!(o, "gpuprof_protocol_errors_total {}", s.protocol_errors.load(Relaxed));
     family(&mut o, "gpuprof_database_bytes", "gauge", "Database size (main file and WAL).");
     let _ = writeln!(o, "gpuprof_database_bytes {}", crate::store::database_bytes(&d.db_path));
+    for (name, help, v) in [
+        ("gpuprof_otlp_points_sent_total", "OTLP data points the collector accepted.", &s.otlp_points_sent),
+        (
+            "gpuprof_otlp_points_dropped_total",
+            "OTLP data points lost to failed exports or rejected by the collector.",
+            &s.otlp_points_dropped,
+        ),
+        ("gpuprof_otlp_failed_exports_total", "OTLP exports that failed.", &s.otlp_failed_exports),
+    ] {
+        family(&mut o, name, "counter", help);
+        let _ = writeln!(o, "{name} {}", v.load(Relaxed));
+    }
     family(&mut o, "gpuprof_pm_subscribers", "gauge", "StreamPmSamples subscribers now.");
     let _ = writeln!(o, "gpuprof_pm_subscribers {}", d.pm.subscribers.load(Relaxed));
     family(&mut o, "gpuprof_pm_subscribers_dropped_total", "counter", "Slow StreamPmSamples subscribers dropped.");
     let _ = writeln!(o, "gpuprof_pm_subscribers_dropped_total {}", d.pm.dropped_subscribers.load(Relaxed));
     o
+}
+
+/// Per connected injector: identity labels with its container and pod, so that dashboards
+/// join GPU processes to workloads.
+fn processes(o: &mut String, d: &Daemon) {
+    let _ = writeln!(
+        o,
+        "# HELP gpuprof_process_tracing 1 while a session traces the process, 0 while it is idle; one series per \
+         connected CUDA process.\n# TYPE gpuprof_process_tracing gauge"
+    );
+    let mut agents: Vec<_> = d.registry.all().into_iter().filter(|a| a.kind == "injector").collect();
+    agents.sort_by_key(|a| a.id);
+    for a in agents {
+        let p = &a.placement;
+        let exe = a.exe.rsplit('/').next().unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "gpuprof_process_tracing{{process_id=\"{}\",pid=\"{}\",exe=\"{}\",container_id=\"{}\",pod_uid=\"{}\",pod=\"{}\",namespace=\"{}\"}} {}",
+            a.id,
+            a.pid,
+            esc(exe),
+            esc(&p.container_id),
+            esc(&p.pod_uid),
+            esc(&p.pod_name),
+            esc(&p.pod_namespace),
+            u8::from(a.trace_state() == "tracing"),
+        );
+    }
 }

@@ -22,7 +22,10 @@ pub struct Agent {
     pub kind: &'static str,
     pub exe: String,
     pub cmdline: Vec<String>,
+    /// The cgroup path gpuprofd read from /proc/PID/cgroup (else the one the agent reported).
     pub cgroup: String,
+    /// Container and pod the process runs in.
+    pub placement: Placement,
     pub cupti_version: u32,
     /// Samplers: the device they serve.
     pub sampler_device: u32,
@@ -33,6 +36,20 @@ pub struct Agent {
     pub trace_state: std::sync::Mutex<String>,
     /// Commands to the agent; the connection's writer task drains it.
     pub commands: mpsc::Sender<DaemonMessage>,
+}
+
+/// Where a process runs: its container and Kubernetes pod (empty strings when unknown).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Full container id (64 hex digits).
+    pub container_id: String,
+    /// "containerd", "cri-o", "docker", "podman", or empty when the cgroup path does not say.
+    pub container_runtime: &'static str,
+    /// Kubernetes pod UID.
+    pub pod_uid: String,
+    /// Pod name and namespace, from the kubelet's pod list when `[kubernetes]` is configured.
+    pub pod_name: String,
+    pub pod_namespace: String,
 }
 
 impl Agent {

@@ -14,7 +14,8 @@ use crate::config::Config;
 use crate::registry::Registry;
 use crate::stats::Stats;
 use crate::{
-    Daemon, agent, api, arbiter, ingest, pmstream, prometheus, retention, rollup, sampler, sessions, store, systemd,
+    Daemon, agent, api, arbiter, ingest, kubelet, otlp, pmstream, prometheus, retention, rollup, sampler, sessions,
+    store, systemd,
 };
 
 /// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves,
@@ -41,6 +42,7 @@ pub async fn run(config: Config) -> Result<()> {
         session_records: DashMap::new(),
         pm_samples: broadcast::channel(1024).0,
         shutdown: shutdown.clone(),
+        pods: kubelet::Pods::new(&config.kubernetes),
         sessions,
         rollup: rollup::Rollup::default(),
         arbiter,
@@ -119,9 +121,16 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
             .into_iter()
             .map(|dev| tokio::spawn(sampler::supervise(d.clone(), dev, shutdown.clone()))),
     );
-    if let Some(l) = prometheus::bind(d).await? {
+    let prometheus = prometheus::bind(d).await?;
+    let otlp = if d.config.otlp.endpoint.is_empty() { None } else { Some(otlp::channel(&d.config.otlp)?) };
+    if prometheus.is_some() || otlp.is_some() {
         tasks.push(tokio::spawn(pmstream::track_latest(d.clone(), shutdown.clone())));
+    }
+    if let Some(l) = prometheus {
         tasks.push(tokio::spawn(prometheus::serve(l, d.clone(), shutdown.clone())));
+    }
+    if let Some(channel) = otlp {
+        tasks.push(tokio::spawn(otlp::run(d.clone(), channel, shutdown.clone())));
     }
     let (n, note) = d.gpus.summary(&d.arbiter);
     tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");

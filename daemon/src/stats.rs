@@ -32,6 +32,12 @@ pub struct Stats {
     pub expired_sessions: AtomicU64,
     /// Records deleted by retention since start (of those sessions, and outside sessions).
     pub expired_records: AtomicU64,
+    /// OTLP data points the collector accepted.
+    pub otlp_points_sent: AtomicU64,
+    /// OTLP data points lost to failed exports or rejected by the collector.
+    pub otlp_points_dropped: AtomicU64,
+    /// OTLP exports that failed (collector down, slow or refusing).
+    pub otlp_failed_exports: AtomicU64,
 }
 
 impl Default for Stats {
@@ -46,6 +52,9 @@ impl Default for Stats {
             storage_error: std::sync::Mutex::new(String::new()),
             expired_sessions: AtomicU64::new(0),
             expired_records: AtomicU64::new(0),
+            otlp_points_sent: AtomicU64::new(0),
+            otlp_points_dropped: AtomicU64::new(0),
+            otlp_failed_exports: AtomicU64::new(0),
         }
     }
 }

@@ -43,6 +43,9 @@ pub struct TracedConfig {
     pub displaced: bool,
     pub mix: Mix,
     pub seed: u64,
+    /// `spawn_process` only: the agent process moves itself into this cgroup directory (writes
+    /// its pid to `cgroup.procs`) before it connects. Needs root.
+    pub join_cgroup: Option<std::path::PathBuf>,
 }
 
 impl Default for TracedConfig {
@@ -57,6 +60,7 @@ impl Default for TracedConfig {
             displaced: false,
             mix: Mix::default(),
             seed: 1,
+            join_cgroup: None,
         }
     }
 }
@@ -276,6 +280,9 @@ pub fn spawn_process(socket: &Path, cfg: &TracedConfig, uid: Option<u32>) -> Res
     cmd.arg("--per-session").arg(cfg.per_session.to_string()).arg("--seed").arg(cfg.seed.to_string());
     if cfg.displaced {
         cmd.arg("--displaced");
+    }
+    if let Some(dir) = &cfg.join_cgroup {
+        cmd.arg("--join-cgroup").arg(dir);
     }
     cmd.arg("--").args(&cfg.cmdline);
     if let Some(uid) = uid {

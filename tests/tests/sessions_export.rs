@@ -189,6 +189,11 @@ fn sqlite_export_holds_the_session() {
     assert_eq!(bad, 0);
     let state: String = ex.query_row("SELECT state FROM sessions WHERE id = ?1", [id as i64], |r| r.get(0)).unwrap();
     assert_eq!(state, "completed");
+    // The session's processes come with the cgroup gpuprofd read and what it says.
+    let placement = "SELECT group_concat(cgroup || '|' || container_id || '|' || pod_uid) FROM processes
+                     WHERE id IN (SELECT proc FROM session_processes WHERE session = ?1) ORDER BY id";
+    let want: String = db.query_row(placement, [id as i64], |r| r.get(0)).unwrap();
+    assert_eq!(ex.query_row(placement, [id as i64], |r| r.get::<_, String>(0)).unwrap(), want);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["events"].as_u64().unwrap(), 10_000);
     // Nothing is left behind in the daemon's state directory.

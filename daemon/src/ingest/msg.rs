@@ -16,6 +16,7 @@ pub struct ProcessInfo {
     pub exe: String,
     pub cmdline: Vec<String>,
     pub cgroup: String,
+    pub placement: crate::registry::Placement,
     pub cupti_version: u32,
     /// Record times of this connection are stored relative to this.
     pub base_ns: u64,

@@ -242,8 +242,9 @@ impl Writer {
         let tx = self.conn.transaction()?;
         let now = now_ns();
         tx.execute(
-            "INSERT INTO processes(pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns, connected_ns)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            "INSERT INTO processes(pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns, connected_ns,
+                                   container_id, container_runtime, pod_uid, pod_name, pod_namespace)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
             params![
                 info.pid,
                 info.uid,
@@ -254,7 +255,12 @@ impl Writer {
                 info.cgroup,
                 info.cupti_version,
                 info.base_ns as i64,
-                now
+                now,
+                info.placement.container_id,
+                info.placement.container_runtime,
+                info.placement.pod_uid,
+                info.placement.pod_name,
+                info.placement.pod_namespace,
             ],
         )?;
         let id = tx.last_insert_rowid() as u64;

@@ -95,6 +95,11 @@ pub async fn list_processes(
             disconnected_at_ns: 0,
             trace_state: a.trace_state(),
             cupti_version: a.cupti_version,
+            container_id: a.placement.container_id.clone(),
+            container_runtime: a.placement.container_runtime.to_string(),
+            pod_uid: a.placement.pod_uid.clone(),
+            pod_name: a.placement.pod_name.clone(),
+            pod_namespace: a.placement.pod_namespace.clone(),
         })
         .collect();
     if req.include_exited {
@@ -103,7 +108,8 @@ pub async fn list_processes(
         let past = tokio::task::spawn_blocking(move || -> ApiResult<Vec<pb::Process>> {
             let c = crate::store::open_reader(&path)?;
             let mut stmt = c.prepare(
-                "SELECT id, pid, uid, exe, cmdline, cgroup, agent_kind, connected_ns, disconnected_ns, cupti_version
+                "SELECT id, pid, uid, exe, cmdline, cgroup, agent_kind, connected_ns, disconnected_ns, cupti_version,
+                        container_id, container_runtime, pod_uid, pod_name, pod_namespace
                  FROM processes WHERE disconnected_ns IS NOT NULL AND (?1 OR uid = ?2)
                  ORDER BY id DESC LIMIT 1000",
             )?;
@@ -121,6 +127,11 @@ pub async fn list_processes(
                     disconnected_at_ns: r.get::<_, i64>(8)?.max(0) as u64,
                     trace_state: "exited".into(),
                     cupti_version: r.get(9)?,
+                    container_id: r.get(10)?,
+                    container_runtime: r.get(11)?,
+                    pod_uid: r.get(12)?,
+                    pod_name: r.get(13)?,
+                    pod_namespace: r.get(14)?,
                 })
             })?;
             Ok(rows.collect::<rusqlite::Result<_>>()?)

@@ -12,14 +12,22 @@ fn hint_lines(g: &Inner) -> String {
     for l in g.open.values().filter(|l| l.state == State::Active && l.collect.trace_config().runtime_api) {
         let uid = l.own_only.then_some(l.owner_uid);
         for t in &l.targets {
-            let line = match t {
-                TargetSpec::All => gpuprof_proto::hint::line(uid, "all", ""),
-                TargetSpec::Pid(p) => gpuprof_proto::hint::line(uid, "pid", &p.to_string()),
-                TargetSpec::ExeName(n) => gpuprof_proto::hint::line(uid, "exe_name", n),
-                TargetSpec::Cgroup(c) => gpuprof_proto::hint::line(uid, "cgroup", c),
-                TargetSpec::ExePattern(p) => gpuprof_proto::hint::line(uid, "exe_pattern", p),
+            let lines = match t {
+                TargetSpec::All => vec![gpuprof_proto::hint::line(uid, "all", "")],
+                TargetSpec::Pid(p) => vec![gpuprof_proto::hint::line(uid, "pid", &p.to_string())],
+                TargetSpec::ExeName(n) => vec![gpuprof_proto::hint::line(uid, "exe_name", n)],
+                TargetSpec::Cgroup(c) => vec![gpuprof_proto::hint::line(uid, "cgroup", c)],
+                TargetSpec::ExePattern(p) => vec![gpuprof_proto::hint::line(uid, "exe_pattern", p)],
+                // A process matches these on its own /proc/self/cgroup, where the pod UID is
+                // written with dashes (cgroupfs driver) or underscores (systemd driver). Inside
+                // its own cgroup namespace it sees neither and records API calls the other way.
+                TargetSpec::PodUid(u) => vec![
+                    gpuprof_proto::hint::line(uid, "cgroup", u),
+                    gpuprof_proto::hint::line(uid, "cgroup", &u.replace('-', "_")),
+                ],
+                TargetSpec::ContainerId(c) => vec![gpuprof_proto::hint::line(uid, "cgroup", c)],
             };
-            if let Some(line) = line {
+            for line in lines.into_iter().flatten() {
                 out.push_str(&line);
                 out.push('\n');
             }

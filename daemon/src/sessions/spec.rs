@@ -17,6 +17,10 @@ pub enum TargetSpec {
     ExePattern(String),
     Cgroup(String),
     All,
+    /// Normalized pod UID (lower case, dashes).
+    PodUid(String),
+    /// Normalized container id or prefix (lower case hex, at least 12 digits).
+    ContainerId(String),
 }
 
 impl TargetSpec {
@@ -26,7 +30,7 @@ impl TargetSpec {
             None => {
                 return Err(ApiError::invalid(
                     "targets",
-                    "a target has none of pid, exe_name, exe_pattern, cgroup, all",
+                    "a target has none of pid, exe_name, exe_pattern, cgroup, all, pod_uid, container_id",
                 ));
             }
             Some(T::Pid(0)) => return Err(ApiError::invalid("targets.pid", "pid 0 is not a process")),
@@ -52,6 +56,23 @@ impl TargetSpec {
             }
             Some(T::Cgroup(c)) => TargetSpec::Cgroup(c.clone()),
             Some(T::All(true)) => TargetSpec::All,
+            Some(T::PodUid(u)) => TargetSpec::PodUid(crate::cgroup::normalize_pod_uid(u).ok_or_else(|| {
+                ApiError::invalid(
+                    "targets.pod_uid",
+                    format!(
+                        "{u:?} is not a pod UID (e.g. 1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c; \
+                         kubectl get pod NAME -o jsonpath='{{.metadata.uid}}')"
+                    ),
+                )
+            })?),
+            Some(T::ContainerId(c)) => {
+                TargetSpec::ContainerId(crate::cgroup::normalize_container_id(c).ok_or_else(|| {
+                    ApiError::invalid(
+                        "targets.container_id",
+                        format!("{c:?} is not a container id (hex digits, at least the first 12)"),
+                    )
+                })?)
+            }
             Some(T::All(false)) => {
                 return Err(ApiError::invalid("targets.all", "all must be true when given (it selects every process)"));
             }
@@ -67,6 +88,8 @@ impl TargetSpec {
                 TargetSpec::ExePattern(p) => T::ExePattern(p.clone()),
                 TargetSpec::Cgroup(c) => T::Cgroup(c.clone()),
                 TargetSpec::All => T::All(true),
+                TargetSpec::PodUid(u) => T::PodUid(u.clone()),
+                TargetSpec::ContainerId(c) => T::ContainerId(c.clone()),
             }),
         }
     }
@@ -79,6 +102,8 @@ impl TargetSpec {
             TargetSpec::ExePattern(p) => gpuprof_proto::hint::exe_pattern_matches(p, &a.exe, &a.cmdline),
             TargetSpec::Cgroup(c) => a.cgroup.contains(c.as_str()),
             TargetSpec::All => true,
+            TargetSpec::PodUid(u) => a.placement.pod_uid == *u,
+            TargetSpec::ContainerId(c) => a.placement.container_id.starts_with(c.as_str()),
         }
     }
 }
@@ -195,6 +220,7 @@ mod tests {
             exe: exe.into(),
             cmdline: cmdline.iter().map(|s| s.to_string()).collect(),
             cgroup: cgroup.into(),
+            placement: crate::cgroup::parse_path(cgroup).into(),
             cupti_version: 0,
             sampler_device: 0,
             connected_at_ns: 0,
@@ -224,6 +250,34 @@ mod tests {
         assert!(TargetSpec::Cgroup("pod9f3a".into()).matches(&a));
         assert!(!TargetSpec::Cgroup("pod0000".into()).matches(&a));
         assert!(TargetSpec::All.matches(&a));
+    }
+
+    #[test]
+    fn pod_and_container_targets() {
+        use pb::target::Target as T;
+        let uid = "1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c";
+        let cid = "7e2b6c0a4f1d3e5b9a8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a";
+        let t = |x| TargetSpec::from_pb(&pb::Target { target: Some(x) });
+        // As users write them: the systemd driver's underscores, upper case, kubectl's scheme.
+        let pod = t(T::PodUid(uid.replace('-', "_").to_uppercase())).unwrap();
+        assert_eq!(pod, TargetSpec::PodUid(uid.into()));
+        let ctr = t(T::ContainerId(format!("containerd://{}", &cid[..12]))).unwrap();
+        assert_eq!(ctr, TargetSpec::ContainerId(cid[..12].into()));
+        for bad in [T::PodUid("trainer-0".into()), T::ContainerId("abc".into()), T::ContainerId(String::new())] {
+            let e = t(bad).unwrap_err().to_string();
+            assert!(e.contains("targets.pod_uid") || e.contains("targets.container_id"), "{e}");
+        }
+        let systemd = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{cid}.scope",
+            uid.replace('-', "_")
+        );
+        let inside = agent(7, 0, "/usr/bin/python3", &[], &systemd);
+        let outside = agent(8, 0, "/usr/bin/python3", &[], "/user.slice/session-1.scope");
+        assert!(pod.matches(&inside) && ctr.matches(&inside));
+        assert!(!pod.matches(&outside) && !ctr.matches(&outside));
+        assert!(!TargetSpec::ContainerId(cid[1..13].into()).matches(&inside), "a prefix, not a substring");
+        assert_eq!(serde_json::to_string(&pod).unwrap(), format!(r#"{{"pod_uid":"{uid}"}}"#));
+        assert_eq!(TargetSpec::from_pb(&pod.to_pb()).unwrap(), pod);
     }
 
     #[test]

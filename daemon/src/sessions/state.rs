@@ -148,6 +148,7 @@ impl Live {
                     state: m.state.clone(),
                     joined_at_ns: m.joined_ns,
                     detail: m.detail.clone(),
+                    ..Default::default()
                 })
                 .collect(),
             records: 0,

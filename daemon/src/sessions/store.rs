@@ -157,21 +157,31 @@ fn load_members(c: &Connection, s: &mut pb::Session) -> rusqlite::Result<()> {
                 state,
                 joined_at_ns: r.get::<_, i64>(4)? as u64,
                 detail: r.get(5)?,
+                ..Default::default()
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
     Ok(())
 }
 
-/// Adds record counts (from the rollups) and drop counts to sessions.
+/// Adds record counts (from the rollups), drop counts and the processes' containers and pods
+/// to sessions.
 pub(super) fn fill_counts_from(c: &Connection, sessions: &mut [pb::Session]) -> anyhow::Result<()> {
     for s in sessions.iter_mut() {
         let procs: Vec<u64> = s.processes.iter().map(|p| p.process_id).collect();
         let records = crate::query::session_record_counts(c, s.id)?;
         let drops = session_drops(c, s.id, &procs)?;
+        let mut placement =
+            c.prepare_cached("SELECT container_id, pod_uid, pod_name, pod_namespace FROM processes WHERE id = ?1")?;
         for p in &mut s.processes {
             p.records = records.get(&p.process_id).copied().unwrap_or(0);
             p.dropped = drops.get(&p.process_id).copied().unwrap_or(0);
+            if let Some((cid, uid, name, ns)) = placement
+                .query_row([p.process_id as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .optional()?
+            {
+                (p.container_id, p.pod_uid, p.pod_name, p.pod_namespace) = (cid, uid, name, ns);
+            }
         }
         s.records = records.values().sum();
     }

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
 use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
 
@@ -31,6 +31,10 @@ struct Args {
     displaced: bool,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Move this process into the cgroup directory DIR (write its pid to DIR/cgroup.procs)
+    /// before connecting; needs root.
+    #[arg(long, value_name = "DIR")]
+    join_cgroup: Option<PathBuf>,
     /// Command line claimed in Hello.
     #[arg(last = true)]
     cmdline: Vec<String>,
@@ -38,6 +42,11 @@ struct Args {
 
 fn main() -> Result<()> {
     let a = Args::parse();
+    if let Some(dir) = &a.join_cgroup {
+        let procs = dir.join("cgroup.procs");
+        std::fs::write(&procs, std::process::id().to_string())
+            .with_context(|| format!("joining cgroup {}", procs.display()))?;
+    }
     let cfg = TracedConfig {
         exe: a.exe.clone(),
         cmdline: if a.cmdline.is_empty() { vec![a.exe.clone()] } else { a.cmdline },

@@ -83,6 +83,7 @@ fn agent(id: u64) -> Agent {
         exe: format!("/usr/bin/app{id}"),
         cmdline: Vec::new(),
         cgroup: String::new(),
+        placement: Default::default(),
         cupti_version: 0,
         sampler_device: 0,
         connected_at_ns: 0,

@@ -1,0 +1,243 @@
+//! `gpuprofctl --host H1:PORT --host H2:PORT trace ...`: one session per host started for the
+//! same instant, waited for together, summarized per host, and with `-o` their Chrome traces
+//! merged into one file on a common time axis.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use gpuprofctl::pb;
+use serde_json::{Value, json};
+
+use crate::output::{print_summary, session_json, state_name, summary_json};
+use crate::sessions::{Client, TraceArgs};
+
+/// Sessions on hosts that have not said when to start begin this long after the command, so
+/// that every host starts at the same instant (the hosts' clocks, NTP-synchronized, decide).
+const COMMON_START: Duration = Duration::from_secs(1);
+
+pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) -> Result<()> {
+    let mut req = args.collect.request(args.targets.to_pb()?)?;
+    if req.start_at_ns == 0 {
+        req.start_at_ns = crate::output::now_ns() + COMMON_START.as_nanos() as u64;
+    }
+    let mut started: Vec<(String, Client, u64)> = Vec::new();
+    for (host, mut c) in hosts {
+        match c.start_session(req.clone()).await {
+            Ok(s) => started.push((host, c, s.into_inner().id)),
+            Err(e) => {
+                for (_, c, id) in &mut started {
+                    let _ = c.stop_session(pb::StopSessionRequest { session_id: *id }).await;
+                }
+                return Err(anyhow::Error::from(e).context(format!("starting the session on {host}")));
+            }
+        }
+    }
+    if !json {
+        let ids: Vec<String> = started.iter().map(|(h, _, id)| format!("{h}: session {id}")).collect();
+        eprintln!("tracing on {} hosts ({})", started.len(), ids.join(", "));
+    }
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut done: BTreeMap<usize, pb::Session> = BTreeMap::new();
+    while done.len() < started.len() {
+        tokio::select! {
+            r = &mut ctrl_c => {
+                r.context("waiting for Ctrl-C")?;
+                for (i, (host, c, id)) in started.iter_mut().enumerate() {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = done.entry(i) {
+                        let s = c.stop_session(pb::StopSessionRequest { session_id: *id }).await
+                            .with_context(|| format!("stopping session {id} on {host}"))?;
+                        slot.insert(s.into_inner());
+                    }
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                for (i, (host, c, id)) in started.iter_mut().enumerate() {
+                    if done.contains_key(&i) {
+                        continue;
+                    }
+                    let s = c.get_session(pb::GetSessionRequest { session_id: *id }).await
+                        .with_context(|| format!("session {id} on {host}"))?.into_inner();
+                    let st = pb::SessionState::try_from(s.state).unwrap_or_default();
+                    if matches!(st, pb::SessionState::Completed | pb::SessionState::Failed | pb::SessionState::Interrupted) {
+                        done.insert(i, s);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (i, (host, c, id)) in started.iter_mut().enumerate() {
+        let summary = c
+            .get_summary(pb::GetSummaryRequest { session_id: *id, filter: None, top: args.top })
+            .await
+            .with_context(|| format!("summary of session {id} on {host}"))?
+            .into_inner();
+        let s = &done[&i];
+        if json {
+            out.push(json!({"host": host, "session": session_json(s), "summary": summary_json(&summary)}));
+        } else {
+            println!(
+                "== {host}: session {id}: {} ({}), {} records from {} process{}",
+                state_name(s.state),
+                s.stop_reason,
+                s.records,
+                s.processes.len(),
+                if s.processes.len() == 1 { "" } else { "es" }
+            );
+            print_summary(&summary, 80);
+            println!();
+        }
+    }
+    if let Some(path) = &args.output {
+        let mut traces = Vec::new();
+        for (host, c, id) in started.iter_mut() {
+            let data = crate::records::export_bytes(c, *id, pb::ExportFormat::ChromeJson)
+                .await
+                .with_context(|| format!("exporting session {id} from {host}"))?;
+            traces.push((host.clone(), *id, data));
+        }
+        let merged = merge_chrome(&traces)?;
+        write_atomically(path, &merged)?;
+        if !json {
+            eprintln!("wrote {} ({} hosts, {} bytes)", path.display(), traces.len(), merged.len());
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    let failed: Vec<String> = started
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| pb::SessionState::try_from(done[i].state) == Ok(pb::SessionState::Failed))
+        .map(|(i, (h, _, id))| format!("{h} session {id}: {}", done[&i].stop_reason))
+        .collect();
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
+}
+
+/// Chrome trace JSON exports of several hosts (host, session, file) as one trace: times moved
+/// onto the earliest host's t0 (each export's `ts` counts µs from its own `otherData.t0_ns`),
+/// the trace processes of each host renumbered after the previous host's (in their order) with
+/// the host in their names, and flow ids kept apart per host.
+pub fn merge_chrome(traces: &[(String, u64, Vec<u8>)]) -> Result<Vec<u8>> {
+    let mut parsed = Vec::new();
+    for (host, session, data) in traces {
+        let v: Value = serde_json::from_slice(data).with_context(|| format!("the trace from {host} is not JSON"))?;
+        let t0 = v["otherData"]["t0_ns"].as_i64().with_context(|| format!("the trace from {host} has no t0_ns"))?;
+        parsed.push((host, session, t0, v));
+    }
+    let t0_min = parsed.iter().map(|p| p.2).min().unwrap_or(0);
+    let mut events = Vec::new();
+    let mut hosts = Vec::new();
+    let mut next_pid = 1i64;
+    for (i, (host, session, t0, v)) in parsed.into_iter().enumerate() {
+        let mut evs = match v.get("traceEvents").cloned() {
+            Some(Value::Array(a)) => a,
+            _ => bail!("the trace from {host} has no traceEvents"),
+        };
+        let mut pids: Vec<i64> = evs.iter().filter_map(|e| e["pid"].as_i64()).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let renumber: BTreeMap<i64, i64> = pids.iter().enumerate().map(|(k, p)| (*p, next_pid + k as i64)).collect();
+        next_pid += pids.len() as i64;
+        let shift_us = (t0 - t0_min) as f64 / 1000.0;
+        for e in &mut evs {
+            let Some(obj) = e.as_object_mut() else { continue };
+            if let Some(pid) = obj.get("pid").and_then(Value::as_i64) {
+                let new = renumber[&pid];
+                obj.insert("pid".into(), json!(new));
+                if obj.get("ph").and_then(Value::as_str) == Some("M") {
+                    match obj.get("name").and_then(Value::as_str) {
+                        Some("process_name") => {
+                            if let Some(args) = obj.get_mut("args").and_then(Value::as_object_mut) {
+                                let name = args.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+                                args.insert("name".into(), json!(format!("{host} · {name}")));
+                            }
+                        }
+                        Some("process_sort_index") => {
+                            if let Some(args) = obj.get_mut("args").and_then(Value::as_object_mut) {
+                                args.insert("sort_index".into(), json!(new));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if let Some(ts) = obj.get("ts").and_then(Value::as_f64) {
+                obj.insert("ts".into(), json!(ts + shift_us));
+            }
+            if let Some(id) = obj.get("id").and_then(Value::as_u64) {
+                obj.insert("id".into(), json!(id + ((i as u64) << 40)));
+            }
+        }
+        events.extend(evs);
+        hosts.push(json!({"host": host, "session": session, "t0_ns": t0}));
+    }
+    let merged = json!({
+        "displayTimeUnit": "ns",
+        "otherData": {"t0_ns": t0_min, "gpuprof_hosts": hosts},
+        "traceEvents": events,
+    });
+    Ok(serde_json::to_vec(&merged)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(t0: i64, events: Value) -> Vec<u8> {
+        serde_json::to_vec(
+            &json!({"displayTimeUnit": "ns", "otherData": {"gpuprof_session": 1, "t0_ns": t0}, "traceEvents": events}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn merges_hosts_on_one_time_axis() {
+        let a = trace(
+            5_000_000,
+            json!([
+                {"ph": "X", "cat": "kernel", "name": "k", "pid": 1001, "tid": 7, "ts": 1.5, "dur": 2.0},
+                {"ph": "s", "cat": "flow", "name": "launch", "pid": 1000, "tid": 3, "ts": 1.0, "id": 4},
+                {"ph": "M", "name": "process_name", "pid": 1000, "args": {"name": "python3 (pid 42)"}},
+                {"ph": "M", "name": "process_sort_index", "pid": 1000, "args": {"sort_index": 1000}},
+            ]),
+        );
+        // Started 2 ms earlier: its t0 becomes the merged one, and the same pids as host a.
+        let b = trace(
+            3_000_000,
+            json!([
+                {"ph": "X", "cat": "kernel", "name": "k", "pid": 1001, "tid": 7, "ts": 1.5, "dur": 2.0},
+                {"ph": "M", "name": "process_name", "pid": 1001, "args": {"name": "GPU 0 · python3 (pid 42)"}},
+                {"ph": "s", "cat": "flow", "name": "launch", "pid": 1000, "tid": 3, "ts": 1.0, "id": 4},
+            ]),
+        );
+        let merged: Value =
+            serde_json::from_slice(&merge_chrome(&[("h1:7461".into(), 7, a), ("h2:7461".into(), 9, b)]).unwrap())
+                .unwrap();
+        assert_eq!(merged["otherData"]["t0_ns"], 3_000_000);
+        assert_eq!(merged["otherData"]["gpuprof_hosts"][1]["session"], 9);
+        let ev = merged["traceEvents"].as_array().unwrap();
+        assert_eq!(ev.len(), 7);
+        // Host a: pids 1000, 1001 → 1, 2, times 2 ms (2000 µs) later; host b: 3, 4, unchanged.
+        assert_eq!((ev[0]["pid"].as_i64(), ev[0]["ts"].as_f64()), (Some(2), Some(2001.5)));
+        assert_eq!((ev[1]["pid"].as_i64(), ev[1]["id"].as_u64()), (Some(1), Some(4)));
+        assert_eq!(ev[2]["args"]["name"], "h1:7461 · python3 (pid 42)");
+        assert_eq!(ev[3]["args"]["sort_index"], 1);
+        assert_eq!((ev[4]["pid"].as_i64(), ev[4]["ts"].as_f64()), (Some(4), Some(1.5)));
+        assert_eq!(ev[5]["args"]["name"], "h2:7461 · GPU 0 · python3 (pid 42)");
+        assert_eq!((ev[6]["pid"].as_i64(), ev[6]["id"].as_u64()), (Some(3), Some(4 + (1 << 40))));
+        assert!(merge_chrome(&[("h".into(), 1, b"{}".to_vec())]).is_err(), "no t0");
+    }
+}

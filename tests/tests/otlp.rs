@@ -1,0 +1,207 @@
+//! OTLP metrics export end to end: gpuprofd pushes to a Python OTLP/gRPC receiver built from
+//! the opentelemetry-proto package and grpcio (tests/python/otlp_receiver.py) over TLS; the GPU
+//! resource carries the PM values, the process resource the agent's pid; when the receiver
+//! goes away the exports fail and their points are counted as dropped, and nothing else
+//! notices.
+//!
+//! Needs `python3` with `grpcio`, `protobuf` and `opentelemetry-proto`; when they are not
+//! importable the test installs them with pip into the target directory first (and fails if
+//! it cannot).
+
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../src/fake_sampler.rs"]
+mod fake_sampler;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_sampler::{Command as SamplerCommand, FakeSampler, METRICS, value};
+use gpuprof_testkit::TestDaemon;
+use gpuprof_testkit::traced_agent::{TracedAgent, TracedConfig};
+use serde_json::Value;
+
+fn python_with_deps() -> (String, PathBuf) {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let pydeps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps-otlp");
+    let importable = |python: &str| {
+        Command::new(python)
+            .args([
+                "-c",
+                "import grpc, google.protobuf, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc",
+            ])
+            .env("PYTHONPATH", &pydeps)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !importable(&python) {
+        let out = Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
+            .arg(&pydeps)
+            .args(["grpcio", "protobuf", "opentelemetry-proto"])
+            .output()
+            .expect("running pip");
+        assert!(
+            out.status.success() && importable(&python),
+            "{python} needs grpcio, protobuf and opentelemetry-proto and pip could not install them:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (python, pydeps)
+}
+
+struct Receiver {
+    child: Child,
+    port: u16,
+    out: PathBuf,
+}
+
+impl Receiver {
+    fn start(python: &str, pydeps: &Path, out: &Path, tls: (&Path, &Path)) -> Receiver {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/otlp_receiver.py");
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(out)
+            .arg("--tls")
+            .args([tls.0, tls.1])
+            .env("PYTHONPATH", pydeps)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("receiver said {line:?}"));
+        Receiver { child, port, out: out.to_path_buf() }
+    }
+
+    /// The requests received so far.
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn stop(mut self) {
+        drop(self.child.stdin.take());
+        self.child.wait().unwrap();
+    }
+}
+
+/// `attributes` (OTLP JSON) as a map of key → string or integer text.
+fn attrs(v: &Value) -> std::collections::BTreeMap<String, String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|kv| {
+                    let val = &kv["value"];
+                    let text = val["stringValue"].as_str().or(val["intValue"].as_str()).unwrap_or_default();
+                    (kv["key"].as_str().unwrap().to_string(), text.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn scrape(port: u16) -> String {
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    body
+}
+
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn exports_to_a_collector_and_counts_drops_when_it_is_gone() {
+    let (python, pydeps) = python_with_deps();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert_file, key_file) = (dir.path().join("collector.pem"), dir.path().join("collector.key"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let rx = Receiver::start(&python, &pydeps, &dir.path().join("received.jsonl"), (&cert_file, &key_file));
+
+    let prom = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let cfg = dir.path().join("gpuprofd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[sampler]\nspawn = false\ndevices = [0]\n[prometheus]\nlisten = \"127.0.0.1:{prom}\"\n\
+             [otlp]\nendpoint = \"https://localhost:{}\"\nca_file = \"{}\"\ninterval = \"1s\"\ntimeout = \"2s\"\n",
+            rx.port,
+            cert_file.display()
+        ),
+    )
+    .unwrap();
+    let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap()]).unwrap();
+    let s = FakeSampler::connect(&d.agent_socket, 0).unwrap();
+    assert!(matches!(s.command(Duration::from_secs(5)).unwrap(), SamplerCommand::Start { .. }));
+    s.wait_sampling(true, Duration::from_secs(2)).unwrap();
+    s.send_samples(10).unwrap();
+    let agent = TracedAgent::start(&d.agent_socket, TracedConfig::default()).unwrap();
+
+    // Wait for an export that has both the GPU's PM values and the process.
+    let want_value = value(1, 9);
+    let t = Instant::now();
+    let (gpu, proc_res) = loop {
+        let reqs = rx.requests();
+        let found = reqs.iter().rev().find_map(|r| {
+            let rms = r["resourceMetrics"].as_array()?;
+            let gpu = rms.iter().find(|rm| attrs(&rm["resource"]["attributes"]).contains_key("gpu.index"))?;
+            let pm = &gpu["scopeMetrics"][0]["metrics"][0];
+            let has_value = pm["gauge"]["dataPoints"].as_array()?.iter().any(|p| {
+                attrs(&p["attributes"]).get("metric").map(String::as_str) == Some(METRICS[1])
+                    && p["asDouble"].as_f64() == Some(want_value)
+            });
+            let proc_res =
+                rms.iter().find(|rm| rm["scopeMetrics"][0]["metrics"][0]["name"] == "gpuprof.process.tracing")?;
+            has_value.then(|| (gpu.clone(), proc_res.clone()))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "no export with PM values in {reqs:#?}\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    let ga = attrs(&gpu["resource"]["attributes"]);
+    assert_eq!(ga["host.name"], host);
+    assert_eq!(ga["service.name"], "gpuprofd");
+    assert_eq!(ga["hw.type"], "gpu");
+    assert_eq!(ga["gpu.index"], "0");
+    let pa = attrs(&proc_res["resource"]["attributes"]);
+    assert_eq!(pa["host.name"], host);
+    let point = &proc_res["scopeMetrics"][0]["metrics"][0]["gauge"]["dataPoints"][0];
+    assert_eq!(attrs(&point["attributes"])["process.pid"], std::process::id().to_string());
+    let sent = counter(&scrape(prom), "gpuprof_otlp_points_sent_total");
+    assert!(sent > 0, "{}", scrape(prom));
+
+    // The collector goes away: exports fail, their points are counted, the daemon goes on.
+    rx.stop();
+    let t = Instant::now();
+    while counter(&scrape(prom), "gpuprof_otlp_failed_exports_total") < 2 {
+        assert!(t.elapsed() < Duration::from_secs(15), "{}", scrape(prom));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = scrape(prom);
+    assert!(counter(&text, "gpuprof_otlp_points_dropped_total") >= 2 * 3, "{text}");
+    s.send_samples(5).unwrap();
+    let st = d.status().unwrap();
+    assert_eq!(st["connected_agents"], 2, "{st}");
+    assert!(d.log_text().contains("OTLP export failed"), "{}", d.log_text());
+    agent.finish().unwrap();
+    assert_eq!(d.terminate().unwrap(), 0);
+}
