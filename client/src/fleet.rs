@@ -1,6 +1,9 @@
 //! `gpuprofctl --host H1:PORT --host H2:PORT trace ...`: one session per host started for the
 //! same instant, waited for together, summarized per host, and with `-o` their Chrome traces
-//! merged into one file on a common time axis.
+//! merged into one file on a common time axis. Each host's clock offset against the caller is
+//! estimated first (the daemon's clock in `GetStatus`, NTP-style: the reply with the shortest
+//! round trip of [`OFFSET_PROBES`], assumed to be stamped halfway through it); start times are
+//! given to each host in its own clock and its trace is moved onto the caller's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,17 +17,56 @@ use crate::output::{print_summary, session_json, state_name, summary_json};
 use crate::sessions::{Client, TraceArgs};
 
 /// Sessions on hosts that have not said when to start begin this long after the command, so
-/// that every host starts at the same instant (the hosts' clocks, NTP-synchronized, decide).
+/// that every host starts at the same instant (corrected by each host's clock offset).
 const COMMON_START: Duration = Duration::from_secs(1);
+
+/// `GetStatus` calls per host for its clock offset.
+pub const OFFSET_PROBES: usize = 5;
+
+/// A host's clock minus the caller's, in ns, from `(sent, host_now, received)` samples (the
+/// caller's clock at sending and receiving, the host's in the reply): the sample with the
+/// shortest round trip, the host's time taken as halfway through it. Also that round trip.
+pub fn clock_offset(samples: &[(u64, u64, u64)]) -> Option<(i64, u64)> {
+    samples
+        .iter()
+        .filter(|(sent, now, received)| received >= sent && *now > 0)
+        .min_by_key(|(sent, _, received)| received - sent)
+        .map(|&(sent, now, received)| {
+            let mid = sent as i128 + (received - sent) as i128 / 2;
+            ((now as i128 - mid) as i64, received - sent)
+        })
+}
+
+async fn host_offset(c: &mut Client, host: &str) -> Result<(i64, u64)> {
+    let mut samples = Vec::with_capacity(OFFSET_PROBES);
+    for _ in 0..OFFSET_PROBES {
+        let sent = crate::output::now_ns();
+        let st = c
+            .get_status(pb::GetStatusRequest {})
+            .await
+            .with_context(|| format!("reading the clock of {host}"))?
+            .into_inner();
+        samples.push((sent, st.now_ns, crate::output::now_ns()));
+    }
+    clock_offset(&samples)
+        .with_context(|| format!("{host} did not report its clock (a gpuprofd older than this gpuprofctl?)"))
+}
 
 pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) -> Result<()> {
     let mut req = args.collect.request(args.targets.to_pb()?)?;
     if req.start_at_ns == 0 {
         req.start_at_ns = crate::output::now_ns() + COMMON_START.as_nanos() as u64;
     }
+    let mut offsets = Vec::with_capacity(hosts.len());
+    let mut hosts = hosts;
+    for (host, c) in &mut hosts {
+        offsets.push(host_offset(c, host).await?);
+    }
     let mut started: Vec<(String, Client, u64)> = Vec::new();
-    for (host, mut c) in hosts {
-        match c.start_session(req.clone()).await {
+    for ((host, mut c), (offset, _)) in hosts.into_iter().zip(offsets.iter().copied()) {
+        let mut host_req = req.clone();
+        host_req.start_at_ns = (host_req.start_at_ns as i64).saturating_add(offset).max(1) as u64;
+        match c.start_session(host_req).await {
             Ok(s) => started.push((host, c, s.into_inner().id)),
             Err(e) => {
                 for (_, c, id) in &mut started {
@@ -35,7 +77,13 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         }
     }
     if !json {
-        let ids: Vec<String> = started.iter().map(|(h, _, id)| format!("{h}: session {id}")).collect();
+        let ids: Vec<String> = started
+            .iter()
+            .zip(&offsets)
+            .map(|((h, _, id), (off, rtt))| {
+                format!("{h}: session {id}, clock {:+.3} ms ± {:.3} ms", *off as f64 / 1e6, *rtt as f64 / 2e6)
+            })
+            .collect();
         eprintln!("tracing on {} hosts ({})", started.len(), ids.join(", "));
     }
     let ctrl_c = tokio::signal::ctrl_c();
@@ -77,7 +125,12 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
             .into_inner();
         let s = &done[&i];
         if json {
-            out.push(json!({"host": host, "session": session_json(s), "summary": summary_json(&summary)}));
+            out.push(json!({
+                "host": host,
+                "clock_offset_ns": offsets[i].0,
+                "session": session_json(s),
+                "summary": summary_json(&summary),
+            }));
         } else {
             println!(
                 "== {host}: session {id}: {} ({}), {} records from {} process{}",
@@ -93,11 +146,11 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
     }
     if let Some(path) = &args.output {
         let mut traces = Vec::new();
-        for (host, c, id) in started.iter_mut() {
+        for ((host, c, id), (offset, _)) in started.iter_mut().zip(&offsets) {
             let data = crate::records::export_bytes(c, *id, pb::ExportFormat::ChromeJson)
                 .await
                 .with_context(|| format!("exporting session {id} from {host}"))?;
-            traces.push((host.clone(), *id, data));
+            traces.push(HostTrace { host: host.clone(), session: *id, clock_offset_ns: *offset, chrome: data });
         }
         let merged = merge_chrome(&traces)?;
         write_atomically(path, &merged)?;
@@ -126,22 +179,34 @@ fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
 }
 
-/// Chrome trace JSON exports of several hosts (host, session, file) as one trace: times moved
-/// onto the earliest host's t0 (each export's `ts` counts µs from its own `otherData.t0_ns`),
-/// the trace processes of each host renumbered after the previous host's (in their order) with
-/// the host in their names, and flow ids kept apart per host.
-pub fn merge_chrome(traces: &[(String, u64, Vec<u8>)]) -> Result<Vec<u8>> {
+/// One host's Chrome trace export and its clock against the caller's.
+pub struct HostTrace {
+    pub host: String,
+    pub session: u64,
+    /// The host's clock minus the caller's (ns).
+    pub clock_offset_ns: i64,
+    pub chrome: Vec<u8>,
+}
+
+/// Chrome trace JSON exports of several hosts as one trace: each export's t0 (its `ts` count
+/// µs from its own `otherData.t0_ns`, in the host's clock) moved onto the caller's clock, and
+/// times onto the earliest of those; the trace processes of each host renumbered after the
+/// previous host's (in their order) with the host in their names, and flow ids kept apart per
+/// host.
+pub fn merge_chrome(traces: &[HostTrace]) -> Result<Vec<u8>> {
     let mut parsed = Vec::new();
-    for (host, session, data) in traces {
-        let v: Value = serde_json::from_slice(data).with_context(|| format!("the trace from {host} is not JSON"))?;
+    for t in traces {
+        let host = &t.host;
+        let v: Value =
+            serde_json::from_slice(&t.chrome).with_context(|| format!("the trace from {host} is not JSON"))?;
         let t0 = v["otherData"]["t0_ns"].as_i64().with_context(|| format!("the trace from {host} has no t0_ns"))?;
-        parsed.push((host, session, t0, v));
+        parsed.push((host, t.session, t0 - t.clock_offset_ns, t.clock_offset_ns, v));
     }
     let t0_min = parsed.iter().map(|p| p.2).min().unwrap_or(0);
     let mut events = Vec::new();
     let mut hosts = Vec::new();
     let mut next_pid = 1i64;
-    for (i, (host, session, t0, v)) in parsed.into_iter().enumerate() {
+    for (i, (host, session, t0, offset, v)) in parsed.into_iter().enumerate() {
         let mut evs = match v.get("traceEvents").cloned() {
             Some(Value::Array(a)) => a,
             _ => bail!("the trace from {host} has no traceEvents"),
@@ -182,7 +247,7 @@ pub fn merge_chrome(traces: &[(String, u64, Vec<u8>)]) -> Result<Vec<u8>> {
             }
         }
         events.extend(evs);
-        hosts.push(json!({"host": host, "session": session, "t0_ns": t0}));
+        hosts.push(json!({"host": host, "session": session, "t0_ns": t0, "clock_offset_ns": offset}));
     }
     let merged = json!({
         "displayTimeUnit": "ns",
@@ -201,6 +266,40 @@ mod tests {
             &json!({"displayTimeUnit": "ns", "otherData": {"gpuprof_session": 1, "t0_ns": t0}, "traceEvents": events}),
         )
         .unwrap()
+    }
+
+    fn ht(host: &str, session: u64, clock_offset_ns: i64, chrome: Vec<u8>) -> HostTrace {
+        HostTrace { host: host.into(), session, clock_offset_ns, chrome }
+    }
+
+    #[test]
+    fn clock_offset_from_the_shortest_round_trip() {
+        // Host 3 ms ahead; the second probe has the shortest round trip (2 µs).
+        let s =
+            [(1_000_000, 4_100_000, 1_200_000), (2_000_000, 5_000_001, 2_000_002), (3_000_000, 6_090_000, 3_100_000)];
+        assert_eq!(clock_offset(&s), Some((3_000_000, 2)));
+        // Behind: negative; a reply without a clock (older daemon) or a backwards local clock
+        // is no sample.
+        assert_eq!(clock_offset(&[(10_000, 5_000, 10_000)]), Some((-5_000, 0)));
+        assert_eq!(clock_offset(&[(10_000, 0, 10_010), (10_000, 9, 9_000)]), None);
+    }
+
+    #[test]
+    fn host_clocks_are_moved_onto_the_callers() {
+        let ev = json!([{"ph": "X", "cat": "kernel", "name": "k", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0}]);
+        // Both started at the caller's 10 ms; h2's clock runs 4 ms ahead, so it says 14 ms.
+        let merged: Value = serde_json::from_slice(
+            &merge_chrome(&[
+                ht("h1", 1, 0, trace(10_000_000, ev.clone())),
+                ht("h2", 2, 4_000_000, trace(14_000_000, ev)),
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(merged["otherData"]["t0_ns"], 10_000_000);
+        assert_eq!(merged["otherData"]["gpuprof_hosts"][1]["clock_offset_ns"], 4_000_000);
+        let e = merged["traceEvents"].as_array().unwrap();
+        assert_eq!((e[0]["ts"].as_f64(), e[1]["ts"].as_f64()), (Some(0.0), Some(0.0)), "the same instant");
     }
 
     #[test]
@@ -224,8 +323,7 @@ mod tests {
             ]),
         );
         let merged: Value =
-            serde_json::from_slice(&merge_chrome(&[("h1:7461".into(), 7, a), ("h2:7461".into(), 9, b)]).unwrap())
-                .unwrap();
+            serde_json::from_slice(&merge_chrome(&[ht("h1:7461", 7, 0, a), ht("h2:7461", 9, 0, b)]).unwrap()).unwrap();
         assert_eq!(merged["otherData"]["t0_ns"], 3_000_000);
         assert_eq!(merged["otherData"]["gpuprof_hosts"][1]["session"], 9);
         let ev = merged["traceEvents"].as_array().unwrap();
@@ -238,6 +336,6 @@ mod tests {
         assert_eq!((ev[4]["pid"].as_i64(), ev[4]["ts"].as_f64()), (Some(4), Some(1.5)));
         assert_eq!(ev[5]["args"]["name"], "h2:7461 · GPU 0 · python3 (pid 42)");
         assert_eq!((ev[6]["pid"].as_i64(), ev[6]["id"].as_u64()), (Some(3), Some(4 + (1 << 40))));
-        assert!(merge_chrome(&[("h".into(), 1, b"{}".to_vec())]).is_err(), "no t0");
+        assert!(merge_chrome(&[ht("h", 1, 0, b"{}".to_vec())]).is_err(), "no t0");
     }
 }

@@ -225,6 +225,9 @@ impl Gpuprof for Api {
             expired_sessions: s.expired_sessions.load(Relaxed),
             expired_records: s.expired_records.load(Relaxed),
             cupti_dropped: s.cupti_dropped.load(Relaxed),
+            now_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
         }))
     }
 
