@@ -73,7 +73,9 @@ pub async fn connect_to(target: &Target) -> Result<Client> {
     Ok(GpuprofClient::with_interceptor(channel, token).max_decoding_message_size(MAX_MESSAGE))
 }
 
-async fn unix_channel(socket: &Path) -> Result<Channel> {
+/// A channel to gpuprofd's api Unix socket, for any service it serves (the API, health,
+/// reflection).
+pub async fn unix_channel(socket: &Path) -> Result<Channel> {
     let path: PathBuf = socket.to_path_buf();
     let display = path.display().to_string();
     // The URI is ignored by the connector; tonic needs a syntactically valid one.

@@ -29,6 +29,7 @@ pub mod sessions;
 pub mod stats;
 pub mod store;
 pub mod systemd;
+pub mod uds_authority;
 
 pub use runtime::run;
 

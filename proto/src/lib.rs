@@ -24,4 +24,7 @@ pub mod agent {
 pub mod api {
     #![allow(clippy::all, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/gpuprof.v1.rs"));
+
+    /// The encoded `FileDescriptorSet` of `gpuprof.v1`, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("gpuprof_v1_descriptor");
 }
