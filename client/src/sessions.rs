@@ -102,6 +102,7 @@ fn parse_start(s: &str) -> Result<u64> {
 #[derive(Subcommand, Debug)]
 pub enum SessionCmd {
     /// Start a session; prints its id.
+    #[command(after_help = "--json: one JSON object, the session.")]
     Start {
         #[command(flatten)]
         targets: TargetArgs,
@@ -109,8 +110,10 @@ pub enum SessionCmd {
         collect: CollectArgs,
     },
     /// Stop a session and wait until its processes have flushed.
+    #[command(after_help = "--json: one JSON object, the session as it ended.")]
     Stop { session: u64 },
     /// List sessions, newest first.
+    #[command(after_help = "--json: one JSON array, an object per session.")]
     List {
         /// Only sessions in this state (repeatable): pending, active, stopping, completed, failed, interrupted.
         #[arg(long = "state")]
@@ -123,6 +126,7 @@ pub enum SessionCmd {
         limit: u32,
     },
     /// One session with its processes.
+    #[command(after_help = "--json: one JSON object, the session.")]
     Show { session: u64 },
 }
 
