@@ -1,6 +1,7 @@
 //! `gpuprofctl`: command-line client of gpuprofd.
 #![forbid(unsafe_code)]
 
+mod export;
 mod output;
 mod profile;
 mod records;
@@ -82,9 +83,10 @@ enum Cmd {
     /// A session's records, filtered.
     #[command(after_help = "--json: JSON Lines, one object per record as they stream, each with its \"kind\".")]
     Query(records::QueryArgs),
-    /// Write a session to a Chrome trace JSON (Perfetto UI) or SQLite file.
-    #[command(after_help = "--json: one JSON object saying what was written.")]
-    Export(records::ExportArgs),
+    /// Write a session to a file: Chrome trace JSON (.json, .json.gz), Perfetto trace
+    /// (.pftrace) or SQLite (.sqlite); `-o -` writes to stdout.
+    #[command(after_help = "--json: one JSON object saying what was written (on stderr with `-o -`).")]
+    Export(export::ExportArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
     /// Write gpuprofctl's man pages (gpuprofctl.1, gpuprofctl-session-start.1, ...) into a
@@ -195,7 +197,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Trace(a) => sessions::trace(&mut client, a, cli.json).await?,
         Cmd::Top(a) => records::top(&mut client, a, cli.json).await?,
         Cmd::Query(a) => records::query(&mut client, a, cli.json).await?,
-        Cmd::Export(a) => records::export(&mut client, a, cli.json).await?,
+        Cmd::Export(a) => export::export(&mut client, a, cli.json).await?,
         Cmd::Completions { .. } | Cmd::Man { .. } => {}
     }
     Ok(())

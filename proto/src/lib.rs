@@ -4,6 +4,7 @@
 //!   `gpuprofd` over the agent socket, plus the length-prefixed [`frame`] codec, and the
 //!   new-process [`hint`] file the daemon keeps next to that socket.
 //! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
+//! - [`perfetto`]: the part of Perfetto's trace format that gpuprofd's exports write.
 #![forbid(unsafe_code)]
 
 pub mod frame;
@@ -17,6 +18,13 @@ pub mod agent {
 
     /// The protocol version this build speaks.
     pub const PROTOCOL_VERSION: u32 = ProtocolVersion::Current as u32;
+}
+
+/// The messages of Perfetto's trace format that a `.pftrace` export holds (`perfetto.protos`,
+/// a subset with Perfetto's field numbers).
+pub mod perfetto {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
 }
 
 /// The public gRPC API, `gpuprof.v1`.
