@@ -254,7 +254,7 @@ pub fn summary_json(s: &pb::GetSummaryResponse) -> Value {
         "kernel_count": s.kernel_count,
         "kernel_total_ns": s.kernel_total_ns,
         "top_kernels": s.top_kernels.iter().map(|k| json!({
-            "name": k.name, "count": k.count, "total_ns": k.total_ns, "mean_ns": k.mean_ns,
+            "name": k.name, "mangled_name": k.mangled_name, "count": k.count, "total_ns": k.total_ns, "mean_ns": k.mean_ns,
             "p50_ns": k.p50_ns, "p95_ns": k.p95_ns, "min_ns": k.min_ns, "max_ns": k.max_ns,
         })).collect::<Vec<_>>(),
         "device_busy": s.device_busy.iter().map(|d| json!({
@@ -270,8 +270,13 @@ pub fn summary_json(s: &pb::GetSummaryResponse) -> Value {
     })
 }
 
-/// Prints a summary as tables.
-pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize) {
+/// A kernel's name as shown: demangled, or as the driver reported it with `mangled`.
+pub fn kernel_name<'a>(name: &'a str, mangled_name: &'a str, mangled: bool) -> &'a str {
+    if mangled && !mangled_name.is_empty() { mangled_name } else { name }
+}
+
+/// Prints a summary as tables (kernel names demangled, or as reported with `mangled`).
+pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize, mangled: bool) {
     let total = s.kernel_total_ns;
     println!("kernels: {}, {} of GPU time", s.kernel_count, human_ns(total));
     if !s.top_kernels.is_empty() {
@@ -288,7 +293,7 @@ pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize) {
                     human_ns(k.p50_ns),
                     human_ns(k.p95_ns),
                     human_ns(k.max_ns),
-                    shorten(&k.name, name_width),
+                    shorten(kernel_name(&k.name, &k.mangled_name, mangled), name_width),
                 ]
             })
             .collect();

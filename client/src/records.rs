@@ -21,7 +21,7 @@ pub struct FilterArgs {
     /// Only this stream (repeatable).
     #[arg(long = "stream", value_name = "N")]
     pub streams: Vec<u32>,
-    /// Kernel names matching this glob, e.g. '*gemm*'.
+    /// Kernel names matching this glob, e.g. '*gemm*' (demangled or mangled: either matches).
     #[arg(long = "name", value_name = "GLOB")]
     pub name: Option<String>,
     /// From this time: ns since the Unix epoch or RFC 3339 UTC.
@@ -65,6 +65,9 @@ pub struct TopArgs {
     /// Show kernel names in full.
     #[arg(long)]
     pub wide: bool,
+    /// Kernel names as the driver reported them (mangled) instead of demangled.
+    #[arg(long)]
+    pub mangled: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -77,7 +80,7 @@ pub async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&summary_json(&s))?);
     } else {
-        print_summary(&s, if a.wide { usize::MAX } else { 80 });
+        print_summary(&s, if a.wide { usize::MAX } else { 80 }, a.mangled);
     }
     Ok(())
 }
@@ -92,6 +95,9 @@ pub struct QueryArgs {
     /// At most this many records (0: all).
     #[arg(long, default_value_t = 100)]
     pub limit: u64,
+    /// Kernel names as the driver reported them (mangled) instead of demangled.
+    #[arg(long)]
+    pub mangled: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -114,7 +120,7 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
             for k in &m.kernels {
                 let v = serde_json::json!({"kind": "kernel", "process_id": k.process_id, "start_ns": k.start_ns,
                     "end_ns": k.end_ns, "device_id": k.device_id, "stream_id": k.stream_id,
-                    "correlation_id": k.correlation_id, "name": k.name,
+                    "correlation_id": k.correlation_id, "name": k.name, "mangled_name": k.mangled_name,
                     "grid": [k.grid_x, k.grid_y, k.grid_z], "block": [k.block_x, k.block_y, k.block_z],
                     "registers_per_thread": k.registers_per_thread, "static_shared_bytes": k.static_shared_bytes,
                     "dynamic_shared_bytes": k.dynamic_shared_bytes});
@@ -187,7 +193,7 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
                 k.device_id.to_string(),
                 k.stream_id.to_string(),
                 k.correlation_id,
-                shorten(&k.name, 90),
+                shorten(crate::output::kernel_name(&k.name, &k.mangled_name, a.mangled), 90),
             )?;
         }
         for r in &m.memcpys {

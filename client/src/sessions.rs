@@ -416,7 +416,7 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
                 if p.dropped > 0 { format!(", {} records dropped", p.dropped) } else { String::new() }
             );
         }
-        print_summary(&summary, 80);
+        print_summary(&summary, 80, false);
     }
     if pb::SessionState::try_from(final_session.state) == Ok(pb::SessionState::Failed) {
         bail!("session {id} failed: {}", final_session.stop_reason);

@@ -14,6 +14,7 @@ pub mod catalog;
 pub mod cbid;
 pub mod clock;
 pub mod config;
+pub mod demangle;
 pub mod error;
 pub mod export;
 pub mod ingest;

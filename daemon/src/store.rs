@@ -16,6 +16,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0002_sessions.sql", include_str!("../../migrations/0002_sessions.sql")),
     ("0003_retention.sql", include_str!("../../migrations/0003_retention.sql")),
     ("0004_topology_keys.sql", include_str!("../../migrations/0004_topology_keys.sql")),
+    ("0005_demangled.sql", include_str!("../../migrations/0005_demangled.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.
