@@ -25,6 +25,12 @@ pub(super) fn sqlite(db: &Path, tmp_dir: &Path, session: u64, f: &pb::RecordFilt
         let c = Connection::open(&path)?;
         c.execute_batch("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA foreign_keys=OFF;")?;
         c.execute_batch(crate::store::MIGRATIONS[0].1)?;
+        // The export keeps both forms of kernel names.
+        for (name, sql) in crate::store::MIGRATIONS {
+            if *name == "0005_demangled.sql" {
+                c.execute_batch(sql)?;
+            }
+        }
         c.execute("ATTACH DATABASE ?1 AS src", [format!("file:{}?mode=ro", db.display())])
             .or_else(|_| c.execute("ATTACH DATABASE ?1 AS src", [db.display().to_string()]))?;
         c.execute_batch("BEGIN")?;
