@@ -63,21 +63,7 @@ impl TcpSecurity {
                 api.tls_key_file.display()
             ))
         })?;
-        let token = if is_set(&api.token_file) {
-            let text = read("token_file", &api.token_file)?;
-            let token = text.trim_ascii().to_vec();
-            if token.len() < MIN_TOKEN_LEN || token.iter().any(|b| !b.is_ascii_graphic()) {
-                anyhow::bail!(
-                    "api.token_file {}: the token must be at least {MIN_TOKEN_LEN} printable characters \
-                     without spaces (e.g. from `openssl rand -hex 32`)",
-                    api.token_file.display()
-                );
-            }
-            warn_if_readable_by_others(&api.token_file);
-            Some(token)
-        } else {
-            None
-        };
+        let token = read_token(api)?;
         let client_certs = is_set(&api.client_ca_file);
         if client_certs {
             let ca = read("client_ca_file", &api.client_ca_file)?;
@@ -94,6 +80,26 @@ impl TcpSecurity {
         }
         Ok(Some(TcpSecurity { tls, auth: TcpAuth::new(token, client_certs) }))
     }
+}
+
+/// The bearer token in `api.token_file` (None when unset), checked: read at start and again on
+/// SIGHUP.
+pub fn read_token(api: &ApiConfig) -> Result<Option<Vec<u8>>> {
+    if api.token_file.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read(&api.token_file)
+        .with_context(|| format!("api.token_file: cannot read {}", api.token_file.display()))?;
+    let token = text.trim_ascii().to_vec();
+    if token.len() < MIN_TOKEN_LEN || token.iter().any(|b| !b.is_ascii_graphic()) {
+        anyhow::bail!(
+            "api.token_file {}: the token must be at least {MIN_TOKEN_LEN} printable characters \
+             without spaces (e.g. from `openssl rand -hex 32`)",
+            api.token_file.display()
+        );
+    }
+    warn_if_readable_by_others(&api.token_file);
+    Ok(Some(token))
 }
 
 fn warn_if_readable_by_others(path: &Path) {

@@ -22,6 +22,7 @@ pub mod pmstream;
 pub mod prometheus;
 pub mod query;
 pub mod registry;
+pub mod reload;
 pub mod retention;
 pub mod rollup;
 pub mod runtime;
@@ -50,7 +51,11 @@ use crate::stats::Stats;
 
 /// Shared daemon state, one per process.
 pub struct Daemon {
+    /// The settings the daemon started with; those that SIGHUP reloads are read from their
+    /// own cells (`retention()`).
     pub config: Config,
+    /// `[retention]`, reloadable.
+    pub retention: std::sync::RwLock<crate::config::RetentionConfig>,
     pub db_path: PathBuf,
     pub stats: Arc<Stats>,
     pub registry: Registry,
@@ -73,6 +78,11 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// The retention settings in force (reloaded by SIGHUP).
+    pub fn retention(&self) -> crate::config::RetentionConfig {
+        self.retention.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
     pub fn count_session_records(&self, session: u64, n: u64) {
         if let Some(c) = self.session_records.get(&session) {
             c.fetch_add(n, Relaxed);
