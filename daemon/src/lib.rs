@@ -56,6 +56,8 @@ pub struct Daemon {
     pub config: Config,
     /// `[retention]`, reloadable.
     pub retention: std::sync::RwLock<crate::config::RetentionConfig>,
+    /// `storage.max_database_mib`, reloadable.
+    pub max_database_mib: AtomicU64,
     pub db_path: PathBuf,
     pub stats: Arc<Stats>,
     pub registry: Registry,
@@ -81,6 +83,13 @@ impl Daemon {
     /// The retention settings in force (reloaded by SIGHUP).
     pub fn retention(&self) -> crate::config::RetentionConfig {
         self.retention.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The `[storage]` settings in force (`max_database_mib` reloaded by SIGHUP).
+    pub fn storage(&self) -> crate::config::StorageConfig {
+        let mut s = self.config.storage.clone();
+        s.max_database_mib = self.max_database_mib.load(Relaxed);
+        s
     }
 
     pub fn count_session_records(&self, session: u64, n: u64) {

@@ -1,6 +1,7 @@
 //! SIGHUP: read the configuration again and apply what can change while running — the log
-//! filter (`log_level`), `[retention]`, and the TCP API's bearer token (`api.token_file`, the
-//! file read again even when its path is the same). Every change is logged; a changed setting
+//! filter (`log_level`), `[retention]`, the database size cap (`storage.max_database_mib`), and
+//! the TCP API's bearer token (`api.token_file`, the file read again even when its path is the
+//! same). Every change is logged; a changed setting
 //! that only takes effect at a restart is logged as such and left as it was. A file that does
 //! not load changes nothing.
 
@@ -34,7 +35,7 @@ impl Reloader {
     }
 
     /// Reads the configuration again and applies what may change.
-    pub fn reload(&mut self, d: &Daemon) {
+    pub async fn reload(&mut self, d: &Daemon) {
         let file = self.source.file.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none)".into());
         let new = match Config::load(self.source.file.as_deref(), &self.source.overrides) {
             Ok(c) => c,
@@ -60,6 +61,18 @@ impl Reloader {
             *d.retention.write().unwrap_or_else(std::sync::PoisonError::into_inner) = new.retention.clone();
             applied.push(format!("retention {old_r} -> {new_r}"));
             self.current.retention = new.retention.clone();
+        }
+        let (old_cap, new_cap) = (self.current.storage.max_database_mib, new.storage.max_database_mib);
+        if old_cap != new_cap {
+            match d.writer.call(move |c| crate::store::set_max_database_mib(c, new_cap)).await {
+                Ok(Ok(())) => {
+                    d.max_database_mib.store(new_cap, std::sync::atomic::Ordering::Relaxed);
+                    self.current.storage.max_database_mib = new_cap;
+                    applied.push(format!("storage.max_database_mib {old_cap} -> {new_cap}"));
+                }
+                Ok(Err(e)) => failed.push(format!("storage.max_database_mib {new_cap}: {e}")),
+                Err(_) => failed.push("storage.max_database_mib: the database writer has stopped".into()),
+            }
         }
         if let Some(auth) = &self.tcp_auth {
             match crate::api::read_token(&new.api) {
@@ -95,16 +108,20 @@ impl Reloader {
 pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut api_old = old.api.clone();
     let mut api_new = new.api.clone();
-    // The token file is reloaded; the rest of [api] is not.
+    // The token file is reloaded; the rest of [api] is not. Likewise the size cap of [storage].
     api_old.token_file = PathBuf::new();
     api_new.token_file = PathBuf::new();
+    let mut storage_old = old.storage.clone();
+    let mut storage_new = new.storage.clone();
+    storage_old.max_database_mib = 0;
+    storage_new.max_database_mib = 0;
     let sections: [(&'static str, String, String); 10] = [
         ("state_dir", format!("{:?}", old.state_dir), format!("{:?}", new.state_dir)),
         ("agent_socket", format!("{:?}", old.agent_socket), format!("{:?}", new.agent_socket)),
         ("api_socket", format!("{:?}", old.api_socket), format!("{:?}", new.api_socket)),
         ("[agent]", format!("{:?}", old.agent), format!("{:?}", new.agent)),
         ("[ingest]", format!("{:?}", old.ingest), format!("{:?}", new.ingest)),
-        ("[storage]", format!("{:?}", old.storage), format!("{:?}", new.storage)),
+        ("[storage] (except max_database_mib)", format!("{storage_old:?}"), format!("{storage_new:?}")),
         ("[api] (except token_file)", format!("{api_old:?}"), format!("{api_new:?}")),
         ("[sampler]", format!("{:?}", old.sampler), format!("{:?}", new.sampler)),
         ("[arbiter]", format!("{:?}", old.arbiter), format!("{:?}", new.arbiter)),
@@ -122,11 +139,17 @@ mod tests {
     fn only_settings_without_reload_need_a_restart() {
         let old = Config::from_toml("").unwrap();
         let reloadable = Config::from_toml(
-            "log_level = \"debug\"\n[retention]\nsessions_max_age = \"1h\"\n[api]\ntoken_file = \"/t\"\n",
+            "log_level = \"debug\"\n[retention]\nsessions_max_age = \"1h\"\n[api]\ntoken_file = \"/t\"\n\
+             [storage]\nmax_database_mib = 64\n",
         )
         .unwrap();
         assert!(needs_restart(&old, &reloadable).is_empty());
-        let fixed = Config::from_toml("[ingest]\nqueue_messages = 17\n[api]\nsocket_mode = 384\n").unwrap();
-        assert_eq!(needs_restart(&old, &fixed), ["[ingest]", "[api] (except token_file)"]);
+        let fixed =
+            Config::from_toml("[ingest]\nqueue_messages = 17\n[storage]\ncache_mib = 8\n[api]\nsocket_mode = 384\n")
+                .unwrap();
+        assert_eq!(
+            needs_restart(&old, &fixed),
+            ["[ingest]", "[storage] (except max_database_mib)", "[api] (except token_file)"]
+        );
     }
 }

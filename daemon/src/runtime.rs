@@ -41,6 +41,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let mut reloader = reload::Reloader::new(source, config.clone(), tcp_auth);
     let d = Arc::new(Daemon {
         retention: std::sync::RwLock::new(config.retention.clone()),
+        max_database_mib: std::sync::atomic::AtomicU64::new(config.storage.max_database_mib),
         db_path: db_path.clone(),
         stats,
         registry: Registry::default(),
@@ -165,7 +166,7 @@ async fn serve_signals(d: &Daemon, reloader: &mut reload::Reloader) {
             _ = int.recv() => return,
             _ = hup.recv() => {
                 systemd::reloading();
-                reloader.reload(d);
+                reloader.reload(d).await;
                 systemd::ready();
             }
         }

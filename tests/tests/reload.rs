@@ -38,10 +38,11 @@ fn sighup_applies_retention_changes_and_the_daemon_keeps_serving() {
     std::thread::sleep(Duration::from_millis(1500));
     assert!(d.ctl(&["session", "show", &id]).status.success(), "kept under sessions_max_age = 14d");
 
-    // Reload: retention applies at once, [ingest] needs a restart.
+    // Reload: retention and the size cap apply at once, [ingest] needs a restart.
     std::fs::write(
         &config,
-        "[retention]\ninterval = \"100ms\"\nsessions_max_age = \"1s\"\n[ingest]\nqueue_messages = 17\n",
+        "[retention]\ninterval = \"100ms\"\nsessions_max_age = \"1s\"\n[ingest]\nqueue_messages = 17\n\
+         [storage]\nmax_database_mib = 4096\n",
     )
     .unwrap();
     d.hangup();
@@ -51,6 +52,7 @@ fn sighup_applies_retention_changes_and_the_daemon_keeps_serving() {
     assert!(d.status().unwrap()["expired_sessions"].as_u64().unwrap() >= 1);
     let log = d.log_text();
     assert!(log.contains("SIGHUP: configuration reloaded") && log.contains("sessions_max_age"), "{log}");
+    assert!(log.contains("storage.max_database_mib 0 -> 4096"), "{log}");
     assert!(log.contains("only take effect when gpuprofd restarts") && log.contains("[ingest]"), "{log}");
 
     // A file that does not load changes nothing, and the daemon goes on.
