@@ -53,6 +53,21 @@ async fn host_offset(c: &mut Client, host: &str) -> Result<(i64, u64)> {
 }
 
 pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) -> Result<()> {
+    // The merged trace is Chrome JSON, gzipped or not; say so before any session starts.
+    let gzip = match &args.output {
+        None => false,
+        Some(p) => match crate::export::format_of(p)? {
+            crate::export::Format::Chrome => false,
+            crate::export::Format::ChromeGz => true,
+            other => {
+                return Err(crate::output::Usage(format!(
+                    "-o {}: a trace over several hosts is merged as Chrome JSON; name it .json or .json.gz                      (each host's session can still be exported on its own as {other:?} with `gpuprofctl --host H export`)",
+                    p.display()
+                ))
+                .into());
+            }
+        },
+    };
     let mut req = args.collect.request(args.targets.to_pb()?)?;
     if req.start_at_ns == 0 {
         req.start_at_ns = crate::output::now_ns() + COMMON_START.as_nanos() as u64;
@@ -140,7 +155,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
                 s.processes.len(),
                 if s.processes.len() == 1 { "" } else { "es" }
             );
-            print_summary(&summary, 80);
+            print_summary(&summary, 80, false);
             println!();
         }
     }
@@ -152,7 +167,13 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
                 .with_context(|| format!("exporting session {id} from {host}"))?;
             traces.push(HostTrace { host: host.clone(), session: *id, clock_offset_ns: *offset, chrome: data });
         }
-        let merged = merge_chrome(&traces)?;
+        let mut merged = merge_chrome(&traces)?;
+        if gzip {
+            use std::io::Write;
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gz.write_all(&merged)?;
+            merged = gz.finish()?;
+        }
         write_atomically(path, &merged)?;
         if !json {
             eprintln!("wrote {} ({} hosts, {} bytes)", path.display(), traces.len(), merged.len());

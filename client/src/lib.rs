@@ -73,7 +73,9 @@ pub async fn connect_to(target: &Target) -> Result<Client> {
     Ok(GpuprofClient::with_interceptor(channel, token).max_decoding_message_size(MAX_MESSAGE))
 }
 
-async fn unix_channel(socket: &Path) -> Result<Channel> {
+/// A channel to gpuprofd's api Unix socket, for any service it serves (the API, health,
+/// reflection).
+pub async fn unix_channel(socket: &Path) -> Result<Channel> {
     let path: PathBuf = socket.to_path_buf();
     let display = path.display().to_string();
     // The URI is ignored by the connector; tonic needs a syntactically valid one.
@@ -83,7 +85,29 @@ async fn unix_channel(socket: &Path) -> Result<Channel> {
             async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         }))
         .await
-        .with_context(|| format!("cannot connect to gpuprofd at {display} (is it running? use --socket PATH)"))
+        .map_err(|e| {
+            if io_kind(&e) == Some(std::io::ErrorKind::PermissionDenied) {
+                anyhow::Error::new(e).context(format!(
+                    "permission denied on gpuprofd's socket {display}: it is open to root and the `gpuprof` group; \
+                     ask an admin to add you (`sudo usermod -aG gpuprof $USER`, then log in again)"
+                ))
+            } else {
+                anyhow::Error::new(e)
+                    .context(format!("cannot connect to gpuprofd at {display} (is it running? use --socket PATH)"))
+            }
+        })
+}
+
+/// The kind of the first I/O error among an error's sources.
+fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        cur = c.source();
+    }
+    None
 }
 
 fn read_file(flag: &str, p: &Path) -> Result<Vec<u8>> {

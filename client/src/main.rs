@@ -1,6 +1,7 @@
 //! `gpuprofctl`: command-line client of gpuprofd.
 #![forbid(unsafe_code)]
 
+mod export;
 mod fleet;
 mod output;
 mod profile;
@@ -14,6 +15,9 @@ use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
 use gpuprofctl::{DEFAULT_API_SOCKET, Remote, Target, connect_to, pb};
 
+/// The help heading of the options every command takes.
+const GLOBAL: &str = "Global options";
+
 #[derive(Parser)]
 #[command(
     name = "gpuprofctl",
@@ -24,11 +28,11 @@ use gpuprofctl::{DEFAULT_API_SOCKET, Remote, Target, connect_to, pb};
 )]
 struct Cli {
     /// gpuprofd's API socket.
-    #[arg(long, global = true, env = "GPUPROF_API_SOCKET", default_value = DEFAULT_API_SOCKET)]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_API_SOCKET", default_value = DEFAULT_API_SOCKET)]
     socket: PathBuf,
     /// A remote gpuprofd, https://HOST:PORT (its `[api] tcp_listen`), instead of --socket.
     /// Needs --token-file, or --cert and --key.
-    #[arg(long, global = true, env = "GPUPROF_ADDR", value_name = "URL")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_ADDR", value_name = "URL")]
     addr: Option<String>,
     /// A remote gpuprofd as HOST:PORT (https://HOST:PORT, like --addr). Repeat it to trace on
     /// several hosts at once (`trace` only): one session per host, started together, and with
@@ -36,19 +40,20 @@ struct Cli {
     #[arg(long = "host", global = true, value_name = "HOST:PORT", conflicts_with = "addr")]
     hosts: Vec<String>,
     /// CA certificate (PEM) that signed the server's certificate (default: the system's roots).
-    #[arg(long, global = true, env = "GPUPROF_CA_FILE", value_name = "FILE")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_CA_FILE", value_name = "FILE")]
     ca: Option<PathBuf>,
     /// File holding the node's bearer token (the server's `api.token_file`).
-    #[arg(long, global = true, env = "GPUPROF_TOKEN_FILE", value_name = "FILE")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_TOKEN_FILE", value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Client certificate (PEM) for mTLS; with --key.
-    #[arg(long, global = true, env = "GPUPROF_CERT_FILE", value_name = "FILE", requires = "key")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_CERT_FILE", value_name = "FILE", requires = "key")]
     cert: Option<PathBuf>,
     /// Private key (PEM) of --cert.
-    #[arg(long, global = true, env = "GPUPROF_KEY_FILE", value_name = "FILE", requires = "cert")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_KEY_FILE", value_name = "FILE", requires = "cert")]
     key: Option<PathBuf>,
-    /// Print JSON instead of a table.
-    #[arg(long, global = true)]
+    /// Print JSON instead of text: one document, or JSON Lines (one object per line) where a
+    /// command streams; each command's help says which.
+    #[arg(long, global = true, help_heading = GLOBAL)]
     json: bool,
     #[command(subcommand)]
     cmd: Cmd,
@@ -57,30 +62,47 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Daemon status: version, uptime, agents, records per kind, database size.
+    #[command(after_help = "--json: one JSON object.")]
     Status,
     /// GPU performance-monitor reservations: --pause (free GPUs for Nsight Compute or DCGM),
     /// --resume, --status.
+    #[command(after_help = "--json: one JSON document (the reservations, or what was paused or resumed).")]
     Profile(profile::ProfileArgs),
     /// Live PM samples.
     #[command(subcommand)]
     Pm(profile::PmCmd),
     /// GPUs known to gpuprofd.
+    #[command(after_help = "--json: one JSON array, an object per GPU.")]
     Devices,
     /// Processes connected to gpuprofd (yours only, unless root or in the admin group).
+    #[command(after_help = "--json: one JSON array, an object per process.")]
     Procs(sessions::ProcsArgs),
     /// Profiling sessions: start, stop, list, show.
     #[command(subcommand)]
     Session(sessions::SessionCmd),
     /// Trace processes (--pid, --exe, --all, ...) for --duration, then print the top kernels.
+    #[command(after_help = "--json: one JSON object, the session and its summary.")]
     Trace(sessions::TraceArgs),
     /// A session's summary: top kernels, device busy time, copies, API calls.
+    #[command(after_help = "--json: one JSON object.")]
     Top(records::TopArgs),
     /// A session's records, filtered.
+    #[command(after_help = "--json: JSON Lines, one object per record as they stream, each with its \"kind\".")]
     Query(records::QueryArgs),
-    /// Write a session to a Chrome trace JSON (Perfetto UI) or SQLite file.
-    Export(records::ExportArgs),
+    /// Write a session to a file: Chrome trace JSON (.json, .json.gz), Perfetto trace
+    /// (.pftrace) or SQLite (.sqlite); `-o -` writes to stdout.
+    #[command(after_help = "--json: one JSON object saying what was written (on stderr with `-o -`).")]
+    Export(export::ExportArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
+    /// Write gpuprofctl's man pages (gpuprofctl.1, gpuprofctl-session-start.1, ...) into a
+    /// directory.
+    #[command(hide = true)]
+    Man {
+        /// Where to write them (created if missing).
+        #[arg(long, default_value = ".")]
+        out_dir: PathBuf,
+    },
 }
 
 /// Exit codes: see [`output::exit_code`] (0 ok, 1 failed, 2 usage, 3 unreachable, 4 not found,
@@ -88,10 +110,25 @@ enum Cmd {
 const EXIT_FAILED: u8 = output::EXIT_FAILED;
 
 fn main() -> ExitCode {
+    quiet_when_stdout_closes();
     let cli = Cli::parse();
-    if let Cmd::Completions { shell } = &cli.cmd {
-        clap_complete::generate(*shell, &mut Cli::command(), "gpuprofctl", &mut std::io::stdout());
-        return ExitCode::SUCCESS;
+    match &cli.cmd {
+        Cmd::Completions { shell } => {
+            clap_complete::generate(*shell, &mut Cli::command(), "gpuprofctl", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Cmd::Man { out_dir } => {
+            let written =
+                std::fs::create_dir_all(out_dir).and_then(|()| clap_mangen::generate_to(Cli::command(), out_dir));
+            return match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: writing man pages into {}: {e}", out_dir.display());
+                    ExitCode::from(EXIT_FAILED)
+                }
+            };
+        }
+        _ => {}
     }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -103,8 +140,10 @@ fn main() -> ExitCode {
     let remote_with_cert = (cli.addr.is_some() || !cli.hosts.is_empty()) && cli.cert.is_some();
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // `gpuprofctl query 7 | head`: the reader has what it wanted.
+        Err(e) if output::io_error_kind(&e) == Some(std::io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", output::describe(&e));
             if remote_with_cert && connection_dropped(&e) {
                 eprintln!(
                     "hint: gpuprofd closes TLS connections whose client certificate it does not trust; \
@@ -114,6 +153,22 @@ fn main() -> ExitCode {
             ExitCode::from(output::exit_code(&e))
         }
     }
+}
+
+/// `gpuprofctl ... | head` closes stdout early: a print to it then fails with EPIPE (Rust
+/// ignores SIGPIPE), which `println!` turns into a panic. Exit 0 quietly instead, as `cat`
+/// does; errors returned from writes are handled in `main`.
+fn quiet_when_stdout_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg =
+            payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied());
+        if msg.is_some_and(|m| m.starts_with("failed printing to stdout") && m.contains("Broken pipe")) {
+            std::process::exit(0);
+        }
+        default(info)
+    }));
 }
 
 /// Whether a call failed because the connection went away (as when the server rejects the
@@ -165,8 +220,8 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Trace(a) => sessions::trace(&mut client, a, cli.json).await?,
         Cmd::Top(a) => records::top(&mut client, a, cli.json).await?,
         Cmd::Query(a) => records::query(&mut client, a, cli.json).await?,
-        Cmd::Export(a) => records::export(&mut client, a, cli.json).await?,
-        Cmd::Completions { .. } => {}
+        Cmd::Export(a) => export::export(&mut client, a, cli.json).await?,
+        Cmd::Completions { .. } | Cmd::Man { .. } => {}
     }
     Ok(())
 }
@@ -218,8 +273,11 @@ fn print_status(s: &pb::GetStatusResponse) {
         println!("CUPTI dropped      {} records (buffers full in traced processes)", s.cupti_dropped);
     }
     println!();
-    println!("{:<22} {:>14} {:>10}", "KIND", "INGESTED", "DROPPED");
-    for r in s.records.iter().filter(|r| r.ingested > 0 || r.dropped > 0) {
-        println!("{:<22} {:>14} {:>10}", r.kind, r.ingested, r.dropped);
-    }
+    let rows: Vec<Vec<String>> = s
+        .records
+        .iter()
+        .filter(|r| r.ingested > 0 || r.dropped > 0)
+        .map(|r| vec![r.kind.clone(), r.ingested.to_string(), r.dropped.to_string()])
+        .collect();
+    output::table(&["KIND", ">INGESTED", ">DROPPED"], &rows);
 }

@@ -28,6 +28,9 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
             _ => EXIT_FAILED,
         };
     }
+    if io_error_kind(e) == Some(std::io::ErrorKind::PermissionDenied) {
+        return EXIT_DENIED;
+    }
     if e.downcast_ref::<tonic::transport::Error>().is_some() || format!("{e}").starts_with("cannot connect") {
         return EXIT_UNREACHABLE;
     }
@@ -35,6 +38,54 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         return EXIT_USAGE;
     }
     EXIT_FAILED
+}
+
+/// The kind of the first I/O error among an error's causes.
+pub fn io_error_kind(e: &anyhow::Error) -> Option<std::io::ErrorKind> {
+    e.chain().find_map(|c| c.downcast_ref::<std::io::Error>()).map(std::io::Error::kind)
+}
+
+/// An error as gpuprofctl tells it: its context, then what gpuprofd answered in its own words
+/// (never tonic's "status: Unavailable, message: ..." form).
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = match cause.downcast_ref::<tonic::Status>() {
+            Some(s) => status_text(s),
+            None => cause.to_string(),
+        };
+        // A Status's sources (transport detail) repeat what its message says.
+        let last = cause.downcast_ref::<tonic::Status>().is_some();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        if last {
+            break;
+        }
+    }
+    parts.join(": ")
+}
+
+/// What a gRPC status means, in gpuprof's words, with gpuprofd's message.
+pub fn status_text(s: &tonic::Status) -> String {
+    use tonic::Code as C;
+    let msg = s.message().trim();
+    let lead = match s.code() {
+        C::Unavailable => "gpuprofd is unavailable (not running, shutting down or unreachable)",
+        C::DeadlineExceeded => "gpuprofd did not answer in time",
+        C::Cancelled => "the call was cut off before gpuprofd answered",
+        C::Unimplemented => "this gpuprofd does not know this call (is it older than gpuprofctl?)",
+        C::Internal | C::Unknown | C::DataLoss => "gpuprofd failed",
+        C::ResourceExhausted => "gpuprofd is out of room for this",
+        // The daemon's own messages say what was wrong and what to do.
+        _ if !msg.is_empty() => return msg.to_string(),
+        C::NotFound => "not found",
+        C::PermissionDenied | C::Unauthenticated => "permission denied",
+        C::InvalidArgument | C::OutOfRange => "invalid request",
+        C::FailedPrecondition | C::Aborted | C::AlreadyExists => "not possible now",
+        C::Ok => "ok",
+    };
+    if msg.is_empty() { lead.to_string() } else { format!("{lead}: {msg}") }
 }
 
 /// A usage error found after parsing (exit code 2).
@@ -63,16 +114,9 @@ pub fn human_ns(ns: u64) -> String {
     }
 }
 
-/// Bytes with a binary unit.
+/// Bytes with a binary unit ("812 B", "1.5 KiB", "20.0 GiB").
 pub fn human_bytes(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
+    bytesize::ByteSize(b).display().iec().to_string()
 }
 
 /// ns since the Unix epoch as UTC "YYYY-MM-DD HH:MM:SS.uuuuuu" ("-" for 0).
@@ -109,40 +153,33 @@ pub fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
-/// Prints rows under a header, each column as wide as its widest cell; columns whose
-/// header starts with '>' are right-aligned.
+/// Prints rows under a header, each column as wide as its widest cell, two spaces apart;
+/// columns whose header starts with '>' are right-aligned.
 pub fn table(header: &[&str], rows: &[Vec<String>]) {
-    let n = header.len();
-    let mut w: Vec<usize> = header.iter().map(|h| h.trim_start_matches('>').chars().count()).collect();
+    println!("{}", table_text(header, rows));
+}
+
+/// The text [`table`] prints, without a final newline.
+pub fn table_text(header: &[&str], rows: &[Vec<String>]) -> String {
+    use comfy_table::{CellAlignment, ContentArrangement, Table, TableComponent, presets};
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.iter().map(|h| h.trim_start_matches('>')));
+    for c in [TableComponent::LeftBorder, TableComponent::RightBorder, TableComponent::HeaderLines] {
+        t.remove_style(c);
+    }
     for r in rows {
-        for (i, c) in r.iter().enumerate().take(n) {
-            w[i] = w[i].max(c.chars().count());
+        t.add_row(r.iter().take(header.len()));
+    }
+    let last = header.len().saturating_sub(1);
+    for (i, col) in t.column_iter_mut().enumerate() {
+        col.set_padding((0, if i == last { 0 } else { 2 }));
+        if header[i].starts_with('>') {
+            col.set_cell_alignment(CellAlignment::Right);
         }
     }
-    let right: Vec<bool> = header.iter().map(|h| h.starts_with('>')).collect();
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            let pad = w[i].saturating_sub(c.chars().count());
-            if i > 0 {
-                s.push_str("  ");
-            }
-            if right[i] {
-                s.push_str(&" ".repeat(pad));
-                s.push_str(c);
-            } else {
-                s.push_str(c);
-                if i + 1 < cells.len() {
-                    s.push_str(&" ".repeat(pad));
-                }
-            }
-        }
-        println!("{s}");
-    };
-    line(header.iter().map(|h| h.trim_start_matches('>')).collect());
-    for r in rows {
-        line(r.iter().map(String::as_str).collect());
-    }
+    t.lines().map(|l| l.trim_end().to_string()).collect::<Vec<_>>().join("\n")
 }
 
 /// Shortens a long (mangled) name to `max` characters, keeping its start and end.
@@ -223,7 +260,7 @@ pub fn summary_json(s: &pb::GetSummaryResponse) -> Value {
         "kernel_count": s.kernel_count,
         "kernel_total_ns": s.kernel_total_ns,
         "top_kernels": s.top_kernels.iter().map(|k| json!({
-            "name": k.name, "count": k.count, "total_ns": k.total_ns, "mean_ns": k.mean_ns,
+            "name": k.name, "mangled_name": k.mangled_name, "count": k.count, "total_ns": k.total_ns, "mean_ns": k.mean_ns,
             "p50_ns": k.p50_ns, "p95_ns": k.p95_ns, "min_ns": k.min_ns, "max_ns": k.max_ns,
         })).collect::<Vec<_>>(),
         "device_busy": s.device_busy.iter().map(|d| json!({
@@ -239,8 +276,13 @@ pub fn summary_json(s: &pb::GetSummaryResponse) -> Value {
     })
 }
 
-/// Prints a summary as tables.
-pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize) {
+/// A kernel's name as shown: demangled, or as the driver reported it with `mangled`.
+pub fn kernel_name<'a>(name: &'a str, mangled_name: &'a str, mangled: bool) -> &'a str {
+    if mangled && !mangled_name.is_empty() { mangled_name } else { name }
+}
+
+/// Prints a summary as tables (kernel names demangled, or as reported with `mangled`).
+pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize, mangled: bool) {
     let total = s.kernel_total_ns;
     println!("kernels: {}, {} of GPU time", s.kernel_count, human_ns(total));
     if !s.top_kernels.is_empty() {
@@ -257,7 +299,7 @@ pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize) {
                     human_ns(k.p50_ns),
                     human_ns(k.p95_ns),
                     human_ns(k.max_ns),
-                    shorten(&k.name, name_width),
+                    shorten(kernel_name(&k.name, &k.mangled_name, mangled), name_width),
                 ]
             })
             .collect();
@@ -318,5 +360,27 @@ mod tests {
         assert_eq!(human_ns(1_500_000), "1.50 ms");
         assert_eq!(shorten("abcdefghijklmnopqrstuvwxyz", 10), "abcdef…xyz");
         assert_eq!(state_name(pb::SessionState::Interrupted as i32), "interrupted");
+        assert_eq!(human_bytes(812), "812 B");
+        assert_eq!(human_bytes(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn errors_are_told_in_gpuprofs_words() {
+        let e = anyhow::Error::new(tonic::Status::not_found("session 7 does not exist")).context("session show 7");
+        assert_eq!(describe(&e), "session show 7: session 7 does not exist");
+        assert_eq!(exit_code(&e), EXIT_NOT_FOUND);
+        let e = anyhow::Error::new(tonic::Status::unavailable("shutting down"));
+        let text = describe(&e);
+        assert_eq!(text, "gpuprofd is unavailable (not running, shutting down or unreachable): shutting down");
+        assert!(!text.contains("status:") && !text.contains("message:"), "{text}");
+        assert_eq!(exit_code(&e), EXIT_UNREACHABLE);
+        let e = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::PermissionDenied)).context("connecting");
+        assert_eq!(exit_code(&e), EXIT_DENIED);
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let rows = vec![vec!["1".to_string(), "kernel_a".to_string()], vec!["1234".to_string(), "b".to_string()]];
+        assert_eq!(table_text(&[">COUNT", "NAME"], &rows), "COUNT  NAME\n    1  kernel_a\n 1234  b");
     }
 }

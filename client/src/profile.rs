@@ -40,6 +40,7 @@ pub struct ProfileArgs {
 #[derive(Debug, Subcommand)]
 pub enum PmCmd {
     /// Show PM samples live (Ctrl-C to stop).
+    #[command(after_help = "--json: JSON Lines, one object per sample (and per pause marker) as they arrive.")]
     Watch(WatchArgs),
 }
 

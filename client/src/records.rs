@@ -1,11 +1,9 @@
-//! `gpuprofctl top`, `query` and `export`.
+//! `gpuprofctl top` and `query`, and the record filter they share with `export`.
 
-use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
-use std::time::Instant;
+use std::io::Write;
 
-use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
+use anyhow::Result;
+use clap::Args;
 use gpuprofctl::pb;
 
 use crate::output::{Usage, human_ns, print_summary, shorten, summary_json, wall_us};
@@ -23,7 +21,7 @@ pub struct FilterArgs {
     /// Only this stream (repeatable).
     #[arg(long = "stream", value_name = "N")]
     pub streams: Vec<u32>,
-    /// Kernel names matching this glob, e.g. '*gemm*'.
+    /// Kernel names matching this glob, e.g. '*gemm*' (demangled or mangled: either matches).
     #[arg(long = "name", value_name = "GLOB")]
     pub name: Option<String>,
     /// From this time: ns since the Unix epoch or RFC 3339 UTC.
@@ -67,6 +65,9 @@ pub struct TopArgs {
     /// Show kernel names in full.
     #[arg(long)]
     pub wide: bool,
+    /// Kernel names as the driver reported them (mangled) instead of demangled.
+    #[arg(long)]
+    pub mangled: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -79,7 +80,7 @@ pub async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&summary_json(&s))?);
     } else {
-        print_summary(&s, if a.wide { usize::MAX } else { 80 });
+        print_summary(&s, if a.wide { usize::MAX } else { 80 }, a.mangled);
     }
     Ok(())
 }
@@ -94,6 +95,9 @@ pub struct QueryArgs {
     /// At most this many records (0: all).
     #[arg(long, default_value_t = 100)]
     pub limit: u64,
+    /// Kernel names as the driver reported them (mangled) instead of demangled.
+    #[arg(long)]
+    pub mangled: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -116,7 +120,7 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
             for k in &m.kernels {
                 let v = serde_json::json!({"kind": "kernel", "process_id": k.process_id, "start_ns": k.start_ns,
                     "end_ns": k.end_ns, "device_id": k.device_id, "stream_id": k.stream_id,
-                    "correlation_id": k.correlation_id, "name": k.name,
+                    "correlation_id": k.correlation_id, "name": k.name, "mangled_name": k.mangled_name,
                     "grid": [k.grid_x, k.grid_y, k.grid_z], "block": [k.block_x, k.block_y, k.block_z],
                     "registers_per_thread": k.registers_per_thread, "static_shared_bytes": k.static_shared_bytes,
                     "dynamic_shared_bytes": k.dynamic_shared_bytes});
@@ -189,7 +193,7 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
                 k.device_id.to_string(),
                 k.stream_id.to_string(),
                 k.correlation_id,
-                shorten(&k.name, 90),
+                shorten(crate::output::kernel_name(&k.name, &k.mangled_name, a.mangled), 90),
             )?;
         }
         for r in &m.memcpys {
@@ -252,132 +256,6 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
     out.flush()?;
     Ok(())
 }
-
-#[derive(ValueEnum, Debug, Clone, Copy)]
-pub enum Format {
-    /// Chrome trace JSON (Perfetto UI, chrome://tracing).
-    Chrome,
-    /// A standalone SQLite database.
-    Sqlite,
-}
-
-#[derive(Args, Debug)]
-pub struct ExportArgs {
-    /// Session id.
-    pub session: u64,
-    /// Output file (written next to it under a temporary name, then renamed).
-    #[arg(short, long)]
-    pub output: PathBuf,
-    /// File format (default: from the file name: .db/.sqlite → sqlite, else chrome).
-    #[arg(long, value_enum)]
-    pub format: Option<Format>,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
-    #[command(flatten)]
-    pub filter: FilterArgs,
-}
-
-pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
-    let format = a.format.unwrap_or_else(|| match a.output.extension().and_then(|e| e.to_str()) {
-        Some("db" | "sqlite" | "sqlite3") => Format::Sqlite,
-        _ => Format::Chrome,
-    });
-    let pf = match format {
-        Format::Chrome => pb::ExportFormat::ChromeJson,
-        Format::Sqlite => pb::ExportFormat::Sqlite,
-    };
-    let mut stream = c
-        .export_trace(pb::ExportTraceRequest {
-            session_id: a.session,
-            format: pf as i32,
-            filter: Some(a.filter.to_pb()?),
-        })
-        .await?
-        .into_inner();
-    let dir = a.output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let mut tmp = tempfile_in(dir, &a.output)?;
-    let show = !a.quiet && !json && std::io::stderr().is_terminal();
-    let started = Instant::now();
-    let (mut bytes, mut events, mut total) = (0u64, 0u64, 0u64);
-    let mut last_draw = Instant::now();
-    while let Some(m) = stream.message().await? {
-        tmp.1.write_all(&m.data).context("writing the export")?;
-        bytes += m.data.len() as u64;
-        events = m.events_written.max(events);
-        total = m.events_total.max(total);
-        if show && last_draw.elapsed().as_millis() >= 100 {
-            draw_progress(events, total, bytes, started);
-            last_draw = Instant::now();
-        }
-    }
-    tmp.1.flush()?;
-    drop(tmp.1);
-    std::fs::rename(&tmp.0, &a.output).with_context(|| format!("renaming into {}", a.output.display()))?;
-    if show {
-        draw_progress(events, total.max(events), bytes, started);
-        eprintln!();
-    }
-    let secs = started.elapsed().as_secs_f64();
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"session": a.session, "file": a.output, "bytes": bytes, "events": events, "seconds": secs})
-        );
-    } else {
-        println!(
-            "wrote {} ({} events, {}) in {:.2} s",
-            a.output.display(),
-            events,
-            crate::output::human_bytes(bytes),
-            secs
-        );
-    }
-    Ok(())
-}
-
-fn draw_progress(events: u64, total: u64, bytes: u64, started: Instant) {
-    const WIDTH: usize = 30;
-    let frac = if total > 0 { (events as f64 / total as f64).min(1.0) } else { 0.0 };
-    let filled = (frac * WIDTH as f64) as usize;
-    let rate = events as f64 / started.elapsed().as_secs_f64().max(1e-3);
-    eprint!(
-        "\r[{}{}] {:>5.1}%  {events}/{total} events  {}  {:.0} events/s ",
-        "#".repeat(filled),
-        "-".repeat(WIDTH - filled),
-        frac * 100.0,
-        crate::output::human_bytes(bytes),
-        rate
-    );
-    let _ = std::io::stderr().flush();
-}
-
-/// A new file beside `target`, removed if the export fails.
-fn tempfile_in(
-    dir: &std::path::Path,
-    target: &std::path::Path,
-) -> Result<(TempPath, std::io::BufWriter<std::fs::File>)> {
-    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("export");
-    let path = dir.join(format!(".{name}.{}.part", std::process::id()));
-    let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    Ok((TempPath(path), std::io::BufWriter::with_capacity(1 << 20, f)))
-}
-
-/// Removes the partial file unless it was renamed.
-struct TempPath(PathBuf);
-
-impl AsRef<std::path::Path> for TempPath {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// A whole export of a session in memory (for merging several hosts' traces).
 pub async fn export_bytes(c: &mut Client, session: u64, format: pb::ExportFormat) -> Result<Vec<u8>> {
     let mut stream = c

@@ -114,6 +114,7 @@ fn parse_start(s: &str) -> Result<u64> {
 #[derive(Subcommand, Debug)]
 pub enum SessionCmd {
     /// Start a session; prints its id.
+    #[command(after_help = "--json: one JSON object, the session.")]
     Start {
         #[command(flatten)]
         targets: Box<TargetArgs>,
@@ -121,8 +122,10 @@ pub enum SessionCmd {
         collect: CollectArgs,
     },
     /// Stop a session and wait until its processes have flushed.
+    #[command(after_help = "--json: one JSON object, the session as it ended.")]
     Stop { session: u64 },
     /// List sessions, newest first.
+    #[command(after_help = "--json: one JSON array, an object per session.")]
     List {
         /// Only sessions in this state (repeatable): pending, active, stopping, completed, failed, interrupted.
         #[arg(long = "state")]
@@ -135,6 +138,7 @@ pub enum SessionCmd {
         limit: u32,
     },
     /// One session with its processes.
+    #[command(after_help = "--json: one JSON object, the session.")]
     Show { session: u64 },
 }
 
@@ -437,7 +441,7 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
                 if p.dropped > 0 { format!(", {} records dropped", p.dropped) } else { String::new() }
             );
         }
-        print_summary(&summary, 80);
+        print_summary(&summary, 80, false);
     }
     if let Some(path) = &args.output {
         let data = crate::records::export_bytes(c, id, pb::ExportFormat::ChromeJson).await?;

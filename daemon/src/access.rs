@@ -110,7 +110,8 @@ pub struct RemoteAdmin {
 /// anything else with UNAUTHENTICATED.
 #[derive(Clone)]
 pub struct TcpAuth {
-    token: Option<Arc<[u8]>>,
+    /// Shared by the clones the server makes, so that SIGHUP can replace it for all.
+    token: Arc<std::sync::RwLock<Option<Arc<[u8]>>>>,
     /// Client certificates are verified by TLS against `api.client_ca_file`.
     client_certs: bool,
 }
@@ -118,7 +119,7 @@ pub struct TcpAuth {
 impl std::fmt::Debug for TcpAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpAuth")
-            .field("token", &self.token.is_some())
+            .field("token", &self.token().is_some())
             .field("client_certs", &self.client_certs)
             .finish()
     }
@@ -126,14 +127,28 @@ impl std::fmt::Debug for TcpAuth {
 
 impl TcpAuth {
     pub fn new(token: Option<Vec<u8>>, client_certs: bool) -> TcpAuth {
-        TcpAuth { token: token.map(Arc::from), client_certs }
+        TcpAuth { token: Arc::new(std::sync::RwLock::new(token.map(Arc::from))), client_certs }
+    }
+
+    fn token(&self) -> Option<Arc<[u8]>> {
+        self.token.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The bearer token in force.
+    pub fn current_token(&self) -> Option<Vec<u8>> {
+        self.token().map(|t| t.to_vec())
+    }
+
+    /// Replaces the bearer token for every call from now on (a SIGHUP reload).
+    pub fn set_token(&self, token: Option<Vec<u8>>) {
+        *self.token.write().unwrap_or_else(std::sync::PoisonError::into_inner) = token.map(Arc::from);
     }
 
     /// What a caller must present, for error messages.
     fn needed(&self) -> String {
         let token = "the node's bearer token (header \"authorization: Bearer TOKEN\"; gpuprofctl --token-file FILE)";
         let cert = "a client certificate signed by the node's client CA (gpuprofctl --cert FILE --key FILE)";
-        match (self.token.is_some(), self.client_certs) {
+        match (self.token().is_some(), self.client_certs) {
             (true, true) => format!("{token} or {cert}"),
             (true, false) => token.to_string(),
             _ => cert.to_string(),
@@ -157,7 +172,7 @@ impl TcpAuth {
                 self.needed()
             )));
         };
-        let Some(expected) = &self.token else {
+        let Some(expected) = self.token() else {
             return Err(ApiError::Unauthenticated(format!(
                 "gpuprofd's TCP API does not accept tokens here; it needs {}",
                 self.needed()
@@ -173,7 +188,7 @@ impl TcpAuth {
                 "the authorization header must be \"Bearer TOKEN\" (gpuprofctl --token-file FILE)".into(),
             ));
         };
-        if constant_time_eq(expected, presented.trim_ascii()) {
+        if constant_time_eq(&expected, presented.trim_ascii()) {
             Ok(RemoteAdmin { peer, method: "token" })
         } else {
             Err(ApiError::Unauthenticated(format!(

@@ -3,6 +3,9 @@
 //! TCP is served with TLS only (`api.tls_cert_file`, `api.tls_key_file`), and every call on
 //! it must carry the node's bearer token or come over a connection with a client certificate
 //! signed by `api.client_ca_file`; [`crate::access::TcpAuth`] checks that before any handler.
+//!
+//! Both listeners also serve the standard health service (`grpc.health.v1`) and server
+//! reflection (`grpc.reflection.v1` and `v1alpha`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,6 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use anyhow::{Context, Result};
 use gpuprof_proto::api::{self as pb, gpuprof_server::Gpuprof, gpuprof_server::GpuprofServer};
 use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -21,6 +25,7 @@ use crate::Daemon;
 use crate::access::TcpAuth;
 use crate::catalog::Kind;
 use crate::config::ApiConfig;
+use crate::uds_authority::UdsConn;
 
 /// How long in-flight calls may run on after shutdown begins before their connections are cut.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -58,21 +63,7 @@ impl TcpSecurity {
                 api.tls_key_file.display()
             ))
         })?;
-        let token = if is_set(&api.token_file) {
-            let text = read("token_file", &api.token_file)?;
-            let token = text.trim_ascii().to_vec();
-            if token.len() < MIN_TOKEN_LEN || token.iter().any(|b| !b.is_ascii_graphic()) {
-                anyhow::bail!(
-                    "api.token_file {}: the token must be at least {MIN_TOKEN_LEN} printable characters \
-                     without spaces (e.g. from `openssl rand -hex 32`)",
-                    api.token_file.display()
-                );
-            }
-            warn_if_readable_by_others(&api.token_file);
-            Some(token)
-        } else {
-            None
-        };
+        let token = read_token(api)?;
         let client_certs = is_set(&api.client_ca_file);
         if client_certs {
             let ca = read("client_ca_file", &api.client_ca_file)?;
@@ -89,6 +80,26 @@ impl TcpSecurity {
         }
         Ok(Some(TcpSecurity { tls, auth: TcpAuth::new(token, client_certs) }))
     }
+}
+
+/// The bearer token in `api.token_file` (None when unset), checked: read at start and again on
+/// SIGHUP.
+pub fn read_token(api: &ApiConfig) -> Result<Option<Vec<u8>>> {
+    if api.token_file.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read(&api.token_file)
+        .with_context(|| format!("api.token_file: cannot read {}", api.token_file.display()))?;
+    let token = text.trim_ascii().to_vec();
+    if token.len() < MIN_TOKEN_LEN || token.iter().any(|b| !b.is_ascii_graphic()) {
+        anyhow::bail!(
+            "api.token_file {}: the token must be at least {MIN_TOKEN_LEN} printable characters \
+             without spaces (e.g. from `openssl rand -hex 32`)",
+            api.token_file.display()
+        );
+    }
+    warn_if_readable_by_others(&api.token_file);
+    Ok(Some(token))
 }
 
 fn warn_if_readable_by_others(path: &Path) {
@@ -157,18 +168,27 @@ async fn serve_until(
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<GpuprofServer<Api>>().await;
     let svc = GpuprofServer::new(Api { d: d.clone() });
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
+    // Each socket connection is read through UdsConn, which stands in `localhost` for the socket
+    // path that gRPC C-core clients send as :authority (see uds_authority).
+    let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(UdsConn::new));
     let uds = tonic::transport::Server::builder()
         .add_service(health_service.clone())
+        .add_service(reflection_v1.clone())
+        .add_service(reflection_v1alpha.clone())
         .add_service(svc.clone())
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.clone().cancelled_owned());
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
     match tcp {
         None => uds.await?,
         Some(TcpApi { listener, security }) => {
-            // Every service on TCP, health included, sits behind the authentication check.
+            // Every service on TCP, health and reflection included, sits behind the
+            // authentication check.
             let tcp = tonic::transport::Server::builder()
                 .tls_config(security.tls)?
                 .layer(tonic::service::InterceptorLayer::new(security.auth))
                 .add_service(health_service)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
                 .add_service(svc)
                 .serve_with_incoming_shutdown(
                     TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -178,6 +198,23 @@ async fn serve_until(
         }
     }
     Ok(())
+}
+
+/// Server reflection (`grpc.reflection.v1` and the older `v1alpha` that many tools still ask
+/// for): `grpcurl`, `grpcui`, Postman and the like list and call the API without the `.proto`.
+fn reflection() -> Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<impl tonic_reflection::server::v1alpha::ServerReflection>,
+)> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok((
+        builder().build_v1().context("server reflection (v1)")?,
+        builder().build_v1alpha().context("server reflection (v1alpha)")?,
+    ))
 }
 
 /// The service implementation.

@@ -15,6 +15,7 @@ pub mod cbid;
 pub mod cgroup;
 pub mod clock;
 pub mod config;
+pub mod demangle;
 pub mod error;
 pub mod export;
 pub mod ingest;
@@ -24,6 +25,7 @@ pub mod pmstream;
 pub mod prometheus;
 pub mod query;
 pub mod registry;
+pub mod reload;
 pub mod retention;
 pub mod rollup;
 pub mod runtime;
@@ -32,6 +34,7 @@ pub mod sessions;
 pub mod stats;
 pub mod store;
 pub mod systemd;
+pub mod uds_authority;
 
 pub use runtime::run;
 
@@ -51,7 +54,13 @@ use crate::stats::Stats;
 
 /// Shared daemon state, one per process.
 pub struct Daemon {
+    /// The settings the daemon started with; those that SIGHUP reloads are read from their
+    /// own cells (`retention()`).
     pub config: Config,
+    /// `[retention]`, reloadable.
+    pub retention: std::sync::RwLock<crate::config::RetentionConfig>,
+    /// `storage.max_database_mib`, reloadable.
+    pub max_database_mib: AtomicU64,
     pub db_path: PathBuf,
     pub stats: Arc<Stats>,
     pub registry: Registry,
@@ -76,6 +85,18 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// The retention settings in force (reloaded by SIGHUP).
+    pub fn retention(&self) -> crate::config::RetentionConfig {
+        self.retention.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The `[storage]` settings in force (`max_database_mib` reloaded by SIGHUP).
+    pub fn storage(&self) -> crate::config::StorageConfig {
+        let mut s = self.config.storage.clone();
+        s.max_database_mib = self.max_database_mib.load(Relaxed);
+        s
+    }
+
     pub fn count_session_records(&self, session: u64, n: u64) {
         if let Some(c) = self.session_records.get(&session) {
             c.fetch_add(n, Relaxed);

@@ -85,11 +85,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log_level))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    // The filter sits behind a reload handle: SIGHUP may change `log_level`.
+    use tracing_subscriber::prelude::*;
+    let (filter, handle) =
+        tracing_subscriber::reload::Layer::new(tracing_subscriber::EnvFilter::new(&config.log_level));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
         .init();
+    let set_log: gpuprofd::reload::SetLogFilter = Box::new(move |level: &str| {
+        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    });
+    let source = gpuprofd::reload::Source { file: cli.config.clone(), overrides: ov.clone(), set_log: Some(set_log) };
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("gpuprofd").build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -97,7 +109,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(gpuprofd::run(config)) {
+    match rt.block_on(gpuprofd::run(config, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

@@ -355,7 +355,7 @@ type PcKey = (i64, i64, i64, i64);
 
 fn pc_rows(c: &rusqlite::Connection, session: u64) -> rusqlite::Result<Vec<(PcKey, pb::PcSampleRow)>> {
     let mut stmt = c.prepare_cached(
-        "SELECT p.proc, p.function, p.pc, p.stall, COALESCE(f.value, ''), COALESCE(s.value, ''), p.count
+        "SELECT p.proc, p.function, p.pc, p.stall, COALESCE(f.demangled, f.value, ''), COALESCE(s.value, ''), p.count
          FROM pc_sample p LEFT JOIN strings f ON f.id = p.function LEFT JOIN strings s ON s.id = p.stall
          WHERE p.session = ?1",
     )?;

@@ -1,6 +1,7 @@
 //! The one place that starts gpuprofd's long-lived tasks and wires their channels: open the
-//! database and the writer thread, bind the sockets, start the managers' tasks, serve, and on
-//! SIGTERM/SIGINT wind everything down in order so every queued record is committed.
+//! database and the writer thread, bind the sockets, start the managers' tasks, serve, reload
+//! the reloadable settings on SIGHUP, and on SIGTERM/SIGINT wind everything down in order so
+//! every queued record is committed.
 
 use std::sync::Arc;
 
@@ -14,13 +15,14 @@ use crate::config::Config;
 use crate::registry::Registry;
 use crate::stats::Stats;
 use crate::{
-    Daemon, agent, api, arbiter, ingest, kubelet, otlp, pmstream, prometheus, retention, rollup, sampler, sessions,
-    store, systemd,
+    Daemon, agent, api, arbiter, ingest, kubelet, otlp, pmstream, prometheus, reload, retention, rollup, sampler,
+    sessions, store, systemd,
 };
 
-/// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves,
-/// then drains and commits everything queued before returning.
-pub async fn run(config: Config) -> Result<()> {
+/// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves
+/// (reloading on SIGHUP from `source`), then drains and commits everything queued before
+/// returning.
+pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let db_path = config.database_path();
     let stats = Arc::new(Stats::default());
     let conn = store::open_writer(&db_path, &config.storage)?;
@@ -35,7 +37,11 @@ pub async fn run(config: Config) -> Result<()> {
     let api_listener = agent::bind_unix(&config.api_socket, config.api.socket_mode)?;
     let shutdown = CancellationToken::new();
     let (sessions, sessions_persister) = sessions::Sessions::new(writer.clone());
+    let tcp_auth = api_tcp.as_ref().map(|t| t.security.auth.clone());
+    let mut reloader = reload::Reloader::new(source, config.clone(), tcp_auth);
     let d = Arc::new(Daemon {
+        retention: std::sync::RwLock::new(config.retention.clone()),
+        max_database_mib: std::sync::atomic::AtomicU64::new(config.storage.max_database_mib),
         db_path: db_path.clone(),
         stats,
         registry: Registry::default(),
@@ -72,7 +78,7 @@ pub async fn run(config: Config) -> Result<()> {
     );
     systemd::ready();
 
-    wait_for_signal().await;
+    serve_signals(&d, &mut reloader).await;
     tracing::info!("shutting down: no new connections, draining queued records");
     systemd::stopping();
     shutdown.cancel();
@@ -152,15 +158,25 @@ async fn bounded<T>(what: &str, task: tokio::task::JoinHandle<T>) -> Option<T> {
     }
 }
 
-async fn wait_for_signal() {
+/// Returns at SIGTERM or SIGINT; reloads the configuration at each SIGHUP meanwhile.
+async fn serve_signals(d: &Daemon, reloader: &mut reload::Reloader) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
+    else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
         std::future::pending::<()>().await;
         return;
     };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => {
+                systemd::reloading();
+                reloader.reload(d).await;
+                systemd::ready();
+            }
+        }
     }
 }

@@ -17,6 +17,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0003_retention.sql", include_str!("../../migrations/0003_retention.sql")),
     ("0004_topology_keys.sql", include_str!("../../migrations/0004_topology_keys.sql")),
     ("0005_attribution.sql", include_str!("../../migrations/0005_attribution.sql")),
+    ("0006_demangled.sql", include_str!("../../migrations/0006_demangled.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.
@@ -58,11 +59,18 @@ pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
     let _: i64 = conn.query_row(&format!("PRAGMA journal_size_limit={limit}"), [], |r| r.get(0))?;
     migrate(&conn)?;
     if cfg.max_database_mib > 0 {
-        let page: u64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
-        let pages = (cfg.max_database_mib << 20) / page.max(512);
-        let _: i64 = conn.query_row(&format!("PRAGMA max_page_count={pages}"), [], |r| r.get(0))?;
+        set_max_database_mib(&conn, cfg.max_database_mib)?;
     }
     Ok(conn)
+}
+
+/// The writer's hard cap on the database size (`storage.max_database_mib`; 0: none), at start
+/// and on SIGHUP. SQLite keeps at least the pages already in use.
+pub fn set_max_database_mib(conn: &Connection, mib: u64) -> rusqlite::Result<()> {
+    let page: u64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    let pages = if mib == 0 { 4_294_967_294 } else { (mib << 20) / page.max(512) };
+    let _: i64 = conn.query_row(&format!("PRAGMA max_page_count={pages}"), [], |r| r.get(0))?;
+    Ok(())
 }
 
 /// Opens a read-only connection for queries.

@@ -13,3 +13,10 @@ pub fn stopping() {
         tracing::debug!(error = %e, "sd_notify STOPPING failed");
     }
 }
+
+/// RELOADING=1: a SIGHUP reload is under way (READY=1 follows).
+pub fn reloading() {
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Reloading]) {
+        tracing::debug!(error = %e, "sd_notify RELOADING failed");
+    }
+}

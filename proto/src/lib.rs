@@ -4,6 +4,7 @@
 //!   `gpuprofd` over the agent socket, plus the length-prefixed [`frame`] codec, and the
 //!   new-process [`hint`] file the daemon keeps next to that socket.
 //! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
+//! - [`perfetto`]: the part of Perfetto's trace format that gpuprofd's exports write.
 #![forbid(unsafe_code)]
 
 pub mod frame;
@@ -19,9 +20,19 @@ pub mod agent {
     pub const PROTOCOL_VERSION: u32 = ProtocolVersion::Current as u32;
 }
 
+/// The messages of Perfetto's trace format that a `.pftrace` export holds (`perfetto.protos`,
+/// a subset with Perfetto's field numbers).
+pub mod perfetto {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
+}
+
 /// The public gRPC API, `gpuprof.v1`.
 #[cfg(feature = "api")]
 pub mod api {
     #![allow(clippy::all, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/gpuprof.v1.rs"));
+
+    /// The encoded `FileDescriptorSet` of `gpuprof.v1`, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("gpuprof_v1_descriptor");
 }

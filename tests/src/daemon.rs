@@ -136,6 +136,11 @@ impl TestDaemon {
         Ok(st.code().unwrap_or(-1))
     }
 
+    /// SIGHUP: the daemon reloads its configuration and goes on.
+    pub fn hangup(&self) {
+        unsafe_kill(self.child.id(), libc::SIGHUP);
+    }
+
     /// SIGKILL, no cleanup.
     pub fn kill9(mut self) {
         unsafe_kill(self.child.id(), libc::SIGKILL);

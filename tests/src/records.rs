@@ -11,11 +11,11 @@ pub const KERNEL_NAMES: &[&str] = &[
     "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIfEESt5arrayIPcLm3EEEEviT0_T1_",
     "_ZN2at6native18elementwise_kernelILi128ELi2EZNS0_22gpu_kernel_impl_nocastIZZZNS0_23direct_copy_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE0_clEvENKUlvE5_clEvEUlfE_EEvS4_RKT_EUliE_EEviT1_",
     "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
-    "_ZN7cutlass7Kernel2I68cutlass_80_tensorop_s1688gemm_128x256_16x3_nn_align4EEvNT_6ParamsE",
+    "_ZN7cutlass7Kernel2I52cutlass_80_tensorop_s1688gemm_128x256_16x3_nn_align4EEvNT_6ParamsE",
     "_ZN2at6native13reduce_kernelILi512ELi1ENS0_8ReduceOpIfNS0_14func_wrapper_tIfZNS0_11sum_functorIfffEclERNS_14TensorIteratorEEUlffE_EEjfLi4ELi4EEEEEvT1_",
-    "_ZN2at6native43_GLOBAL__N__softmax_warp_forward_kernelILi10EEEvPfPKfiiiPKbib",
+    "_ZN2at6native12_GLOBAL__N_120softmax_warp_forwardIfffLi10ELb0ELb0EEEvPT0_PKT_iiiPKbib",
     "ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_64x3_nn",
-    "_Z10tiny_kernelPf",
+    "_Z11tiny_kernelPf",
 ];
 
 /// NVTX range names.

@@ -347,3 +347,57 @@ fn check_config_and_start_refuse_tcp_without_tls_and_authentication() -> Result<
     assert!(format!("{e:#}").contains("api.token_file"), "{e:#}");
     Ok(())
 }
+
+/// A request carrying the node's bearer token.
+fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().expect("a header value"));
+    req
+}
+
+#[test]
+fn health_and_reflection_on_tcp_need_the_token() -> Result<()> {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    use tonic_reflection::pb::v1;
+    let dir = tempfile::tempdir()?;
+    let pki = Pki::new(dir.path())?;
+    let (d, addr) = start_tcp(dir.path(), &pki, &format!("token_file = {:?}\n", pki.path("token")))?;
+    rt().block_on(async {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(pki.path("ca.pem"))?));
+        let ch = tonic::transport::Endpoint::from_shared(addr.clone())?.tls_config(tls)?.connect().await?;
+
+        let mut health = HealthClient::new(ch.clone());
+        let e = health.check(HealthCheckRequest { service: String::new() }).await.expect_err("no token");
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+        let r = health.check(authed(HealthCheckRequest { service: "gpuprof.v1.Gpuprof".into() })).await?.into_inner();
+        assert_eq!(r.status(), ServingStatus::Serving);
+
+        let list = || v1::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(String::new())),
+        };
+        let mut reflection = v1::server_reflection_client::ServerReflectionClient::new(ch);
+        let e = reflection.server_reflection_info(tokio_stream::iter([list()])).await.expect_err("no token");
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+        let answer = reflection
+            .server_reflection_info(authed(tokio_stream::iter([list()])))
+            .await?
+            .into_inner()
+            .message()
+            .await?;
+        let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(l)) =
+            answer.and_then(|a| a.message_response)
+        else {
+            anyhow::bail!("list_services answered with something else");
+        };
+        let names: Vec<String> = l.service.into_iter().map(|s| s.name).collect();
+        assert!(
+            names.contains(&"gpuprof.v1.Gpuprof".into()) && names.contains(&"grpc.health.v1.Health".into()),
+            "{names:?}"
+        );
+        anyhow::Ok(())
+    })?;
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}

@@ -95,6 +95,24 @@ fn one_trace_over_two_hosts() {
     let recorded: u64 = per_host.iter().map(|r| r["summary"]["kernel_count"].as_u64().unwrap()).sum();
     assert!(recorded > 0, "{per_host:?}");
     assert_eq!(kernels, recorded, "every kernel of both sessions in the merged trace");
+    // A merged trace is Chrome JSON: another format is refused before any session starts.
+    let sessions_before = |d: &TestDaemon| {
+        String::from_utf8_lossy(&d.ctl(&["--json", "session", "list"]).stdout).matches("\"id\"").count()
+    };
+    let before = (sessions_before(&d1), sessions_before(&d2));
+    assert!(before.0 > 0 && before.1 > 0, "the traced sessions are listed");
+    let out = Command::new(bin_path("gpuprofctl"))
+        .args(["--host", &h1, "--host", &h2, "--ca"])
+        .arg(dir.path().join("server.pem"))
+        .arg("--token-file")
+        .arg(dir.path().join("token"))
+        .args(["trace", "--all", "--duration", "1s", "-o"])
+        .arg(dir.path().join("merged.pftrace"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(".json or .json.gz"));
+    assert_eq!((sessions_before(&d1), sessions_before(&d2)), before, "no session started");
     a1.finish().unwrap();
     a2.finish().unwrap();
     assert_eq!(d1.terminate().unwrap(), 0);

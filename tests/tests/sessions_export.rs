@@ -187,6 +187,10 @@ fn sqlite_export_holds_the_session() {
         .unwrap();
     assert_eq!(named as u64, count(&db, "kernel", id));
     assert_eq!(bad, 0);
+    // Both forms of the names: the tiny kernel's demangled form is kept beside it.
+    let demangled: String =
+        ex.query_row("SELECT demangled FROM strings WHERE value = '_Z11tiny_kernelPf'", [], |r| r.get(0)).unwrap();
+    assert_eq!(demangled, "tiny_kernel(float*)");
     let state: String = ex.query_row("SELECT state FROM sessions WHERE id = ?1", [id as i64], |r| r.get(0)).unwrap();
     assert_eq!(state, "completed");
     // The session's processes come with the cgroup gpuprofd read and what it says.

@@ -1,8 +1,11 @@
 //! The Python client (client/python), generated in the test from the repository's .proto
-//! with grpcio-tools, starts, lists and stops a session against a running gpuprofd.
+//! with grpcio-tools, starts, lists and stops a session against a running gpuprofd; stock
+//! grpcio channels with no options call the API, the health service and server reflection
+//! over the socket.
 //!
-//! Needs `python3` with `grpcio` and `grpcio-tools`; when they are not importable the test
-//! installs them with pip into the target directory first (and fails if it cannot).
+//! Needs `python3` with `grpcio`, `grpcio-tools`, `grpcio-health-checking` and
+//! `grpcio-reflection`; when they are not importable the test installs them with pip into the
+//! target directory first (and fails if it cannot).
 
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
@@ -19,7 +22,7 @@ fn python_client_starts_lists_and_stops_a_session() {
     let pydeps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps");
     let importable = |python: &str| {
         Command::new(python)
-            .args(["-c", "import grpc, grpc_tools"])
+            .args(["-c", "import grpc, grpc_tools, grpc_health.v1, grpc_reflection.v1alpha"])
             .env("PYTHONPATH", &pydeps)
             .output()
             .is_ok_and(|o| o.status.success())
@@ -28,12 +31,12 @@ fn python_client_starts_lists_and_stops_a_session() {
         let out = Command::new(&python)
             .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
             .arg(&pydeps)
-            .args(["grpcio", "grpcio-tools", "protobuf"])
+            .args(["grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection", "protobuf"])
             .output()
             .expect("running pip");
         assert!(
             out.status.success() && importable(&python),
-            "{python} needs grpcio and grpcio-tools and pip could not install them:\n{}",
+            "{python} needs grpcio, grpcio-tools, grpcio-health-checking and grpcio-reflection and pip could not install them:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -51,6 +54,6 @@ fn python_client_starts_lists_and_stops_a_session() {
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "python client test failed:\n{text}\ndaemon log:\n{}", d.log_text());
-    assert!(text.contains("Ran 2 tests") && text.contains("OK"), "{text}");
+    assert!(text.contains("Ran 4 tests") && text.contains("OK"), "{text}");
     agent.finish().unwrap();
 }

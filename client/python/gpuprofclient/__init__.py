@@ -64,8 +64,8 @@ class Client:
         if pb is None:
             raise RuntimeError("call gpuprofclient.generate(dir) first")
         self.timeout = timeout
-        # gRPC C-core would send the socket path as :authority, which HTTP/2 servers reject.
-        self.channel = grpc.insecure_channel("unix:" + socket_path, options=[("grpc.default_authority", "localhost")])
+        # No channel options needed: gpuprofd accepts the socket path gRPC sends as :authority.
+        self.channel = grpc.insecure_channel("unix:" + socket_path)
         self.stub = rpc.GpuprofStub(self.channel)
 
     def close(self):

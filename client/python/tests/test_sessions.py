@@ -17,6 +17,41 @@ import gpuprofclient  # noqa: E402
 import grpc  # noqa: E402
 
 
+class StockChannelTest(unittest.TestCase):
+    """What any grpcio program does: a plain channel on the socket, no options."""
+
+    @classmethod
+    def setUpClass(cls):
+        gpuprofclient.generate(os.environ["GPUPROF_GEN_DIR"])
+        cls.channel = grpc.insecure_channel("unix://" + os.path.abspath(os.environ["GPUPROF_API_SOCKET"]))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+
+    def test_api_and_health_with_no_channel_options(self):
+        pb, rpc = gpuprofclient.pb, gpuprofclient.rpc
+        status = rpc.GpuprofStub(self.channel).GetStatus(pb.GetStatusRequest(), timeout=10)
+        self.assertTrue(status.version)
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        health = health_pb2_grpc.HealthStub(self.channel)
+        for service in ("", "gpuprof.v1.Gpuprof"):
+            r = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            self.assertEqual(r.status, health_pb2.HealthCheckResponse.SERVING)
+
+    def test_reflection_lists_the_services(self):
+        from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+        stub = reflection_pb2_grpc.ServerReflectionStub(self.channel)
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        answers = list(stub.ServerReflectionInfo(iter([req]), timeout=10))
+        names = sorted(s.name for s in answers[0].list_services_response.service)
+        self.assertEqual(
+            names, ["gpuprof.v1.Gpuprof", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"]
+        )
+
+
 class SessionsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -19,7 +19,7 @@ const SYNC_TID: u64 = 4_294_967_294;
 const OVERHEAD_TID: u64 = 4_294_967_293;
 
 /// Processes of the session: daemon id → (pid, exe, base_ns).
-type Procs = BTreeMap<i64, (i64, String, i64)>;
+pub(super) type Procs = BTreeMap<i64, (i64, String, i64)>;
 
 /// Chrome trace JSON.
 pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
@@ -41,7 +41,7 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> 
 }
 
 /// The processes that joined the session or have records in it.
-fn session_procs(c: &Connection, session: u64) -> rusqlite::Result<Procs> {
+pub(super) fn session_procs(c: &Connection, session: u64) -> rusqlite::Result<Procs> {
     let mut procs = Procs::new();
     let mut st = c.prepare(
         "SELECT p.id, p.pid, p.exe, p.base_ns FROM processes p

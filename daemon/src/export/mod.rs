@@ -1,5 +1,5 @@
-//! ExportTrace: a session as Chrome trace JSON (Perfetto UI, chrome://tracing) or as a
-//! standalone SQLite file, streamed to the client in chunks.
+//! ExportTrace: a session as Chrome trace JSON (Perfetto UI, chrome://tracing), as a Perfetto
+//! protobuf trace, or as a standalone SQLite file, streamed to the client in chunks.
 //!
 //! Chrome JSON layout:
 //! - one trace process per gpuprof process (its host threads: API calls and NVTX ranges
@@ -18,13 +18,15 @@
 //! removed once sent.
 //!
 //! Where things are: `chrome` writes the Chrome trace from `records` (the session's rows,
-//! merged) and `flows` (launch arrows), with the helpers in `json`; `sqlite` builds the
-//! SQLite file; `out` sends either to the client in chunks.
+//! merged) and `flows` (launch arrows), with the helpers in `json`; `perfetto` writes the
+//! same records and flows as Perfetto track events; `sqlite` builds the SQLite file; `out`
+//! sends any of them to the client in chunks.
 
 mod chrome;
 mod flows;
 mod json;
 mod out;
+mod perfetto;
 mod records;
 mod sqlite;
 
@@ -42,6 +44,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::query::check_filter;
 use chrome::chrome;
 use out::Stop;
+use perfetto::perfetto;
 use sqlite::sqlite;
 
 pub use records::EVENT_TABLES;
@@ -66,6 +69,7 @@ pub async fn export(
         let r = match format {
             pb::ExportFormat::Unspecified | pb::ExportFormat::ChromeJson => chrome(&db, session, &f, &tx),
             pb::ExportFormat::Sqlite => sqlite(&db, &tmp_dir, session, &f, &tx),
+            pb::ExportFormat::Perfetto => perfetto(&db, session, &f, &tx),
         };
         match r {
             Ok(()) => {}

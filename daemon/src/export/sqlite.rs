@@ -25,10 +25,10 @@ pub(super) fn sqlite(db: &Path, tmp_dir: &Path, session: u64, f: &pb::RecordFilt
         let c = Connection::open(&path)?;
         c.execute_batch("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA foreign_keys=OFF;")?;
         c.execute_batch(crate::store::MIGRATIONS[0].1)?;
-        // The processes' containers and pods (their columns are copied whole below; found by
-        // name, whatever number the migration has).
+        // The processes' containers and pods, and both forms of kernel names (their columns are
+        // copied whole below; found by name, whatever number the migrations have).
         for (name, sql) in crate::store::MIGRATIONS {
-            if name.ends_with("_attribution.sql") {
+            if name.ends_with("_attribution.sql") || name.ends_with("_demangled.sql") {
                 c.execute_batch(sql)?;
             }
         }

@@ -32,6 +32,10 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn new(conn: Connection, stats: Arc<Stats>, commit_max_records: usize) -> Result<Writer> {
         conn.set_prepared_statement_cache_capacity(64);
+        let filled = crate::demangle::fill_missing(&conn)?;
+        if filled > 0 {
+            tracing::info!(names = filled, "stored the demangled form of names kept by an older gpuprofd");
+        }
         let mut strings = HashMap::new();
         {
             let mut stmt = conn.prepare("SELECT id, value FROM strings")?;
@@ -276,7 +280,9 @@ impl Writer {
         if let Some(id) = self.strings.get(v) {
             return Ok(*id);
         }
-        self.conn.prepare_cached("INSERT INTO strings(value) VALUES (?1)")?.execute([v])?;
+        self.conn
+            .prepare_cached("INSERT INTO strings(value, demangled) VALUES (?1, ?2)")?
+            .execute(rusqlite::params![v, crate::demangle::demangle(v)])?;
         let id = self.conn.last_insert_rowid();
         self.strings.insert(v.into(), id);
         Ok(id)

@@ -85,7 +85,8 @@ pub fn where_for(c: &Connection, table: &str, session: u64, f: &pb::RecordFilter
         w.in_list("t.stream", f.stream_ids.iter().map(|d| i64::from(*d)));
     }
     if cl.name && !f.name_pattern.is_empty() {
-        w.and("t.name IN (SELECT id FROM strings WHERE value GLOB ?)", [Value::Text(f.name_pattern.clone())]);
+        let pattern = Value::Text(f.name_pattern.clone());
+        w.and(&format!("t.name IN (SELECT id FROM strings WHERE {})", super::NAME_GLOB), [pattern.clone(), pattern]);
     }
     if cl.time
         && let Some(tr) = &f.time_range

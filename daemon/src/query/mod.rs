@@ -24,7 +24,7 @@ mod summary;
 
 pub use filter::{Cols, Where, check_filter, cols, where_for};
 pub use inventory::{list_devices, list_processes};
-pub use names::{Strings, copy_kind_name, string, sync_type_name};
+pub use names::{NAME_GLOB, Strings, copy_kind_name, names, string, sync_type_name};
 use records::stream_records;
 pub use summary::summary;
 

@@ -54,24 +54,28 @@ pub(super) fn stream_records(
             let v = |i: usize| -> rusqlite::Result<i64> { r.get::<_, i64>(3 + i) };
             let u = |i: usize| -> rusqlite::Result<u32> { Ok(v(i)? as u32) };
             match *kind {
-                "kernel" => msg.kernels.push(pb::KernelRow {
-                    process_id: proc,
-                    start_ns: start,
-                    end_ns: end,
-                    device_id: u(0)?,
-                    stream_id: u(1)?,
-                    correlation_id: u(2)?,
-                    name: strings.get(c, v(3)?)?,
-                    grid_x: u(4)?,
-                    grid_y: u(5)?,
-                    grid_z: u(6)?,
-                    block_x: u(7)?,
-                    block_y: u(8)?,
-                    block_z: u(9)?,
-                    registers_per_thread: u(10)?,
-                    static_shared_bytes: u(11)?,
-                    dynamic_shared_bytes: u(12)?,
-                }),
+                "kernel" => {
+                    let (name, mangled_name) = strings.both(c, v(3)?)?;
+                    msg.kernels.push(pb::KernelRow {
+                        process_id: proc,
+                        start_ns: start,
+                        end_ns: end,
+                        device_id: u(0)?,
+                        stream_id: u(1)?,
+                        correlation_id: u(2)?,
+                        name,
+                        mangled_name,
+                        grid_x: u(4)?,
+                        grid_y: u(5)?,
+                        grid_z: u(6)?,
+                        block_x: u(7)?,
+                        block_y: u(8)?,
+                        block_z: u(9)?,
+                        registers_per_thread: u(10)?,
+                        static_shared_bytes: u(11)?,
+                        dynamic_shared_bytes: u(12)?,
+                    })
+                }
                 "memcpy" => msg.memcpys.push(pb::MemcpyRow {
                     process_id: proc,
                     start_ns: start,

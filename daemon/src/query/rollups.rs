@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use gpuprof_proto::api as pb;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
-use super::{copy_kind_name, string};
+use super::{copy_kind_name, names};
 
 /// Records stored for a session, per process (as far as the last pass).
 pub fn session_counts(c: &Connection, session: u64) -> rusqlite::Result<HashMap<u64, u64>> {
@@ -70,7 +70,8 @@ fn rollup_where(
         list("t.stream", f.stream_ids.iter().map(|x| i64::from(*x)).collect());
     }
     if name && !f.name_pattern.is_empty() {
-        sql.push_str(" AND t.name IN (SELECT id FROM strings WHERE value GLOB ?)");
+        sql.push_str(&format!(" AND t.name IN (SELECT id FROM strings WHERE {})", super::NAME_GLOB));
+        p.push(Value::Text(f.name_pattern.clone()));
         p.push(Value::Text(f.name_pattern.clone()));
     }
     (sql, p)
@@ -106,8 +107,10 @@ pub fn top_kernels(
             .query_map(params_from_iter(bp.iter()), |r| Ok((r.get(1)?, r.get(2)?, r.get(3)?)))?
             .collect::<rusqlite::Result<_>>()?;
         let n = n.max(0) as u64;
+        let (name, mangled_name) = names(c, name)?;
         out.push(pb::KernelStat {
-            name: string(c, name)?,
+            name,
+            mangled_name,
             count: n,
             total_ns: total.max(0) as u64,
             mean_ns: (total.max(0) as u64).checked_div(n).unwrap_or(0),

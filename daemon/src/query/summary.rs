@@ -9,7 +9,7 @@ use rusqlite::{Connection, params_from_iter};
 use crate::error::ApiResult;
 
 use super::filter::needs_scan;
-use super::{copy_kind_name, rollups, string, where_for};
+use super::{copy_kind_name, names, rollups, where_for};
 
 /// GetSummary's body, on a read connection.
 pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> ApiResult<pb::GetSummaryResponse> {
@@ -31,7 +31,7 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
         totals.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         for (name, _) in totals.into_iter().take(top) {
             let Some(st) = per.remove(&name) else { continue };
-            out.top_kernels.push(st.into_stat(string(c, name)?));
+            out.top_kernels.push(st.into_stat(names(c, name)?));
         }
     } else {
         let (count, total, stats) = rollups::top_kernels(c, session, f, top)?;
@@ -148,10 +148,11 @@ impl NameStats {
         h.2 = h.2.max(d);
     }
 
-    fn into_stat(self, name: String) -> pb::KernelStat {
+    fn into_stat(self, (name, mangled_name): (String, String)) -> pb::KernelStat {
         let hist: Vec<(i64, i64, i64)> = self.hist.into_values().collect();
         pb::KernelStat {
             name,
+            mangled_name,
             count: self.n,
             total_ns: self.total,
             mean_ns: self.total.checked_div(self.n).unwrap_or(0),
@@ -229,7 +230,7 @@ mod tests {
         for d in 1..=100 {
             st.add(d);
         }
-        let k = st.into_stat("k".into());
+        let k = st.into_stat(("k".into(), String::new()));
         assert_eq!((k.count, k.total_ns, k.min_ns, k.max_ns, k.p50_ns, k.p95_ns), (100, 5050, 1, 100, 50, 95));
     }
 }

@@ -56,10 +56,8 @@ pub use pm::{expire_rollups, rollup_step};
 pub use select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
 pub use vacuum::{settle_files, vacuum_step};
 
-/// Runs retention every `retention.interval` until shutdown.
+/// Runs retention every `retention.interval` (as it is at each pass) until shutdown.
 pub async fn run(d: Arc<Daemon>, shutdown: CancellationToken) {
-    let r = d.config.retention.clone();
-    let width = r.pm_rollup_width.0.as_nanos() as i64;
     if let Ok(Ok(p)) = d.writer.call(|c| Pages::read(c)).await
         && p.auto_vacuum != 2
     {
@@ -71,6 +69,9 @@ pub async fn run(d: Arc<Daemon>, shutdown: CancellationToken) {
     // Said once (until the database is under its limit again) rather than every pass.
     let mut warned_over_limit = false;
     loop {
+        // Read each pass: SIGHUP may have changed them.
+        let r = d.retention();
+        let width = r.pm_rollup_width.0.as_nanos() as i64;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(r.interval.0) => {}

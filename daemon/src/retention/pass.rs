@@ -30,9 +30,9 @@ struct Tally {
 
 /// One pass over sessions, records outside sessions and processes, then the size limit.
 pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over_limit: &mut bool) -> Result<(), Halt> {
-    let r = &d.config.retention;
+    let r = &d.retention();
     let max_age = r.sessions_max_age.0;
-    let max_size = r.max_bytes(&d.config.storage);
+    let max_size = r.max_bytes(&d.storage());
     let t0 = Instant::now();
     let mut tally = Tally::default();
     if !max_age.is_zero() || max_size > 0 {

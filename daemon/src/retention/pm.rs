@@ -57,7 +57,7 @@ pub fn expire_rollups(c: &mut Connection, cutoff: i64) -> rusqlite::Result<usize
 
 /// One PM retention pass; false once the daemon is shutting down.
 pub(super) async fn pm_pass(d: &Daemon, shutdown: &CancellationToken, width: i64) -> bool {
-    let r = &d.config.retention;
+    let r = &d.retention();
     let now = crate::clock::now_ns() as i64;
     let cutoff = now - r.pm_full_rate.0.as_nanos() as i64;
     let mut steps = 0u64;

@@ -1,0 +1,217 @@
+//! `gpuprofctl export`: a session to a file, or to stdout, in the format its name or
+//! `--format` asks for.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use gpuprofctl::pb;
+
+use crate::output::{Usage, human_bytes};
+use crate::records::FilterArgs;
+use crate::sessions::Client;
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Chrome trace JSON (.json): ui.perfetto.dev, chrome://tracing.
+    Chrome,
+    /// Chrome trace JSON, gzipped (.json.gz); ui.perfetto.dev opens it as it is.
+    ChromeGz,
+    /// Perfetto's protobuf trace (.pftrace, .perfetto-trace): ui.perfetto.dev, trace_processor.
+    Perfetto,
+    /// A standalone SQLite database (.sqlite, .sqlite3, .db).
+    Sqlite,
+}
+
+/// File name endings and the format each means, longest first.
+const ENDINGS: &[(&str, Format)] = &[
+    (".perfetto-trace", Format::Perfetto),
+    (".pftrace", Format::Perfetto),
+    (".json.gz", Format::ChromeGz),
+    (".json", Format::Chrome),
+    (".sqlite3", Format::Sqlite),
+    (".sqlite", Format::Sqlite),
+    (".db", Format::Sqlite),
+];
+
+/// The format a file name asks for.
+pub fn format_of(path: &Path) -> Result<Format, Usage> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_ascii_lowercase();
+    ENDINGS.iter().find(|(end, _)| name.ends_with(end)).map(|(_, f)| *f).ok_or_else(|| {
+        Usage(format!(
+            "-o {}: cannot tell the format from the name; use --format, or a name ending in \
+             .json (chrome), .json.gz (chrome-gz), .pftrace or .perfetto-trace (perfetto), \
+             .sqlite, .sqlite3 or .db (sqlite)",
+            path.display()
+        ))
+    })
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Session id.
+    pub session: u64,
+    /// Output file, written beside itself under a temporary name and then renamed; `-` writes
+    /// to stdout.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// File format (default: from the file name; chrome for `-o -`).
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// No progress bar (there is one only when stderr is a terminal).
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
+    let to_stdout = a.output.as_os_str() == "-";
+    let format = match a.format {
+        Some(f) => f,
+        None if to_stdout => Format::Chrome,
+        None => format_of(&a.output)?,
+    };
+    let wire = match format {
+        Format::Chrome | Format::ChromeGz => pb::ExportFormat::ChromeJson,
+        Format::Perfetto => pb::ExportFormat::Perfetto,
+        Format::Sqlite => pb::ExportFormat::Sqlite,
+    };
+    let mut stream = c
+        .export_trace(pb::ExportTraceRequest {
+            session_id: a.session,
+            format: wire as i32,
+            filter: Some(a.filter.to_pb()?),
+        })
+        .await?
+        .into_inner();
+    let mut part = None;
+    let sink: Box<dyn Write> = if to_stdout {
+        Box::new(std::io::stdout().lock())
+    } else {
+        let (path, file) = part_file(&a.output)?;
+        part = Some(path);
+        Box::new(file)
+    };
+    let mut sink = match format {
+        Format::ChromeGz => Sink::Gzip(flate2::write::GzEncoder::new(sink, flate2::Compression::default())),
+        _ => Sink::Plain(sink),
+    };
+    let progress = (!a.quiet && std::io::stderr().is_terminal()).then(progress_bar);
+    let started = Instant::now();
+    let (mut bytes, mut events) = (0u64, 0u64);
+    while let Some(m) = stream.message().await? {
+        sink.write_all(&m.data).context("writing the export")?;
+        bytes += m.data.len() as u64;
+        events = m.events_written.max(events);
+        if let Some(p) = &progress {
+            p.set_length(m.events_total.max(events));
+            p.set_position(events);
+            p.set_message(human_bytes(bytes));
+        }
+    }
+    sink.finish().context("writing the export")?;
+    if let Some(p) = &progress {
+        p.finish_and_clear();
+    }
+    if let Some(part) = &part {
+        std::fs::rename(&part.0, &a.output).with_context(|| format!("renaming into {}", a.output.display()))?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let file = if to_stdout { "-".to_string() } else { a.output.display().to_string() };
+    let line = if json {
+        serde_json::json!({"session": a.session, "file": file, "format": format_name(format),
+            "bytes": bytes, "events": events, "seconds": secs})
+        .to_string()
+    } else {
+        format!("wrote {file} ({events} events, {}) in {secs:.2} s", human_bytes(bytes))
+    };
+    // With `-o -` stdout is the trace itself.
+    if to_stdout {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn format_name(f: Format) -> &'static str {
+    match f {
+        Format::Chrome => "chrome",
+        Format::ChromeGz => "chrome-gz",
+        Format::Perfetto => "perfetto",
+        Format::Sqlite => "sqlite",
+    }
+}
+
+/// Where the export goes: the file or stdout, gzipped or not.
+enum Sink {
+    Plain(Box<dyn Write>),
+    Gzip(flate2::write::GzEncoder<Box<dyn Write>>),
+}
+
+impl Sink {
+    fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Plain(w) => w.write_all(data),
+            Sink::Gzip(w) => w.write_all(data),
+        }
+    }
+
+    /// Ends the gzip stream (its trailer) and flushes everything.
+    fn finish(self) -> std::io::Result<()> {
+        let mut w = match self {
+            Sink::Plain(w) => w,
+            Sink::Gzip(g) => g.finish()?,
+        };
+        w.flush()
+    }
+}
+
+fn progress_bar() -> indicatif::ProgressBar {
+    let p = indicatif::ProgressBar::new(0);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "[{bar:30}] {percent:>3}%  {pos}/{len} events  {msg}  {per_sec}  eta {eta}",
+    ) {
+        p.set_style(style.progress_chars("#>-"));
+    }
+    p
+}
+
+/// A new file beside `target`, removed unless renamed into place.
+fn part_file(target: &Path) -> Result<(PartPath, std::io::BufWriter<std::fs::File>)> {
+    let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("export");
+    let path = dir.join(format!(".{name}.{}.part", std::process::id()));
+    let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    Ok((PartPath(path), std::io::BufWriter::with_capacity(1 << 20, f)))
+}
+
+/// Removes the partial file unless it was renamed.
+struct PartPath(PathBuf);
+
+impl Drop for PartPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_from_names() {
+        let f = |n: &str| format_of(Path::new(n)).ok();
+        assert_eq!(f("a.json"), Some(Format::Chrome));
+        assert_eq!(f("dir/A.JSON.GZ"), Some(Format::ChromeGz));
+        assert_eq!(f("x.pftrace"), Some(Format::Perfetto));
+        assert_eq!(f("x.perfetto-trace"), Some(Format::Perfetto));
+        assert_eq!(f("x.db"), Some(Format::Sqlite));
+        assert_eq!(f("x.sqlite"), Some(Format::Sqlite));
+        let e = format_of(Path::new("trace.txt")).unwrap_err().0;
+        assert!(e.contains(".json.gz") && e.contains(".pftrace") && e.contains("--format"), "{e}");
+    }
+}

@@ -1,0 +1,263 @@
+//! The Perfetto trace writer (`.pftrace`): Perfetto's own protobuf format, which
+//! ui.perfetto.dev and trace_processor read without converting.
+//!
+//! Layout: a process track per gpuprof process (its pid and executable); under it a thread
+//! track per host thread (API calls, NVTX ranges), "CUDA synchronization" and "CUPTI
+//! overhead" tracks, and a track per GPU whose children are the CUDA streams (kernels,
+//! copies, sets, graph launches). Each record is a slice (a begin and an end event; an NVTX
+//! mark is an instant) at CUPTI's own ns timestamps. Each launch or copy call starts a flow
+//! per activity it launched, which ends at that activity. Every track is described once,
+//! right before its first event; all packets are one sequence.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use gpuprof_proto::api as pb;
+use gpuprof_proto::perfetto::{
+    DebugAnnotation, ProcessDescriptor, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, debug_annotation,
+    trace_packet, track_event,
+};
+use prost::Message;
+use rusqlite::Connection;
+
+use super::chrome::{Procs, session_procs};
+use super::flows::{Flows, key};
+use super::out::{CHUNK, Out, Stop, Tx, total_rows};
+use super::records::{EVENT_TABLES, Merge, Rec, record_queries};
+use crate::query::{Strings, copy_kind_name, sync_type_name};
+
+/// The one packet sequence of the file.
+const SEQUENCE: u32 = 1;
+/// `SEQ_INCREMENTAL_STATE_CLEARED`, on the first packet.
+const STATE_CLEARED: u32 = 1;
+
+/// A session as a Perfetto trace.
+pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
+    let c = crate::store::open_reader(db)?;
+    let total = total_rows(&c, session, EVENT_TABLES)?;
+    let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total };
+    let flows = Flows::build(&c, session, f)?;
+    let procs = session_procs(&c, session)?;
+    let (mut stmts, params) = record_queries(&c, session, f)?;
+    let mut records = Merge::open(&mut stmts, &params)?;
+    let mut w = Writer { c: &c, out, flows, procs, tracks: HashMap::new(), strings: Strings::default(), first: true };
+    while let Some((rec, dur)) = records.next_record()? {
+        w.record(&rec, dur)?;
+        w.out.written += 1;
+        w.out.maybe_send()?;
+    }
+    w.out.send()
+}
+
+/// A track of the trace, by what it shows.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Track {
+    Process(i64),
+    Thread(i64, u32),
+    Sync(i64),
+    Overhead(i64),
+    Gpu(i64, i64),
+    Stream(i64, i64, i64),
+}
+
+/// What one record becomes: its track, name, category and arguments.
+struct Slice {
+    track: Track,
+    name: String,
+    cat: &'static str,
+    args: Vec<DebugAnnotation>,
+}
+
+struct Writer<'a> {
+    c: &'a Connection,
+    out: Out<'a>,
+    flows: Flows,
+    procs: Procs,
+    /// Tracks described so far, with their uuids (1, 2, ...).
+    tracks: HashMap<Track, u64>,
+    strings: Strings,
+    first: bool,
+}
+
+fn uint(name: &str, v: i64) -> DebugAnnotation {
+    DebugAnnotation { name: Some(name.into()), value: Some(debug_annotation::Value::UintValue(v.max(0) as u64)) }
+}
+
+fn int(name: &str, v: i64) -> DebugAnnotation {
+    DebugAnnotation { name: Some(name.into()), value: Some(debug_annotation::Value::IntValue(v)) }
+}
+
+fn text(name: &str, v: String) -> DebugAnnotation {
+    DebugAnnotation { name: Some(name.into()), value: Some(debug_annotation::Value::StringValue(v)) }
+}
+
+/// "x×y×z" from the stored x * 10^6 + y * 10^3 + z.
+fn dim3(v: i64) -> String {
+    format!("{}×{}×{}", v / 1_000_000, v / 1000 % 1000, v % 1000)
+}
+
+impl Writer<'_> {
+    /// A record's slice (or instant), with the flows it starts or ends.
+    fn record(&mut self, rec: &Rec, dur: i64) -> Result<(), Stop> {
+        let v = rec.v;
+        let p = rec.proc;
+        let table = EVENT_TABLES[rec.table];
+        let corr_arg = |corr: i64| uint("correlation", corr);
+        let (slice, instant) = match table {
+            "kernel" | "memcpy" | "memset" | "graph" => {
+                let (name, args) = match table {
+                    "kernel" => (
+                        self.strings.get(self.c, v[3])?,
+                        vec![
+                            corr_arg(v[2]),
+                            text("grid", dim3(v[4])),
+                            text("block", dim3(v[5])),
+                            uint("registers", v[6]),
+                            uint("shared_bytes", v[7]),
+                        ],
+                    ),
+                    "memcpy" => {
+                        let dir = copy_kind_name(v[4]);
+                        (format!("Memcpy {dir}"), vec![corr_arg(v[2]), uint("bytes", v[3]), text("direction", dir)])
+                    }
+                    "memset" => ("Memset".into(), vec![corr_arg(v[2]), uint("bytes", v[3]), int("value", v[4])]),
+                    _ => (format!("Graph {}", v[3]), vec![corr_arg(v[2]), uint("graph_id", v[3])]),
+                };
+                let cat = match table {
+                    "kernel" => "kernel",
+                    "memcpy" => "memcpy",
+                    "memset" => "memset",
+                    _ => "graph",
+                };
+                (Slice { track: Track::Stream(p, v[0], v[1]), name, cat, args }, false)
+            }
+            "api" => {
+                let cat = if v[2] == 2 { "cuda_driver" } else { "cuda_runtime" };
+                let args = vec![corr_arg(v[1]), uint("cbid", v[3]), int("return", v[4])];
+                let name = crate::cbid::name(v[2], v[3]).to_string();
+                (Slice { track: Track::Thread(p, v[0] as u32), name, cat, args }, false)
+            }
+            "marker" => {
+                let name = self.strings.get(self.c, v[1])?;
+                let domain = if v[2] != 0 { self.strings.get(self.c, v[2])? } else { String::new() };
+                (
+                    Slice {
+                        track: Track::Thread(p, v[0] as u32),
+                        name,
+                        cat: "nvtx",
+                        args: vec![text("domain", domain)],
+                    },
+                    v[3] != 0,
+                )
+            }
+            "sync" => {
+                let name = format!("Sync {}", sync_type_name(v[2]));
+                let args = vec![corr_arg(v[1]), int("stream", v[0]), int("event", v[3])];
+                (Slice { track: Track::Sync(p), name, cat: "sync", args }, false)
+            }
+            _ => {
+                let name = format!("CUPTI overhead {}", v[0]);
+                let args = vec![int("object_kind", v[1]), int("object_id", v[2])];
+                (Slice { track: Track::Overhead(p), name, cat: "overhead", args }, false)
+            }
+        };
+        // Launch flows: from a call to each activity it launched (graph launches have none).
+        let mut flow_ids = Vec::new();
+        let mut terminating = Vec::new();
+        match table {
+            "kernel" | "memcpy" | "memset" if v[2] != 0 => terminating.extend(self.flows.end(key(p, v[2]))),
+            "api" if v[1] != 0 => {
+                if let Some((id0, n)) = self.flows.starts(key(p, v[1])) {
+                    flow_ids.extend(id0..id0 + u64::from(n));
+                }
+            }
+            _ => {}
+        }
+        let uuid = self.track(slice.track);
+        let begin = TrackEvent {
+            r#type: Some(if instant { track_event::Type::Instant } else { track_event::Type::SliceBegin } as i32),
+            track_uuid: Some(uuid),
+            categories: vec![slice.cat.into()],
+            name: Some(slice.name),
+            debug_annotations: slice.args,
+            flow_ids,
+            terminating_flow_ids: terminating,
+        };
+        self.event(rec.start, begin);
+        if !instant {
+            let end = TrackEvent {
+                r#type: Some(track_event::Type::SliceEnd as i32),
+                track_uuid: Some(uuid),
+                ..Default::default()
+            };
+            self.event(rec.start + dur, end);
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, ts: i64, e: TrackEvent) {
+        self.packet(TracePacket {
+            timestamp: Some(ts.max(0) as u64),
+            data: Some(trace_packet::Data::TrackEvent(e)),
+            ..Default::default()
+        });
+    }
+
+    /// The uuid of a track, described (with its parents) the first time it is used.
+    fn track(&mut self, t: Track) -> u64 {
+        if let Some(&u) = self.tracks.get(&t) {
+            return u;
+        }
+        let parent = match t {
+            Track::Process(_) => None,
+            Track::Thread(p, _) | Track::Sync(p) | Track::Overhead(p) | Track::Gpu(p, _) => {
+                Some(self.track(Track::Process(p)))
+            }
+            Track::Stream(p, dev, _) => Some(self.track(Track::Gpu(p, dev))),
+        };
+        let uuid = self.tracks.len() as u64 + 1;
+        self.tracks.insert(t, uuid);
+        let (pid, exe) = match t {
+            Track::Process(p) | Track::Thread(p, _) => {
+                self.procs.get(&p).map(|(pid, exe, _)| (*pid as i32, exe.clone())).unwrap_or((0, String::new()))
+            }
+            _ => (0, String::new()),
+        };
+        let mut d = TrackDescriptor { uuid: Some(uuid), parent_uuid: parent, ..Default::default() };
+        match t {
+            Track::Process(p) => {
+                let name = exe.rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string);
+                d.process = Some(ProcessDescriptor {
+                    pid: Some(pid),
+                    process_name: Some(name.unwrap_or_else(|| format!("process {p}"))),
+                });
+            }
+            // A thread track when the id can be one; a named track otherwise.
+            Track::Thread(_, tid) if i32::try_from(tid).is_ok() && pid > 0 => {
+                d.thread = Some(ThreadDescriptor {
+                    pid: Some(pid),
+                    tid: Some(tid as i32),
+                    thread_name: Some(format!("thread {tid}")),
+                });
+            }
+            Track::Thread(_, tid) => d.name = Some(format!("thread {tid}")),
+            Track::Sync(_) => d.name = Some("CUDA synchronization".into()),
+            Track::Overhead(_) => d.name = Some("CUPTI overhead".into()),
+            Track::Gpu(_, dev) => d.name = Some(format!("GPU {dev}")),
+            Track::Stream(_, _, stream) => d.name = Some(format!("stream {stream}")),
+        }
+        self.packet(TracePacket { data: Some(trace_packet::Data::TrackDescriptor(d)), ..Default::default() });
+        uuid
+    }
+
+    /// A packet as field 1 of `Trace`, on the one sequence.
+    fn packet(&mut self, mut p: TracePacket) {
+        p.trusted_packet_sequence_id = Some(SEQUENCE);
+        if std::mem::take(&mut self.first) {
+            p.sequence_flags = Some(STATE_CLEARED);
+        }
+        self.out.buf.push(0x0a); // field 1, length-delimited
+        // Encoding into a Vec cannot run out of room.
+        let _ = p.encode_length_delimited(&mut self.out.buf);
+    }
+}

@@ -1,0 +1,155 @@
+//! SIGHUP: read the configuration again and apply what can change while running — the log
+//! filter (`log_level`), `[retention]`, the database size cap (`storage.max_database_mib`), and
+//! the TCP API's bearer token (`api.token_file`, the file read again even when its path is the
+//! same). Every change is logged; a changed setting
+//! that only takes effect at a restart is logged as such and left as it was. A file that does
+//! not load changes nothing.
+
+use std::path::PathBuf;
+
+use crate::Daemon;
+use crate::access::TcpAuth;
+use crate::config::{Config, Overrides};
+
+/// Sets the log filter (from `main`, which owns the subscriber).
+pub type SetLogFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// Where the configuration came from, to read it again the same way.
+#[derive(Default)]
+pub struct Source {
+    pub file: Option<PathBuf>,
+    pub overrides: Overrides,
+    pub set_log: Option<SetLogFilter>,
+}
+
+/// Reloads on SIGHUP; remembers the settings in force.
+pub struct Reloader {
+    source: Source,
+    current: Config,
+    tcp_auth: Option<TcpAuth>,
+}
+
+impl Reloader {
+    pub fn new(source: Source, current: Config, tcp_auth: Option<TcpAuth>) -> Reloader {
+        Reloader { source, current, tcp_auth }
+    }
+
+    /// Reads the configuration again and applies what may change.
+    pub async fn reload(&mut self, d: &Daemon) {
+        let file = self.source.file.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none)".into());
+        let new = match Config::load(self.source.file.as_deref(), &self.source.overrides) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(config = %file, error = %format!("{e:#}"), "SIGHUP: configuration not reloaded; nothing changed");
+                return;
+            }
+        };
+        let mut applied: Vec<String> = Vec::new();
+        let mut failed: Vec<String> = Vec::new();
+        if new.log_level != self.current.log_level {
+            match self.source.set_log.as_ref().map(|set| set(&new.log_level)) {
+                Some(Ok(())) => {
+                    applied.push(format!("log_level {:?} -> {:?}", self.current.log_level, new.log_level));
+                    self.current.log_level = new.log_level.clone();
+                }
+                Some(Err(e)) => failed.push(format!("log_level {:?}: {e}", new.log_level)),
+                None => failed.push("log_level: this process cannot change its log filter".into()),
+            }
+        }
+        let (old_r, new_r) = (format!("{:?}", self.current.retention), format!("{:?}", new.retention));
+        if old_r != new_r {
+            *d.retention.write().unwrap_or_else(std::sync::PoisonError::into_inner) = new.retention.clone();
+            applied.push(format!("retention {old_r} -> {new_r}"));
+            self.current.retention = new.retention.clone();
+        }
+        let (old_cap, new_cap) = (self.current.storage.max_database_mib, new.storage.max_database_mib);
+        if old_cap != new_cap {
+            match d.writer.call(move |c| crate::store::set_max_database_mib(c, new_cap)).await {
+                Ok(Ok(())) => {
+                    d.max_database_mib.store(new_cap, std::sync::atomic::Ordering::Relaxed);
+                    self.current.storage.max_database_mib = new_cap;
+                    applied.push(format!("storage.max_database_mib {old_cap} -> {new_cap}"));
+                }
+                Ok(Err(e)) => failed.push(format!("storage.max_database_mib {new_cap}: {e}")),
+                Err(_) => failed.push("storage.max_database_mib: the database writer has stopped".into()),
+            }
+        }
+        if let Some(auth) = &self.tcp_auth {
+            match crate::api::read_token(&new.api) {
+                Ok(token) => {
+                    if token != auth.current_token() {
+                        applied.push(format!("api.token_file {}: token replaced", new.api.token_file.display()));
+                    }
+                    auth.set_token(token);
+                    self.current.api.token_file = new.api.token_file.clone();
+                }
+                Err(e) => failed.push(format!("{e:#} (the previous token stays)")),
+            }
+        }
+        let restart = needs_restart(&self.current, &new);
+        tracing::info!(
+            config = %file,
+            applied = %if applied.is_empty() { "nothing changed".into() } else { applied.join("; ") },
+            "SIGHUP: configuration reloaded"
+        );
+        for f in failed {
+            tracing::error!(setting = %f, "SIGHUP: not applied");
+        }
+        if !restart.is_empty() {
+            tracing::warn!(
+                settings = %restart.join(", "),
+                "SIGHUP: changed settings that only take effect when gpuprofd restarts; still running with the old values"
+            );
+        }
+    }
+}
+
+/// The settings that differ between `old` and `new` and that only a restart applies.
+pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut api_old = old.api.clone();
+    let mut api_new = new.api.clone();
+    // The token file is reloaded; the rest of [api] is not. Likewise the size cap of [storage].
+    api_old.token_file = PathBuf::new();
+    api_new.token_file = PathBuf::new();
+    let mut storage_old = old.storage.clone();
+    let mut storage_new = new.storage.clone();
+    storage_old.max_database_mib = 0;
+    storage_new.max_database_mib = 0;
+    let sections: [(&'static str, String, String); 10] = [
+        ("state_dir", format!("{:?}", old.state_dir), format!("{:?}", new.state_dir)),
+        ("agent_socket", format!("{:?}", old.agent_socket), format!("{:?}", new.agent_socket)),
+        ("api_socket", format!("{:?}", old.api_socket), format!("{:?}", new.api_socket)),
+        ("[agent]", format!("{:?}", old.agent), format!("{:?}", new.agent)),
+        ("[ingest]", format!("{:?}", old.ingest), format!("{:?}", new.ingest)),
+        ("[storage] (except max_database_mib)", format!("{storage_old:?}"), format!("{storage_new:?}")),
+        ("[api] (except token_file)", format!("{api_old:?}"), format!("{api_new:?}")),
+        ("[sampler]", format!("{:?}", old.sampler), format!("{:?}", new.sampler)),
+        ("[arbiter]", format!("{:?}", old.arbiter), format!("{:?}", new.arbiter)),
+        ("[prometheus]", format!("{:?}", old.prometheus), format!("{:?}", new.prometheus)),
+    ];
+    sections.into_iter().filter(|(_, a, b)| a != b).map(|(name, _, _)| name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_restart;
+    use crate::config::Config;
+
+    #[test]
+    fn only_settings_without_reload_need_a_restart() {
+        let old = Config::from_toml("").unwrap();
+        let reloadable = Config::from_toml(
+            "log_level = \"debug\"\n[retention]\nsessions_max_age = \"1h\"\n[api]\ntoken_file = \"/t\"\n\
+             [storage]\nmax_database_mib = 64\n",
+        )
+        .unwrap();
+        assert!(needs_restart(&old, &reloadable).is_empty());
+        let fixed =
+            Config::from_toml("[ingest]\nqueue_messages = 17\n[storage]\ncache_mib = 8\n[api]\nsocket_mode = 384\n")
+                .unwrap();
+        assert_eq!(
+            needs_restart(&old, &fixed),
+            ["[ingest]", "[storage] (except max_database_mib)", "[api] (except token_file)"]
+        );
+    }
+}

@@ -1,0 +1,141 @@
+"""Python client of gpuprofd (gRPC API ``gpuprof.v1``) on its Unix socket.
+
+::
+
+    import gpuprof
+
+    with gpuprof.Client() as c:
+        print(c.status().version)
+        for k in c.query(7, kinds=["kernel"]):
+            print(k.name)
+
+Calls raise ``grpc.RpcError``; its ``code()`` is the gRPC status gpuprofd chose (NOT_FOUND,
+INVALID_ARGUMENT, PERMISSION_DENIED, ...) and ``details()`` says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Iterator, List, Optional, Union
+
+import grpc
+
+from gpuprof.v1 import gpuprof_pb2 as pb
+from gpuprof.v1 import gpuprof_pb2_grpc as rpc
+
+__all__ = ["Client", "DEFAULT_SOCKET", "Record", "pb", "rpc", "state_name"]
+
+#: The API socket of a system-wide gpuprofd.
+DEFAULT_SOCKET = "/run/gpuprof/api.sock"
+
+#: One record from :meth:`Client.query`.
+Record = Union[pb.KernelRow, pb.MemcpyRow, pb.MemsetRow, pb.ApiRow, pb.SyncRow, pb.MarkerRow]
+
+
+def state_name(state: int) -> str:
+    """'active', 'completed', ... for a ``SessionState`` value."""
+    return pb.SessionState.Name(state).replace("SESSION_STATE_", "").lower()
+
+
+class Client:
+    """A blocking client on gpuprofd's api socket.
+
+    ``socket``: the socket path; default ``$GPUPROF_API_SOCKET``, else :data:`DEFAULT_SOCKET`.
+    ``timeout``: seconds each call may take (streams: the whole stream).
+    """
+
+    def __init__(self, socket: Optional[str] = None, timeout: float = 30.0) -> None:
+        path = socket or os.environ.get("GPUPROF_API_SOCKET") or DEFAULT_SOCKET
+        self.socket = os.path.abspath(path)
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel("unix://" + self.socket)
+        self.stub = rpc.GpuprofStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def status(self) -> pb.GetStatusResponse:
+        """Version, uptime, agents, records per kind, database size."""
+        return self.stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout)
+
+    def sessions(self, states: Iterable[int] = (), name_contains: str = "") -> List[pb.Session]:
+        """All sessions the caller may see, newest first (every page)."""
+        out: List[pb.Session] = []
+        token = ""
+        while True:
+            req = pb.ListSessionsRequest(
+                states=list(states), name_contains=name_contains, page_size=500, page_token=token
+            )
+            r = self.stub.ListSessions(req, timeout=self.timeout)
+            out.extend(r.sessions)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def session(self, session_id: int) -> pb.Session:
+        return self.stub.GetSession(pb.GetSessionRequest(session_id=session_id), timeout=self.timeout)
+
+    def start_session(
+        self,
+        *,
+        pids: Iterable[int] = (),
+        exe_names: Iterable[str] = (),
+        patterns: Iterable[str] = (),
+        cgroups: Iterable[str] = (),
+        all_processes: bool = False,
+        name: str = "",
+        preset: str = "default",
+        duration_ms: int = 0,
+        max_records: int = 0,
+    ) -> pb.Session:
+        """Starts a session over the processes that match any of the targets."""
+        targets = [pb.Target(pid=p) for p in pids]
+        targets += [pb.Target(exe_name=e) for e in exe_names]
+        targets += [pb.Target(exe_pattern=p) for p in patterns]
+        targets += [pb.Target(cgroup=c) for c in cgroups]
+        if all_processes:
+            targets.append(pb.Target(all=True))
+        req = pb.StartSessionRequest(
+            name=name,
+            targets=targets,
+            collect=pb.CollectOptions(preset=preset),
+            duration_ms=duration_ms,
+            max_records=max_records,
+        )
+        return self.stub.StartSession(req, timeout=self.timeout)
+
+    def stop_session(self, session_id: int) -> pb.Session:
+        """Stops a session once its processes have flushed; returns it as it ended."""
+        return self.stub.StopSession(pb.StopSessionRequest(session_id=session_id), timeout=self.timeout)
+
+    def summary(self, session_id: int, top: int = 20) -> pb.GetSummaryResponse:
+        """Top kernels, device busy time, copies and API calls of a session."""
+        return self.stub.GetSummary(pb.GetSummaryRequest(session_id=session_id, top=top), timeout=self.timeout)
+
+    def query(
+        self,
+        session_id: int,
+        kinds: Iterable[str] = ("kernel",),
+        name_pattern: str = "",
+        limit: int = 0,
+    ) -> Iterator[Record]:
+        """A session's records as they stream: kernel, memcpy, memset, api, sync, marker rows.
+
+        ``name_pattern`` is a glob over kernel names (demangled or as reported); ``limit`` 0: all.
+        """
+        req = pb.QueryRecordsRequest(
+            session_id=session_id, kinds=list(kinds), filter=pb.RecordFilter(name_pattern=name_pattern), limit=limit
+        )
+        for chunk in self.stub.QueryRecords(req, timeout=self.timeout):
+            yield from chunk.kernels
+            yield from chunk.memcpys
+            yield from chunk.memsets
+            yield from chunk.api_calls
+            yield from chunk.syncs
+            yield from chunk.markers

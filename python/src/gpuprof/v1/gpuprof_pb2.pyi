@@ -1,0 +1,718 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_STATE_UNSPECIFIED: _ClassVar[SessionState]
+    SESSION_STATE_PENDING: _ClassVar[SessionState]
+    SESSION_STATE_ACTIVE: _ClassVar[SessionState]
+    SESSION_STATE_STOPPING: _ClassVar[SessionState]
+    SESSION_STATE_COMPLETED: _ClassVar[SessionState]
+    SESSION_STATE_FAILED: _ClassVar[SessionState]
+    SESSION_STATE_INTERRUPTED: _ClassVar[SessionState]
+
+class ExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPORT_FORMAT_UNSPECIFIED: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_CHROME_JSON: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_SQLITE: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_PERFETTO: _ClassVar[ExportFormat]
+SESSION_STATE_UNSPECIFIED: SessionState
+SESSION_STATE_PENDING: SessionState
+SESSION_STATE_ACTIVE: SessionState
+SESSION_STATE_STOPPING: SessionState
+SESSION_STATE_COMPLETED: SessionState
+SESSION_STATE_FAILED: SessionState
+SESSION_STATE_INTERRUPTED: SessionState
+EXPORT_FORMAT_UNSPECIFIED: ExportFormat
+EXPORT_FORMAT_CHROME_JSON: ExportFormat
+EXPORT_FORMAT_SQLITE: ExportFormat
+EXPORT_FORMAT_PERFETTO: ExportFormat
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RecordKindCount(_message.Message):
+    __slots__ = ("kind", "ingested", "dropped")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INGESTED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    ingested: int
+    dropped: int
+    def __init__(self, kind: _Optional[str] = ..., ingested: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("version", "uptime_seconds", "connected_agents", "records", "database_bytes", "database_path", "ingest_queue_depth", "gpu_count", "gpu_note", "protocol_errors", "active_sessions", "storage_error", "cupti_dropped", "expired_sessions", "expired_records")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_PATH_FIELD_NUMBER: _ClassVar[int]
+    INGEST_QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPU_NOTE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CUPTI_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    uptime_seconds: int
+    connected_agents: int
+    records: _containers.RepeatedCompositeFieldContainer[RecordKindCount]
+    database_bytes: int
+    database_path: str
+    ingest_queue_depth: int
+    gpu_count: int
+    gpu_note: str
+    protocol_errors: int
+    active_sessions: int
+    storage_error: str
+    cupti_dropped: int
+    expired_sessions: int
+    expired_records: int
+    def __init__(self, version: _Optional[str] = ..., uptime_seconds: _Optional[int] = ..., connected_agents: _Optional[int] = ..., records: _Optional[_Iterable[_Union[RecordKindCount, _Mapping]]] = ..., database_bytes: _Optional[int] = ..., database_path: _Optional[str] = ..., ingest_queue_depth: _Optional[int] = ..., gpu_count: _Optional[int] = ..., gpu_note: _Optional[str] = ..., protocol_errors: _Optional[int] = ..., active_sessions: _Optional[int] = ..., storage_error: _Optional[str] = ..., cupti_dropped: _Optional[int] = ..., expired_sessions: _Optional[int] = ..., expired_records: _Optional[int] = ...) -> None: ...
+
+class ListDevicesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Device(_message.Message):
+    __slots__ = ("index", "uuid", "name", "compute_major", "compute_minor", "sm_count", "global_memory_bytes", "monitor_state")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MINOR_FIELD_NUMBER: _ClassVar[int]
+    SM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MONITOR_STATE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    compute_major: int
+    compute_minor: int
+    sm_count: int
+    global_memory_bytes: int
+    monitor_state: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., compute_major: _Optional[int] = ..., compute_minor: _Optional[int] = ..., sm_count: _Optional[int] = ..., global_memory_bytes: _Optional[int] = ..., monitor_state: _Optional[str] = ...) -> None: ...
+
+class ListDevicesResponse(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+
+class ListProcessesRequest(_message.Message):
+    __slots__ = ("include_exited",)
+    INCLUDE_EXITED_FIELD_NUMBER: _ClassVar[int]
+    include_exited: bool
+    def __init__(self, include_exited: _Optional[bool] = ...) -> None: ...
+
+class Process(_message.Message):
+    __slots__ = ("id", "pid", "uid", "exe", "cmdline", "cgroup", "agent_kind", "connected_at_ns", "disconnected_at_ns", "trace_state", "cupti_version")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    EXE_FIELD_NUMBER: _ClassVar[int]
+    CMDLINE_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    AGENT_KIND_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    DISCONNECTED_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_STATE_FIELD_NUMBER: _ClassVar[int]
+    CUPTI_VERSION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    pid: int
+    uid: int
+    exe: str
+    cmdline: _containers.RepeatedScalarFieldContainer[str]
+    cgroup: str
+    agent_kind: str
+    connected_at_ns: int
+    disconnected_at_ns: int
+    trace_state: str
+    cupti_version: int
+    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., exe: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., cgroup: _Optional[str] = ..., agent_kind: _Optional[str] = ..., connected_at_ns: _Optional[int] = ..., disconnected_at_ns: _Optional[int] = ..., trace_state: _Optional[str] = ..., cupti_version: _Optional[int] = ...) -> None: ...
+
+class ListProcessesResponse(_message.Message):
+    __slots__ = ("processes",)
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[Process]
+    def __init__(self, processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ...) -> None: ...
+
+class Target(_message.Message):
+    __slots__ = ("pid", "exe_name", "exe_pattern", "cgroup", "all")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXE_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXE_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    exe_name: str
+    exe_pattern: str
+    cgroup: str
+    all: bool
+    def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class CollectOptions(_message.Message):
+    __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics")
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    PC_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PC_SAMPLING_PERIOD_LOG2_FIELD_NUMBER: _ClassVar[int]
+    PM_METRICS_FIELD_NUMBER: _ClassVar[int]
+    preset: str
+    pc_sampling: bool
+    pc_sampling_period_log2: int
+    pm_metrics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, preset: _Optional[str] = ..., pc_sampling: _Optional[bool] = ..., pc_sampling_period_log2: _Optional[int] = ..., pm_metrics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StartSessionRequest(_message.Message):
+    __slots__ = ("name", "targets", "collect", "start_at_ns", "duration_ms", "max_records")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    COLLECT_FIELD_NUMBER: _ClassVar[int]
+    START_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    targets: _containers.RepeatedCompositeFieldContainer[Target]
+    collect: CollectOptions
+    start_at_ns: int
+    duration_ms: int
+    max_records: int
+    def __init__(self, name: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[Target, _Mapping]]] = ..., collect: _Optional[_Union[CollectOptions, _Mapping]] = ..., start_at_ns: _Optional[int] = ..., duration_ms: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+
+class StopSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ...) -> None: ...
+
+class SessionProcess(_message.Message):
+    __slots__ = ("process_id", "pid", "exe", "records", "dropped", "displaced", "state", "joined_at_ns", "detail")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXE_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    DISPLACED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JOINED_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    pid: int
+    exe: str
+    records: int
+    dropped: int
+    displaced: bool
+    state: str
+    joined_at_ns: int
+    detail: str
+    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., exe: _Optional[str] = ..., records: _Optional[int] = ..., dropped: _Optional[int] = ..., displaced: _Optional[bool] = ..., state: _Optional[str] = ..., joined_at_ns: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Session(_message.Message):
+    __slots__ = ("id", "name", "state", "targets", "collect", "owner_uid", "created_at_ns", "start_at_ns", "started_at_ns", "stopped_at_ns", "duration_ms", "max_records", "stop_reason", "processes", "records")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    COLLECT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    START_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    state: SessionState
+    targets: _containers.RepeatedCompositeFieldContainer[Target]
+    collect: CollectOptions
+    owner_uid: int
+    created_at_ns: int
+    start_at_ns: int
+    started_at_ns: int
+    stopped_at_ns: int
+    duration_ms: int
+    max_records: int
+    stop_reason: str
+    processes: _containers.RepeatedCompositeFieldContainer[SessionProcess]
+    records: int
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., targets: _Optional[_Iterable[_Union[Target, _Mapping]]] = ..., collect: _Optional[_Union[CollectOptions, _Mapping]] = ..., owner_uid: _Optional[int] = ..., created_at_ns: _Optional[int] = ..., start_at_ns: _Optional[int] = ..., started_at_ns: _Optional[int] = ..., stopped_at_ns: _Optional[int] = ..., duration_ms: _Optional[int] = ..., max_records: _Optional[int] = ..., stop_reason: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[SessionProcess, _Mapping]]] = ..., records: _Optional[int] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("states", "name_contains", "page_size", "page_token")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    NAME_CONTAINS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[SessionState]
+    name_contains: str
+    page_size: int
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[SessionState, str]]] = ..., name_contains: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "next_page_token")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[Session]
+    next_page_token: str
+    def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class TimeRange(_message.Message):
+    __slots__ = ("start_ns", "end_ns")
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    start_ns: int
+    end_ns: int
+    def __init__(self, start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ...) -> None: ...
+
+class RecordFilter(_message.Message):
+    __slots__ = ("process_ids", "device_ids", "stream_ids", "name_pattern", "time_range")
+    PROCESS_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_IDS_FIELD_NUMBER: _ClassVar[int]
+    NAME_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    TIME_RANGE_FIELD_NUMBER: _ClassVar[int]
+    process_ids: _containers.RepeatedScalarFieldContainer[int]
+    device_ids: _containers.RepeatedScalarFieldContainer[int]
+    stream_ids: _containers.RepeatedScalarFieldContainer[int]
+    name_pattern: str
+    time_range: TimeRange
+    def __init__(self, process_ids: _Optional[_Iterable[int]] = ..., device_ids: _Optional[_Iterable[int]] = ..., stream_ids: _Optional[_Iterable[int]] = ..., name_pattern: _Optional[str] = ..., time_range: _Optional[_Union[TimeRange, _Mapping]] = ...) -> None: ...
+
+class QueryRecordsRequest(_message.Message):
+    __slots__ = ("session_id", "kinds", "filter", "limit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    filter: RecordFilter
+    limit: int
+    def __init__(self, session_id: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class KernelRow(_message.Message):
+    __slots__ = ("process_id", "start_ns", "end_ns", "device_id", "stream_id", "correlation_id", "name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread", "static_shared_bytes", "dynamic_shared_bytes", "mangled_name")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GRID_X_FIELD_NUMBER: _ClassVar[int]
+    GRID_Y_FIELD_NUMBER: _ClassVar[int]
+    GRID_Z_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_X_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_Y_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_Z_FIELD_NUMBER: _ClassVar[int]
+    REGISTERS_PER_THREAD_FIELD_NUMBER: _ClassVar[int]
+    STATIC_SHARED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_SHARED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MANGLED_NAME_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    start_ns: int
+    end_ns: int
+    device_id: int
+    stream_id: int
+    correlation_id: int
+    name: str
+    grid_x: int
+    grid_y: int
+    grid_z: int
+    block_x: int
+    block_y: int
+    block_z: int
+    registers_per_thread: int
+    static_shared_bytes: int
+    dynamic_shared_bytes: int
+    mangled_name: str
+    def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., device_id: _Optional[int] = ..., stream_id: _Optional[int] = ..., correlation_id: _Optional[int] = ..., name: _Optional[str] = ..., grid_x: _Optional[int] = ..., grid_y: _Optional[int] = ..., grid_z: _Optional[int] = ..., block_x: _Optional[int] = ..., block_y: _Optional[int] = ..., block_z: _Optional[int] = ..., registers_per_thread: _Optional[int] = ..., static_shared_bytes: _Optional[int] = ..., dynamic_shared_bytes: _Optional[int] = ..., mangled_name: _Optional[str] = ...) -> None: ...
+
+class MemcpyRow(_message.Message):
+    __slots__ = ("process_id", "start_ns", "end_ns", "device_id", "stream_id", "correlation_id", "bytes", "direction")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    start_ns: int
+    end_ns: int
+    device_id: int
+    stream_id: int
+    correlation_id: int
+    bytes: int
+    direction: str
+    def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., device_id: _Optional[int] = ..., stream_id: _Optional[int] = ..., correlation_id: _Optional[int] = ..., bytes: _Optional[int] = ..., direction: _Optional[str] = ...) -> None: ...
+
+class MemsetRow(_message.Message):
+    __slots__ = ("process_id", "start_ns", "end_ns", "device_id", "stream_id", "correlation_id", "bytes")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    start_ns: int
+    end_ns: int
+    device_id: int
+    stream_id: int
+    correlation_id: int
+    bytes: int
+    def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., device_id: _Optional[int] = ..., stream_id: _Optional[int] = ..., correlation_id: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class ApiRow(_message.Message):
+    __slots__ = ("process_id", "start_ns", "end_ns", "thread_id", "correlation_id", "domain", "name", "cbid")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CBID_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    start_ns: int
+    end_ns: int
+    thread_id: int
+    correlation_id: int
+    domain: str
+    name: str
+    cbid: int
+    def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread_id: _Optional[int] = ..., correlation_id: _Optional[int] = ..., domain: _Optional[str] = ..., name: _Optional[str] = ..., cbid: _Optional[int] = ...) -> None: ...
+
+class SyncRow(_message.Message):
+    __slots__ = ("process_id", "start_ns", "end_ns", "stream_id", "correlation_id", "sync_type")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SYNC_TYPE_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    start_ns: int
+    end_ns: int
+    stream_id: int
+    correlation_id: int
+    sync_type: str
+    def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., stream_id: _Optional[int] = ..., correlation_id: _Optional[int] = ..., sync_type: _Optional[str] = ...) -> None: ...
+
+class MarkerRow(_message.Message):
+    __slots__ = ("process_id", "start_ns", "end_ns", "thread_id", "name", "domain", "is_mark")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    IS_MARK_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    start_ns: int
+    end_ns: int
+    thread_id: int
+    name: str
+    domain: str
+    is_mark: bool
+    def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread_id: _Optional[int] = ..., name: _Optional[str] = ..., domain: _Optional[str] = ..., is_mark: _Optional[bool] = ...) -> None: ...
+
+class QueryRecordsResponse(_message.Message):
+    __slots__ = ("kernels", "memcpys", "memsets", "api_calls", "syncs", "markers")
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    MEMCPYS_FIELD_NUMBER: _ClassVar[int]
+    MEMSETS_FIELD_NUMBER: _ClassVar[int]
+    API_CALLS_FIELD_NUMBER: _ClassVar[int]
+    SYNCS_FIELD_NUMBER: _ClassVar[int]
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    kernels: _containers.RepeatedCompositeFieldContainer[KernelRow]
+    memcpys: _containers.RepeatedCompositeFieldContainer[MemcpyRow]
+    memsets: _containers.RepeatedCompositeFieldContainer[MemsetRow]
+    api_calls: _containers.RepeatedCompositeFieldContainer[ApiRow]
+    syncs: _containers.RepeatedCompositeFieldContainer[SyncRow]
+    markers: _containers.RepeatedCompositeFieldContainer[MarkerRow]
+    def __init__(self, kernels: _Optional[_Iterable[_Union[KernelRow, _Mapping]]] = ..., memcpys: _Optional[_Iterable[_Union[MemcpyRow, _Mapping]]] = ..., memsets: _Optional[_Iterable[_Union[MemsetRow, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiRow, _Mapping]]] = ..., syncs: _Optional[_Iterable[_Union[SyncRow, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRow, _Mapping]]] = ...) -> None: ...
+
+class GetSummaryRequest(_message.Message):
+    __slots__ = ("session_id", "filter", "top")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    filter: RecordFilter
+    top: int
+    def __init__(self, session_id: _Optional[int] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ..., top: _Optional[int] = ...) -> None: ...
+
+class KernelStat(_message.Message):
+    __slots__ = ("name", "mangled_name", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns", "max_ns", "min_ns")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MANGLED_NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_NS_FIELD_NUMBER: _ClassVar[int]
+    P50_NS_FIELD_NUMBER: _ClassVar[int]
+    P95_NS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NS_FIELD_NUMBER: _ClassVar[int]
+    MIN_NS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mangled_name: str
+    count: int
+    total_ns: int
+    mean_ns: int
+    p50_ns: int
+    p95_ns: int
+    max_ns: int
+    min_ns: int
+    def __init__(self, name: _Optional[str] = ..., mangled_name: _Optional[str] = ..., count: _Optional[int] = ..., total_ns: _Optional[int] = ..., mean_ns: _Optional[int] = ..., p50_ns: _Optional[int] = ..., p95_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., min_ns: _Optional[int] = ...) -> None: ...
+
+class DeviceBusy(_message.Message):
+    __slots__ = ("device_id", "busy_ns", "span_ns")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    SPAN_NS_FIELD_NUMBER: _ClassVar[int]
+    device_id: int
+    busy_ns: int
+    span_ns: int
+    def __init__(self, device_id: _Optional[int] = ..., busy_ns: _Optional[int] = ..., span_ns: _Optional[int] = ...) -> None: ...
+
+class CopyStat(_message.Message):
+    __slots__ = ("direction", "count", "bytes", "total_ns", "bandwidth_gbps")
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_GBPS_FIELD_NUMBER: _ClassVar[int]
+    direction: str
+    count: int
+    bytes: int
+    total_ns: int
+    bandwidth_gbps: float
+    def __init__(self, direction: _Optional[str] = ..., count: _Optional[int] = ..., bytes: _Optional[int] = ..., total_ns: _Optional[int] = ..., bandwidth_gbps: _Optional[float] = ...) -> None: ...
+
+class ApiStat(_message.Message):
+    __slots__ = ("name", "domain", "count", "total_ns", "max_ns")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    domain: str
+    count: int
+    total_ns: int
+    max_ns: int
+    def __init__(self, name: _Optional[str] = ..., domain: _Optional[str] = ..., count: _Optional[int] = ..., total_ns: _Optional[int] = ..., max_ns: _Optional[int] = ...) -> None: ...
+
+class GetSummaryResponse(_message.Message):
+    __slots__ = ("top_kernels", "device_busy", "copies", "api_calls", "kernel_count", "kernel_total_ns")
+    TOP_KERNELS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BUSY_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    API_CALLS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    top_kernels: _containers.RepeatedCompositeFieldContainer[KernelStat]
+    device_busy: _containers.RepeatedCompositeFieldContainer[DeviceBusy]
+    copies: _containers.RepeatedCompositeFieldContainer[CopyStat]
+    api_calls: _containers.RepeatedCompositeFieldContainer[ApiStat]
+    kernel_count: int
+    kernel_total_ns: int
+    def __init__(self, top_kernels: _Optional[_Iterable[_Union[KernelStat, _Mapping]]] = ..., device_busy: _Optional[_Iterable[_Union[DeviceBusy, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[CopyStat, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiStat, _Mapping]]] = ..., kernel_count: _Optional[int] = ..., kernel_total_ns: _Optional[int] = ...) -> None: ...
+
+class ExportTraceRequest(_message.Message):
+    __slots__ = ("session_id", "format", "filter")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    format: ExportFormat
+    filter: RecordFilter
+    def __init__(self, session_id: _Optional[int] = ..., format: _Optional[_Union[ExportFormat, str]] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ...) -> None: ...
+
+class ExportTraceResponse(_message.Message):
+    __slots__ = ("data", "events_written", "events_total")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    events_written: int
+    events_total: int
+    def __init__(self, data: _Optional[bytes] = ..., events_written: _Optional[int] = ..., events_total: _Optional[int] = ...) -> None: ...
+
+class StreamPmSamplesRequest(_message.Message):
+    __slots__ = ("devices", "metrics", "downsample_ms")
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    DOWNSAMPLE_MS_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    downsample_ms: int
+    def __init__(self, devices: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Iterable[str]] = ..., downsample_ms: _Optional[int] = ...) -> None: ...
+
+class PmValue(_message.Message):
+    __slots__ = ("metric", "value")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    value: float
+    def __init__(self, metric: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class PmSamplePoint(_message.Message):
+    __slots__ = ("device", "start_ns", "end_ns", "values")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    start_ns: int
+    end_ns: int
+    values: _containers.RepeatedCompositeFieldContainer[PmValue]
+    def __init__(self, device: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., values: _Optional[_Iterable[_Union[PmValue, _Mapping]]] = ...) -> None: ...
+
+class PmPaused(_message.Message):
+    __slots__ = ("device", "holder", "reason", "resumed")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    holder: str
+    reason: str
+    resumed: bool
+    def __init__(self, device: _Optional[int] = ..., holder: _Optional[str] = ..., reason: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
+
+class StreamPmSamplesResponse(_message.Message):
+    __slots__ = ("sample", "paused")
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    sample: PmSamplePoint
+    paused: PmPaused
+    def __init__(self, sample: _Optional[_Union[PmSamplePoint, _Mapping]] = ..., paused: _Optional[_Union[PmPaused, _Mapping]] = ...) -> None: ...
+
+class StreamPcSamplesRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ...) -> None: ...
+
+class PcSampleRow(_message.Message):
+    __slots__ = ("process_id", "function_name", "pc_offset", "stall_reason", "count")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    PC_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STALL_REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    function_name: str
+    pc_offset: int
+    stall_reason: str
+    count: int
+    def __init__(self, process_id: _Optional[int] = ..., function_name: _Optional[str] = ..., pc_offset: _Optional[int] = ..., stall_reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class StreamPcSamplesResponse(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[PcSampleRow]
+    def __init__(self, samples: _Optional[_Iterable[_Union[PcSampleRow, _Mapping]]] = ...) -> None: ...
+
+class PauseRequest(_message.Message):
+    __slots__ = ("devices", "all", "duration_seconds", "reason")
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    duration_seconds: int
+    reason: str
+    def __init__(self, devices: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ..., duration_seconds: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("device", "holder_kind", "holder", "priority", "reason", "granted_at_ns", "expires_at_ns", "lease_id")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_KIND_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    holder_kind: str
+    holder: str
+    priority: int
+    reason: str
+    granted_at_ns: int
+    expires_at_ns: int
+    lease_id: int
+    def __init__(self, device: _Optional[int] = ..., holder_kind: _Optional[str] = ..., holder: _Optional[str] = ..., priority: _Optional[int] = ..., reason: _Optional[str] = ..., granted_at_ns: _Optional[int] = ..., expires_at_ns: _Optional[int] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class PauseResponse(_message.Message):
+    __slots__ = ("reservations",)
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
+    def __init__(self, reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("devices", "all")
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    def __init__(self, devices: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class ResumeResponse(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, devices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListReservationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeviceReservations(_message.Message):
+    __slots__ = ("device", "holder", "waiting", "held_externally")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    HELD_EXTERNALLY_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    holder: Reservation
+    waiting: _containers.RepeatedCompositeFieldContainer[Reservation]
+    held_externally: bool
+    def __init__(self, device: _Optional[int] = ..., holder: _Optional[_Union[Reservation, _Mapping]] = ..., waiting: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ..., held_externally: _Optional[bool] = ...) -> None: ...
+
+class ListReservationsResponse(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceReservations]
+    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceReservations, _Mapping]]] = ...) -> None: ...

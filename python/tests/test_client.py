@@ -1,0 +1,51 @@
+"""The installed ``gpuprof`` package against a running gpuprofd.
+
+Run by tests/tests/python_package.rs with the Python of a fresh venv that has
+``pip install ./python``; it passes GPUPROF_API_SOCKET and GPUPROF_TEST_PROCESS_ID (the id of a
+fake traced process that sends records).
+"""
+
+import os
+import time
+import unittest
+
+import grpc
+
+import gpuprof
+
+
+class ClientTest(unittest.TestCase):
+    def test_installed_from_the_package_with_typing(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.assertNotIn(os.path.dirname(here), gpuprof.__file__, "imported from the source tree, not the venv")
+        pkg = os.path.dirname(gpuprof.__file__)
+        for f in ("py.typed", os.path.join("v1", "gpuprof_pb2.pyi"), os.path.join("v1", "gpuprof_pb2_grpc.py")):
+            self.assertTrue(os.path.exists(os.path.join(pkg, f)), f)
+
+    def test_status_sessions_and_query(self):
+        # The default socket comes from GPUPROF_API_SOCKET.
+        with gpuprof.Client() as c:
+            self.assertTrue(c.status().version)
+            s = c.start_session(all_processes=True, name="from-the-package", preset="kernels")
+            self.assertEqual(gpuprof.state_name(s.state), "active")
+            self.assertEqual([p.process_id for p in s.processes], [int(os.environ["GPUPROF_TEST_PROCESS_ID"])])
+            deadline = time.time() + 20
+            while c.session(s.id).records < 500:
+                self.assertLess(time.time(), deadline, "no records arrived")
+                time.sleep(0.05)
+            done = c.stop_session(s.id)
+            self.assertEqual(gpuprof.state_name(done.state), "completed")
+            self.assertIn(s.id, [x.id for x in c.sessions()])
+            self.assertEqual([x.name for x in c.sessions(name_contains="from-the")], ["from-the-package"])
+            kernels = list(c.query(s.id))
+            self.assertTrue(kernels)
+            self.assertTrue(all(isinstance(k, gpuprof.pb.KernelRow) for k in kernels))
+            self.assertEqual(len(kernels), c.summary(s.id).kernel_count)
+            self.assertEqual(len(list(c.query(s.id, limit=3))), 3)
+            with self.assertRaises(grpc.RpcError) as e:
+                c.session(987654)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,212 @@
+//! `gpuprofctl export` by format: the Perfetto trace decodes as Perfetto `Trace` packets with
+//! the session's records as slices on process, thread, GPU and stream tracks and a flow from
+//! each launch to its activity; `.json.gz` gunzips to the Chrome JSON; `-o -` streams to
+//! stdout; a name that says no format is refused with the list of formats.
+
+// Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::time::Duration;
+
+use gpuprof_proto::perfetto::{Trace, TrackDescriptor, trace_packet::Data, track_event::Type};
+use gpuprof_testkit::TestDaemon;
+use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
+use prost::Message;
+
+const EVENT_TABLES: &[&str] = &["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead"];
+
+fn count(c: &rusqlite::Connection, table: &str, session: u64) -> u64 {
+    c.query_row(&format!("SELECT count(*) FROM {table} WHERE session = ?1"), [session as i64], |r| r.get::<_, i64>(0))
+        .unwrap() as u64
+}
+
+/// A finished session over one traced agent that sent `per` records.
+fn recorded_session(d: &TestDaemon, per: u64) -> (u64, TracedAgent) {
+    let cfg = TracedConfig {
+        exe: "/usr/bin/python3".into(),
+        cmdline: vec!["python3".into()],
+        per_session: per,
+        rate: 200_000.0,
+        batch: 500,
+        ..Default::default()
+    };
+    let agent = TracedAgent::start(&d.agent_socket, cfg).unwrap();
+    let out = d.ctl(&["session", "start", "--exe", "python3", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["id"].as_u64().unwrap();
+    assert_eq!(agent.wait_event(Duration::from_secs(10)).unwrap(), Event::Started(id));
+    let t = std::time::Instant::now();
+    while agent.sent_for(id) < per {
+        assert!(t.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = d.ctl(&["session", "stop", &id.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (id, agent)
+}
+
+fn export(d: &TestDaemon, args: &[&str]) -> std::process::Output {
+    let out = d.ctl(&[&["export"], args].concat());
+    assert!(out.status.success(), "export {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+#[test]
+fn perfetto_trace_has_the_sessions_slices_tracks_and_flows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(&dir.path().join("state")).unwrap();
+    let (id, agent) = recorded_session(&d, 20_000);
+    let file = dir.path().join("trace.pftrace");
+    export(&d, &[&id.to_string(), "-o", file.to_str().unwrap()]);
+    let trace = Trace::decode(std::fs::read(&file).unwrap().as_slice()).expect("a Perfetto Trace");
+    assert!(trace.packet.iter().all(|p| p.trusted_packet_sequence_id == Some(1)));
+    assert_eq!(trace.packet[0].sequence_flags, Some(1), "the first packet clears the sequence's state");
+
+    // Tracks: described once, before their first event; parents described before children.
+    let mut tracks: HashMap<u64, TrackDescriptor> = HashMap::new();
+    let mut by_cat: HashMap<String, u64> = HashMap::new();
+    let (mut begins, mut ends) = (0u64, 0u64);
+    let mut flow_starts: HashMap<u64, u64> = HashMap::new();
+    let mut flow_ends: HashMap<u64, u64> = HashMap::new();
+    let mut open: HashMap<u64, u64> = HashMap::new();
+    for p in &trace.packet {
+        match p.data.as_ref().expect("a packet with data") {
+            Data::TrackDescriptor(t) => {
+                let uuid = t.uuid.unwrap();
+                if let Some(parent) = t.parent_uuid {
+                    assert!(tracks.contains_key(&parent), "track {uuid}'s parent {parent} is not described yet");
+                }
+                assert!(tracks.insert(uuid, t.clone()).is_none(), "track {uuid} described twice");
+            }
+            Data::TrackEvent(e) => {
+                let track = e.track_uuid.unwrap();
+                assert!(tracks.contains_key(&track), "event on undescribed track {track}");
+                let ts = p.timestamp.unwrap();
+                match e.r#type() {
+                    Type::SliceBegin | Type::Instant => {
+                        *by_cat.entry(e.categories[0].clone()).or_default() += 1;
+                        assert!(e.name.as_deref().is_some_and(|n| !n.is_empty()), "an unnamed event");
+                        if e.r#type() == Type::SliceBegin {
+                            begins += 1;
+                            assert!(open.insert(track, ts).is_none(), "a slice begins before the last one ended");
+                        }
+                        for f in &e.flow_ids {
+                            assert!(flow_starts.insert(*f, track).is_none(), "flow {f} starts twice");
+                        }
+                        for f in &e.terminating_flow_ids {
+                            assert!(flow_ends.insert(*f, track).is_none(), "flow {f} ends twice");
+                        }
+                    }
+                    Type::SliceEnd => {
+                        ends += 1;
+                        let began = open.remove(&track).expect("an end without a begin");
+                        assert!(ts >= began, "a slice ends before it begins");
+                    }
+                    Type::Unspecified => panic!("an event without a type"),
+                }
+            }
+        }
+    }
+    assert_eq!(begins, ends);
+
+    // Every record is there, per kind.
+    let db = rusqlite::Connection::open(d.db_path()).unwrap();
+    let rows: u64 = EVENT_TABLES.iter().map(|t| count(&db, t, id)).sum();
+    assert!(rows > 15_000, "{rows}");
+    assert_eq!(by_cat.values().sum::<u64>(), rows, "{by_cat:?}");
+    for (t, cat) in [("kernel", "kernel"), ("memcpy", "memcpy"), ("memset", "memset"), ("marker", "nvtx")] {
+        assert_eq!(by_cat.get(cat).copied().unwrap_or(0), count(&db, t, id), "{t}");
+    }
+
+    // The process track, its threads, and GPU tracks whose children are the streams.
+    let name = |t: &TrackDescriptor| t.name.clone().unwrap_or_default();
+    let processes: Vec<&TrackDescriptor> = tracks.values().filter(|t| t.process.is_some()).collect();
+    assert_eq!(processes.len(), 1);
+    assert_eq!(processes[0].process.as_ref().unwrap().process_name.as_deref(), Some("python3"));
+    let process = processes[0].uuid.unwrap();
+    let gpus: HashSet<u64> = tracks.values().filter(|t| name(t).starts_with("GPU ")).map(|t| t.uuid.unwrap()).collect();
+    assert!(!gpus.is_empty());
+    assert!(gpus.iter().all(|g| tracks[g].parent_uuid == Some(process)));
+    let streams: HashSet<u64> = tracks
+        .values()
+        .filter(|t| name(t).starts_with("stream ") && t.parent_uuid.is_some_and(|p| gpus.contains(&p)))
+        .map(|t| t.uuid.unwrap())
+        .collect();
+    assert!(!streams.is_empty());
+    let threads: HashSet<u64> = tracks
+        .values()
+        .filter(|t| t.thread.is_some() && t.parent_uuid == Some(process))
+        .map(|t| t.uuid.unwrap())
+        .collect();
+    assert!(!threads.is_empty());
+
+    // Flows: from a host thread to a stream, one per activity whose launch call is recorded.
+    assert!(!flow_starts.is_empty());
+    assert_eq!(flow_starts.keys().collect::<HashSet<_>>(), flow_ends.keys().collect::<HashSet<_>>());
+    for (f, from) in &flow_starts {
+        assert!(threads.contains(from), "flow {f} starts off a thread track");
+        assert!(streams.contains(&flow_ends[f]), "flow {f} ends off a stream track");
+    }
+    let linked: u64 = ["kernel", "memcpy", "memset"]
+        .iter()
+        .map(|t| {
+            db.query_row(
+                &format!(
+                    "SELECT count(*) FROM {t} k WHERE k.session = ?1 AND k.corr != 0 AND EXISTS
+                       (SELECT 1 FROM api a WHERE a.session = ?1 AND a.proc = k.proc AND a.corr = k.corr)"
+                ),
+                [id as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap() as u64
+        })
+        .sum();
+    assert_eq!(flow_starts.len() as u64, linked);
+    agent.finish().unwrap();
+}
+
+#[test]
+fn json_gz_and_stdout_hold_the_chrome_json_and_unknown_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(&dir.path().join("state")).unwrap();
+    let (id, agent) = recorded_session(&d, 5_000);
+    let id = id.to_string();
+    let path = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+
+    export(&d, &[&id, "-o", &path("t.json")]);
+    let plain = std::fs::read(path("t.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&plain).unwrap();
+    assert!(v["traceEvents"].as_array().unwrap().len() > 5_000);
+
+    let out = export(&d, &[&id, "-o", &path("t.json.gz"), "--json"]);
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said["format"], "chrome-gz");
+    let gz = std::fs::read(path("t.json.gz")).unwrap();
+    assert!(gz.len() * 3 < plain.len(), "gzip shrinks the JSON ({} vs {})", gz.len(), plain.len());
+    let mut unzipped = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice()).read_to_end(&mut unzipped).unwrap();
+    serde_json::from_slice::<serde_json::Value>(&unzipped).expect("the gunzipped export is JSON");
+    assert!(unzipped == plain, "the gunzipped export is the Chrome JSON");
+
+    // `-o -`: the trace on stdout, the summary on stderr.
+    let out = export(&d, &[&id, "-o", "-"]);
+    assert!(out.stdout == plain, "stdout holds the Chrome JSON");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("wrote -"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = export(&d, &[&id, "-o", "-", "--format", "perfetto"]);
+    assert!(!Trace::decode(out.stdout.as_slice()).unwrap().packet.is_empty());
+
+    // A name that says no format: usage error, the formats listed, nothing written.
+    let out = d.ctl(&["export", &id, "-o", &path("t.txt")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for ending in [".json", ".json.gz", ".pftrace", ".perfetto-trace", ".sqlite", "--format"] {
+        assert!(err.contains(ending), "{ending} not listed: {err}");
+    }
+    assert!(!dir.path().join("t.txt").exists());
+    // --format overrides the name.
+    export(&d, &[&id, "-o", &path("t.txt"), "--format", "perfetto"]);
+    assert!(!Trace::decode(std::fs::read(path("t.txt")).unwrap().as_slice()).unwrap().packet.is_empty());
+    agent.finish().unwrap();
+}
