@@ -50,7 +50,7 @@ class RecordKindCount(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., ingested: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("version", "uptime_seconds", "connected_agents", "records", "database_bytes", "database_path", "ingest_queue_depth", "gpu_count", "gpu_note", "protocol_errors", "active_sessions", "storage_error", "cupti_dropped", "expired_sessions", "expired_records")
+    __slots__ = ("version", "uptime_seconds", "connected_agents", "records", "database_bytes", "database_path", "ingest_queue_depth", "gpu_count", "gpu_note", "protocol_errors", "active_sessions", "storage_error", "cupti_dropped", "expired_sessions", "expired_records", "now_ns")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_AGENTS_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class GetStatusResponse(_message.Message):
     CUPTI_DROPPED_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NOW_NS_FIELD_NUMBER: _ClassVar[int]
     version: str
     uptime_seconds: int
     connected_agents: int
@@ -81,7 +82,8 @@ class GetStatusResponse(_message.Message):
     cupti_dropped: int
     expired_sessions: int
     expired_records: int
-    def __init__(self, version: _Optional[str] = ..., uptime_seconds: _Optional[int] = ..., connected_agents: _Optional[int] = ..., records: _Optional[_Iterable[_Union[RecordKindCount, _Mapping]]] = ..., database_bytes: _Optional[int] = ..., database_path: _Optional[str] = ..., ingest_queue_depth: _Optional[int] = ..., gpu_count: _Optional[int] = ..., gpu_note: _Optional[str] = ..., protocol_errors: _Optional[int] = ..., active_sessions: _Optional[int] = ..., storage_error: _Optional[str] = ..., cupti_dropped: _Optional[int] = ..., expired_sessions: _Optional[int] = ..., expired_records: _Optional[int] = ...) -> None: ...
+    now_ns: int
+    def __init__(self, version: _Optional[str] = ..., uptime_seconds: _Optional[int] = ..., connected_agents: _Optional[int] = ..., records: _Optional[_Iterable[_Union[RecordKindCount, _Mapping]]] = ..., database_bytes: _Optional[int] = ..., database_path: _Optional[str] = ..., ingest_queue_depth: _Optional[int] = ..., gpu_count: _Optional[int] = ..., gpu_note: _Optional[str] = ..., protocol_errors: _Optional[int] = ..., active_sessions: _Optional[int] = ..., storage_error: _Optional[str] = ..., cupti_dropped: _Optional[int] = ..., expired_sessions: _Optional[int] = ..., expired_records: _Optional[int] = ..., now_ns: _Optional[int] = ...) -> None: ...
 
 class ListDevicesRequest(_message.Message):
     __slots__ = ()
@@ -120,7 +122,7 @@ class ListProcessesRequest(_message.Message):
     def __init__(self, include_exited: _Optional[bool] = ...) -> None: ...
 
 class Process(_message.Message):
-    __slots__ = ("id", "pid", "uid", "exe", "cmdline", "cgroup", "agent_kind", "connected_at_ns", "disconnected_at_ns", "trace_state", "cupti_version")
+    __slots__ = ("id", "pid", "uid", "exe", "cmdline", "cgroup", "agent_kind", "connected_at_ns", "disconnected_at_ns", "trace_state", "cupti_version", "container_id", "container_runtime", "pod_uid", "pod_name", "pod_namespace")
     ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +134,11 @@ class Process(_message.Message):
     DISCONNECTED_AT_NS_FIELD_NUMBER: _ClassVar[int]
     TRACE_STATE_FIELD_NUMBER: _ClassVar[int]
     CUPTI_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    POD_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     id: int
     pid: int
     uid: int
@@ -143,7 +150,12 @@ class Process(_message.Message):
     disconnected_at_ns: int
     trace_state: str
     cupti_version: int
-    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., exe: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., cgroup: _Optional[str] = ..., agent_kind: _Optional[str] = ..., connected_at_ns: _Optional[int] = ..., disconnected_at_ns: _Optional[int] = ..., trace_state: _Optional[str] = ..., cupti_version: _Optional[int] = ...) -> None: ...
+    container_id: str
+    container_runtime: str
+    pod_uid: str
+    pod_name: str
+    pod_namespace: str
+    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., exe: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., cgroup: _Optional[str] = ..., agent_kind: _Optional[str] = ..., connected_at_ns: _Optional[int] = ..., disconnected_at_ns: _Optional[int] = ..., trace_state: _Optional[str] = ..., cupti_version: _Optional[int] = ..., container_id: _Optional[str] = ..., container_runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ...) -> None: ...
 
 class ListProcessesResponse(_message.Message):
     __slots__ = ("processes",)
@@ -152,18 +164,22 @@ class ListProcessesResponse(_message.Message):
     def __init__(self, processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ...) -> None: ...
 
 class Target(_message.Message):
-    __slots__ = ("pid", "exe_name", "exe_pattern", "cgroup", "all")
+    __slots__ = ("pid", "exe_name", "exe_pattern", "cgroup", "all", "pod_uid", "container_id")
     PID_FIELD_NUMBER: _ClassVar[int]
     EXE_NAME_FIELD_NUMBER: _ClassVar[int]
     EXE_PATTERN_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
     ALL_FIELD_NUMBER: _ClassVar[int]
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     pid: int
     exe_name: str
     exe_pattern: str
     cgroup: str
     all: bool
-    def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ...) -> None: ...
+    pod_uid: str
+    container_id: str
+    def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ..., pod_uid: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
 
 class CollectOptions(_message.Message):
     __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics")
@@ -206,7 +222,7 @@ class GetSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ...) -> None: ...
 
 class SessionProcess(_message.Message):
-    __slots__ = ("process_id", "pid", "exe", "records", "dropped", "displaced", "state", "joined_at_ns", "detail")
+    __slots__ = ("process_id", "pid", "exe", "records", "dropped", "displaced", "state", "joined_at_ns", "detail", "container_id", "pod_uid", "pod_name", "pod_namespace")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     EXE_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +232,10 @@ class SessionProcess(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOINED_AT_NS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    POD_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     process_id: int
     pid: int
     exe: str
@@ -225,7 +245,11 @@ class SessionProcess(_message.Message):
     state: str
     joined_at_ns: int
     detail: str
-    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., exe: _Optional[str] = ..., records: _Optional[int] = ..., dropped: _Optional[int] = ..., displaced: _Optional[bool] = ..., state: _Optional[str] = ..., joined_at_ns: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    container_id: str
+    pod_uid: str
+    pod_name: str
+    pod_namespace: str
+    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., exe: _Optional[str] = ..., records: _Optional[int] = ..., dropped: _Optional[int] = ..., displaced: _Optional[bool] = ..., state: _Optional[str] = ..., joined_at_ns: _Optional[int] = ..., detail: _Optional[str] = ..., container_id: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("id", "name", "state", "targets", "collect", "owner_uid", "created_at_ns", "start_at_ns", "started_at_ns", "stopped_at_ns", "duration_ms", "max_records", "stop_reason", "processes", "records")
