@@ -1,6 +1,7 @@
 //! `gpuprofctl --host H1:PORT --host H2:PORT trace ...`: one session per host started for the
-//! same instant, waited for together, summarized per host, and with `-o` their Chrome traces
-//! merged into one file on a common time axis. Each host's clock offset against the caller is
+//! same instant, waited for together, summarized per host, and with `-o` their traces
+//! merged into one file on a common time axis (Chrome JSON, gzipped or not, or Perfetto
+//! protobuf: [`crate::fleet_perfetto`]). Each host's clock offset against the caller is
 //! estimated first (the daemon's clock in `GetStatus`, NTP-style: the reply with the shortest
 //! round trip of [`OFFSET_PROBES`], assumed to be stamped halfway through it); start times are
 //! given to each host in its own clock and its trace is moved onto the caller's.
@@ -13,6 +14,8 @@ use anyhow::{Context, Result, bail};
 use gpuprofctl::pb;
 use serde_json::{Value, json};
 
+use crate::export::Format;
+use crate::fleet_perfetto::merge_perfetto;
 use crate::output::{print_summary, session_json, state_name, summary_json};
 use crate::sessions::{Client, TraceArgs};
 
@@ -53,15 +56,16 @@ async fn host_offset(c: &mut Client, host: &str) -> Result<(i64, u64)> {
 }
 
 pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) -> Result<()> {
-    // The merged trace is Chrome JSON, gzipped or not; say so before any session starts.
-    let gzip = match &args.output {
-        None => false,
+    // What the merged trace will be, refused before any session starts when it cannot be.
+    let format = match &args.output {
+        None => None,
         Some(p) => match crate::export::format_of(p)? {
-            crate::export::Format::Chrome => false,
-            crate::export::Format::ChromeGz => true,
-            other => {
+            f @ (Format::Chrome | Format::ChromeGz | Format::Perfetto) => Some(f),
+            Format::Sqlite => {
                 return Err(crate::output::Usage(format!(
-                    "-o {}: a trace over several hosts is merged as Chrome JSON; name it .json or .json.gz                      (each host's session can still be exported on its own as {other:?} with `gpuprofctl --host H export`)",
+                    "-o {}: a trace over several hosts is merged as Chrome JSON (.json, .json.gz) or \
+                     Perfetto (.pftrace, .perfetto-trace); each host's session can still be exported \
+                     as SQLite on its own with `gpuprofctl --host H export`",
                     p.display()
                 ))
                 .into());
@@ -159,16 +163,18 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
             println!();
         }
     }
-    if let Some(path) = &args.output {
+    if let (Some(path), Some(format)) = (&args.output, format) {
+        let exported =
+            if format == Format::Perfetto { pb::ExportFormat::Perfetto } else { pb::ExportFormat::ChromeJson };
         let mut traces = Vec::new();
         for ((host, c, id), (offset, _)) in started.iter_mut().zip(&offsets) {
-            let data = crate::records::export_bytes(c, *id, pb::ExportFormat::ChromeJson)
+            let data = crate::records::export_bytes(c, *id, exported)
                 .await
                 .with_context(|| format!("exporting session {id} from {host}"))?;
-            traces.push(HostTrace { host: host.clone(), session: *id, clock_offset_ns: *offset, chrome: data });
+            traces.push(HostTrace { host: host.clone(), session: *id, clock_offset_ns: *offset, data });
         }
-        let mut merged = merge_chrome(&traces)?;
-        if gzip {
+        let mut merged = if format == Format::Perfetto { merge_perfetto(&traces)? } else { merge_chrome(&traces)? };
+        if format == Format::ChromeGz {
             use std::io::Write;
             let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
             gz.write_all(&merged)?;
@@ -200,13 +206,14 @@ fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
 }
 
-/// One host's Chrome trace export and its clock against the caller's.
+/// One host's export and its clock against the caller's.
 pub struct HostTrace {
     pub host: String,
     pub session: u64,
     /// The host's clock minus the caller's (ns).
     pub clock_offset_ns: i64,
-    pub chrome: Vec<u8>,
+    /// The export (Chrome JSON or Perfetto protobuf).
+    pub data: Vec<u8>,
 }
 
 /// Chrome trace JSON exports of several hosts as one trace: each export's t0 (its `ts` count
@@ -218,8 +225,7 @@ pub fn merge_chrome(traces: &[HostTrace]) -> Result<Vec<u8>> {
     let mut parsed = Vec::new();
     for t in traces {
         let host = &t.host;
-        let v: Value =
-            serde_json::from_slice(&t.chrome).with_context(|| format!("the trace from {host} is not JSON"))?;
+        let v: Value = serde_json::from_slice(&t.data).with_context(|| format!("the trace from {host} is not JSON"))?;
         let t0 = v["otherData"]["t0_ns"].as_i64().with_context(|| format!("the trace from {host} has no t0_ns"))?;
         parsed.push((host, t.session, t0 - t.clock_offset_ns, t.clock_offset_ns, v));
     }
@@ -289,8 +295,8 @@ mod tests {
         .unwrap()
     }
 
-    fn ht(host: &str, session: u64, clock_offset_ns: i64, chrome: Vec<u8>) -> HostTrace {
-        HostTrace { host: host.into(), session, clock_offset_ns, chrome }
+    fn ht(host: &str, session: u64, clock_offset_ns: i64, data: Vec<u8>) -> HostTrace {
+        HostTrace { host: host.into(), session, clock_offset_ns, data }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod export;
 mod fleet;
+mod fleet_perfetto;
 mod output;
 mod profile;
 mod records;

@@ -95,24 +95,50 @@ fn one_trace_over_two_hosts() {
     let recorded: u64 = per_host.iter().map(|r| r["summary"]["kernel_count"].as_u64().unwrap()).sum();
     assert!(recorded > 0, "{per_host:?}");
     assert_eq!(kernels, recorded, "every kernel of both sessions in the merged trace");
-    // A merged trace is Chrome JSON: another format is refused before any session starts.
-    let sessions_before = |d: &TestDaemon| {
+    let traced = |out: &std::path::Path| {
+        Command::new(bin_path("gpuprofctl"))
+            .args(["--host", &h1, "--host", &h2, "--ca"])
+            .arg(dir.path().join("server.pem"))
+            .arg("--token-file")
+            .arg(dir.path().join("token"))
+            .args(["trace", "--all", "--duration", "1s", "-o"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    // The same as one Perfetto trace: each host's process tracks apart, named after it.
+    let pftrace = dir.path().join("merged.pftrace");
+    let out = traced(&pftrace);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = <gpuprof_proto::perfetto::Trace as prost::Message>::decode(std::fs::read(&pftrace).unwrap().as_slice())
+        .unwrap();
+    let procs: Vec<(i32, String)> = t
+        .packet
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(gpuprof_proto::perfetto::trace_packet::Data::TrackDescriptor(d)) => d.process.clone(),
+            _ => None,
+        })
+        .map(|p| (p.pid.unwrap_or(0), p.process_name.unwrap_or_default()))
+        .collect();
+    let of = |h: &str| {
+        procs.iter().filter(|(_, n)| n.starts_with(&format!("{h} · "))).map(|(pid, _)| *pid).collect::<Vec<_>>()
+    };
+    assert!(!of(&h1).is_empty() && !of(&h2).is_empty(), "{procs:?}");
+    assert!(of(&h1).iter().all(|p| !of(&h2).contains(p)), "{procs:?}");
+    let seqs: std::collections::BTreeSet<_> = t.packet.iter().map(|p| p.trusted_packet_sequence_id).collect();
+    assert_eq!(seqs.len(), 2, "a packet sequence per host");
+
+    // SQLite is not merged: refused before any session starts.
+    let sessions_of = |d: &TestDaemon| {
         String::from_utf8_lossy(&d.ctl(&["--json", "session", "list"]).stdout).matches("\"id\"").count()
     };
-    let before = (sessions_before(&d1), sessions_before(&d2));
+    let before = (sessions_of(&d1), sessions_of(&d2));
     assert!(before.0 > 0 && before.1 > 0, "the traced sessions are listed");
-    let out = Command::new(bin_path("gpuprofctl"))
-        .args(["--host", &h1, "--host", &h2, "--ca"])
-        .arg(dir.path().join("server.pem"))
-        .arg("--token-file")
-        .arg(dir.path().join("token"))
-        .args(["trace", "--all", "--duration", "1s", "-o"])
-        .arg(dir.path().join("merged.pftrace"))
-        .output()
-        .unwrap();
+    let out = traced(&dir.path().join("merged.sqlite"));
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains(".json or .json.gz"));
-    assert_eq!((sessions_before(&d1), sessions_before(&d2)), before, "no session started");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Perfetto (.pftrace"));
+    assert_eq!((sessions_of(&d1), sessions_of(&d2)), before, "no session started");
     a1.finish().unwrap();
     a2.finish().unwrap();
     assert_eq!(d1.terminate().unwrap(), 0);
