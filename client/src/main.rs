@@ -142,7 +142,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         // `gpuprofctl query 7 | head`: the reader has what it wanted.
-        Err(e) if output::io_error_kind(&e) == Some(std::io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
+        Err(e) if output::is_closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", output::describe(&e));
             if remote_with_cert && connection_dropped(&e) {

@@ -41,6 +41,14 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
 }
 
 /// The kind of the first I/O error among an error's causes.
+/// Whether `e` is a write to a closed stdout (`gpuprofctl query 7 | head`): a broken pipe that
+/// did not come through gRPC (a connection the server closed, e.g. on refusing a client
+/// certificate, is a broken pipe too, and an error).
+pub fn is_closed_stdout(e: &anyhow::Error) -> bool {
+    let through_grpc = e.chain().any(|c| c.is::<tonic::Status>() || c.is::<tonic::transport::Error>());
+    !through_grpc && io_error_kind(e) == Some(std::io::ErrorKind::BrokenPipe)
+}
+
 pub fn io_error_kind(e: &anyhow::Error) -> Option<std::io::ErrorKind> {
     e.chain().find_map(|c| c.downcast_ref::<std::io::Error>()).map(std::io::Error::kind)
 }
@@ -350,6 +358,16 @@ pub fn print_summary(s: &pb::GetSummaryResponse, name_width: usize, mangled: boo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broken_pipe_is_a_closed_stdout_only_outside_grpc() {
+        let pipe = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        assert!(is_closed_stdout(&anyhow::Error::from(pipe()).context("writing rows")));
+        // The server closed the connection (a refused client certificate): an error.
+        let status = tonic::Status::from_error(Box::new(pipe()));
+        assert!(!is_closed_stdout(&anyhow::Error::from(status).context("status")));
+        assert!(!is_closed_stdout(&anyhow::anyhow!("no io error")));
+    }
 
     #[test]
     fn formats() {
