@@ -26,6 +26,7 @@ pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating state directory {}", dir.display()))?;
+        check_writable(dir)?;
     }
     let conn = Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
@@ -63,6 +64,20 @@ pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
         let _: i64 = conn.query_row(&format!("PRAGMA max_page_count={pages}"), [], |r| r.get(0))?;
     }
     Ok(conn)
+}
+
+/// Fails with a clear message when `dir` cannot take new files (a read-only mount, say), which
+/// SQLite would otherwise report only as "unable to open database file".
+fn check_writable(dir: &Path) -> Result<()> {
+    let probe = dir.join(".gpuprofd-write-probe");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .with_context(|| format!("the state directory {} is not writable", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// Opens the database like [`open_writer`]; a file that SQLite reports as not a database or

@@ -202,3 +202,46 @@ fn full_disk_drops_then_recovers_when_space_returns() {
     );
     assert_eq!(d.terminate().unwrap(), 0);
 }
+
+/// A read-only state directory (a read-only bind mount; root ignores file modes) is refused at
+/// start with a message naming the problem, the database in it untouched; once writable
+/// again, the daemon starts on it with every record kept. (A directory that turns read-only
+/// under a running daemon cannot be made here: the kernel refuses to remount a mount
+/// read-only while files on it are open for writing.)
+#[test]
+fn read_only_state_dir_is_refused_clearly_then_used_when_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let s = state.to_str().unwrap();
+    if !run("mount", &["--bind", s, s]) {
+        eprintln!("skipped: a bind mount failed (needs root and mount); run this test as root");
+        return;
+    }
+    let _m = Mount(&state);
+    let log = dir.path().join("gpuprofd.log");
+    let d = TestDaemon::start_logged(&state, &[], &[], &log).unwrap();
+    let mut a = FakeAgent::connect(&d.agent_socket, 4, Mix::default()).unwrap();
+    let n: u64 = a.send_records(3_000, 500, 0.0, 0).unwrap().values().sum();
+    a.goodbye().unwrap();
+    wait_status(&d, "records stored", |st| totals(st).0 == n);
+    assert_eq!(d.terminate().unwrap(), 0);
+    let before = std::fs::read(state.join("gpuprof.db")).unwrap();
+
+    assert!(run("mount", &["-o", "remount,ro,bind", s]), "remounting read-only");
+    let e = TestDaemon::start_logged(&state, &[], &[], &log).err().expect("a read-only state dir is refused");
+    let msg = format!("{e:#}");
+    println!("read-only state dir: {}", msg.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(""));
+    assert!(msg.contains("is not writable") && msg.to_lowercase().contains("read-only"), "the reason is named: {msg}");
+    assert_eq!(std::fs::read(state.join("gpuprof.db")).unwrap(), before, "database untouched");
+
+    assert!(run("mount", &["-o", "remount,rw,bind", s]), "remounting read-write");
+    let d = TestDaemon::start_logged(&state, &[], &[], &log).unwrap();
+    let db = Connection::open(d.db_path()).unwrap();
+    let kept: i64 = ["kernel", "api", "memcpy", "memset", "sync", "overhead", "marker", "external_correlation"]
+        .iter()
+        .map(|t| db.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get::<_, i64>(0)).unwrap())
+        .sum();
+    assert!(kept > 0 && kept as u64 <= n, "records kept: {kept} of {n}");
+    assert_eq!(d.terminate().unwrap(), 0);
+}
