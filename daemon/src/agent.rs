@@ -2,8 +2,10 @@
 //! enforces the protocol and hands records to the writer.
 //!
 //! Every protocol violation (oversized or truncated frame, undecodable bytes, wrong
-//! version, a message out of order, an undefined string id) closes that one connection
-//! with a logged reason; other connections are unaffected.
+//! version, a message out of order, an undefined string id, a frame left unfinished past
+//! the liveness timeout, no Hello within the handshake timeout) closes that one connection
+//! with a logged reason and counts as a protocol error; other connections are unaffected.
+//! A frame's memory grows with the bytes that arrive, not with the length it announces.
 
 use std::collections::HashMap;
 use std::io;
@@ -100,20 +102,39 @@ fn proto_err(msg: impl Into<String>) -> ConnError {
     ConnError::Protocol(msg.into())
 }
 
-/// Reads one frame's payload into `buf`.
-async fn read_frame(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>, max: u32) -> Result<(), ConnError> {
+/// How long a new connection may take to send its Hello (at most the liveness timeout).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest frame accepted before the handshake: a Hello is a few KiB (1 MiB leaves room for a
+/// long command line), so a peer that has not said who it is cannot announce a full-size frame.
+pub const MAX_HELLO_BYTES: u32 = 1 << 20;
+
+/// Reads one frame's payload into `buf`; sets `started` once the first byte has arrived.
+///
+/// The body is read as it arrives rather than into a buffer of the announced length, so a
+/// peer that announces a large frame and then stalls holds only the bytes it really sent.
+async fn read_frame(
+    r: &mut BufReader<OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+    max: u32,
+    started: &mut bool,
+) -> Result<(), ConnError> {
     let mut len = [0u8; 4];
     if r.read(&mut len[..1]).await? == 0 {
         return Err(ConnError::Closed);
     }
+    *started = true;
     r.read_exact(&mut len[1..]).await.map_err(|e| truncated(e, "frame length"))?;
     let n = u32::from_le_bytes(len);
     if n > max {
         return Err(proto_err(format!("frame of {n} bytes exceeds the maximum of {max} bytes")));
     }
     buf.clear();
-    buf.resize(n as usize, 0);
-    r.read_exact(buf).await.map_err(|e| truncated(e, "frame body"))?;
+    buf.reserve((n as usize).min(64 * 1024));
+    let got = (&mut *r).take(u64::from(n)).read_to_end(buf).await?;
+    if got < n as usize {
+        return Err(truncated(io::ErrorKind::UnexpectedEof.into(), "frame body"));
+    }
     Ok(())
 }
 
@@ -125,6 +146,11 @@ fn truncated(e: io::Error, what: &str) -> ConnError {
     }
 }
 
+/// A frame begun but not finished within the timeout (a stalled or trickling peer).
+fn stalled(timeout: Duration) -> ConnError {
+    proto_err(format!("frame not completed within {timeout:?}: peer stalled inside a frame"))
+}
+
 async fn read_message(
     r: &mut BufReader<OwnedReadHalf>,
     buf: &mut Vec<u8>,
@@ -132,10 +158,11 @@ async fn read_message(
     timeout: Duration,
     shutdown: &CancellationToken,
 ) -> Result<AgentMessage, ConnError> {
+    let mut started = false;
     tokio::select! {
         _ = shutdown.cancelled() => Err(ConnError::Shutdown),
-        r = tokio::time::timeout(timeout, read_frame(r, buf, max)) => {
-            r.map_err(|_| ConnError::Timeout(timeout))??;
+        r = tokio::time::timeout(timeout, read_frame(r, buf, max, &mut started)) => {
+            r.map_err(|_| if started { stalled(timeout) } else { ConnError::Timeout(timeout) })??;
             let m = AgentMessage::decode(buf.as_slice()).map_err(|e| proto_err(format!("malformed message: {e}")))?;
             Ok(m)
         }
@@ -157,8 +184,9 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     let timeout = Duration::from_millis(d.config.agent.liveness_timeout_ms);
     let mut buf = Vec::with_capacity(64 * 1024);
 
-    // Handshake.
-    let hello = match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
+    // Handshake: a small frame limit and a short deadline for a peer not yet identified.
+    let hs_timeout = timeout.min(HANDSHAKE_TIMEOUT);
+    let hello = match read_message(&mut rd, &mut buf, max.min(MAX_HELLO_BYTES), hs_timeout, &shutdown).await {
         Ok(AgentMessage { msg: Some(Msg::Hello(h)) }) => h,
         Ok(other) => {
             let what = other.msg.as_ref().map(msg_name).unwrap_or("an empty message");
@@ -166,6 +194,10 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
             return;
         }
         Err(ConnError::Closed) | Err(ConnError::Shutdown) => return,
+        Err(ConnError::Timeout(t)) => {
+            reject(&d, pid, &format!("protocol error: no Hello within {t:?}"));
+            return;
+        }
         Err(e) => {
             reject(&d, pid, &e.to_string());
             return;

@@ -25,7 +25,10 @@ use crate::{
 pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let db_path = config.database_path();
     let stats = Arc::new(Stats::default());
-    let conn = store::open_writer(&db_path, &config.storage)?;
+    let (conn, moved_aside) = store::open_writer_or_move_aside(&db_path, &config.storage)?;
+    if let Some(msg) = moved_aside {
+        stats.set_storage_error(msg);
+    }
     sessions::recover(&conn).context("marking sessions of the previous run interrupted")?;
     let arbiter = arbiter::open(&conn, &config).context("restoring performance-monitor leases")?;
     let gpus = Arc::new(sampler::Gpus::from_config(&config));

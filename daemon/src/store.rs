@@ -27,6 +27,7 @@ pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub fn open_writer(path: &Path, cfg: &StorageConfig) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating state directory {}", dir.display()))?;
+        check_writable(dir)?;
     }
     let conn = Connection::open(path).with_context(|| format!("opening database {}", path.display()))?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
@@ -71,6 +72,66 @@ pub fn set_max_database_mib(conn: &Connection, mib: u64) -> rusqlite::Result<()>
     let pages = if mib == 0 { 4_294_967_294 } else { (mib << 20) / page.max(512) };
     let _: i64 = conn.query_row(&format!("PRAGMA max_page_count={pages}"), [], |r| r.get(0))?;
     Ok(())
+}
+
+/// Fails with a clear message when `dir` cannot take new files (a read-only mount, say), which
+/// SQLite would otherwise report only as "unable to open database file".
+fn check_writable(dir: &Path) -> Result<()> {
+    let probe = dir.join(".gpuprofd-write-probe");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .with_context(|| format!("the state directory {} is not writable", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Opens the database like [`open_writer`]; a file that SQLite reports as not a database or
+/// corrupt is moved aside (with its WAL and shared-memory files) to `NAME.corrupt-UNIXSECS`,
+/// never overwritten or deleted, and a new database is started. Returns the connection and,
+/// when a file was moved aside, a message saying so.
+pub fn open_writer_or_move_aside(path: &Path, cfg: &StorageConfig) -> Result<(Connection, Option<String>)> {
+    let err = match open_writer(path, cfg) {
+        Ok(c) => return Ok((c, None)),
+        Err(e) => e,
+    };
+    let corrupt = err.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<rusqlite::Error>().and_then(rusqlite::Error::sqlite_error_code),
+            Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
+        )
+    });
+    if !corrupt || !path.exists() {
+        return Err(err);
+    }
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let aside = (0..)
+        .map(|n| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(if n == 0 { format!(".corrupt-{secs}") } else { format!(".corrupt-{secs}-{n}") });
+            std::path::PathBuf::from(p)
+        })
+        .find(|p| !p.exists())
+        .unwrap_or_default();
+    for suffix in ["-wal", "-shm", ""] {
+        let (mut from, mut to) = (path.as_os_str().to_owned(), aside.as_os_str().to_owned());
+        from.push(suffix);
+        to.push(suffix);
+        if Path::new(&from).exists() {
+            std::fs::rename(&from, &to).with_context(|| {
+                format!("moving the corrupt database {} aside ({err:#})", Path::new(&from).display())
+            })?;
+        }
+    }
+    let msg = format!(
+        "database {} could not be opened ({err:#}); moved aside to {}, started a new one",
+        path.display(),
+        aside.display()
+    );
+    tracing::error!("{msg}");
+    Ok((open_writer(path, cfg)?, Some(msg)))
 }
 
 /// Opens a read-only connection for queries.

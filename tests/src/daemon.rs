@@ -56,8 +56,14 @@ impl TestDaemon {
 
     /// Like [`start`](Self::start) with extra arguments and environment variables.
     pub fn start_opts(state_dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<TestDaemon> {
+        Self::start_logged(state_dir, args, envs, &state_dir.join("gpuprofd.log"))
+    }
+
+    /// Like [`start_opts`](Self::start_opts) with the log at `log` (outside a state directory
+    /// that a test fills up, for one).
+    pub fn start_logged(state_dir: &Path, args: &[&str], envs: &[(&str, &str)], log: &Path) -> Result<TestDaemon> {
         std::fs::create_dir_all(state_dir)?;
-        let log = state_dir.join("gpuprofd.log");
+        let log = log.to_path_buf();
         let logf = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
         let child = Command::new(bin_path("gpuprofd"))
             .arg("--state-dir")

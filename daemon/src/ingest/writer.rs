@@ -22,7 +22,17 @@ pub(super) struct Writer {
     commit_max_records: u64,
     procs: HashMap<u64, ProcCtx>,
     strings: HashMap<Box<str>, i64>,
+    /// The id the next new string gets: the writer allocates string ids itself, so that an id
+    /// handed to a connection stays valid when the transaction that inserted it rolls back.
+    next_string_id: i64,
+    /// Strings inserted by the open transaction.
+    txn_strings: Vec<(i64, Box<str>)>,
+    /// Strings whose ids are in use but whose rows a failed transaction lost; inserted again
+    /// first thing in every transaction until one commits them.
+    unsaved_strings: Vec<(i64, Box<str>)>,
     metrics: HashMap<String, i64>,
+    /// Metric names inserted by the open transaction (forgotten if it rolls back).
+    txn_metrics: Vec<String>,
     in_txn: bool,
     failed: Option<String>,
     pending: [u64; 14],
@@ -45,6 +55,7 @@ impl Writer {
                 strings.insert(v.into_boxed_str(), r.get(0)?);
             }
         }
+        let next_string_id = strings.values().max().copied().unwrap_or(0) + 1;
         let mut metrics = HashMap::new();
         {
             let mut stmt = conn.prepare("SELECT id, name FROM pm_metrics")?;
@@ -59,7 +70,11 @@ impl Writer {
             commit_max_records: commit_max_records as u64,
             procs: HashMap::new(),
             strings,
+            next_string_id,
+            txn_strings: Vec::new(),
+            unsaved_strings: Vec::new(),
             metrics,
+            txn_metrics: Vec::new(),
             in_txn: false,
             failed: None,
             pending: [0; 14],
@@ -94,9 +109,28 @@ impl Writer {
         if !self.in_txn {
             match self.conn.execute_batch("BEGIN") {
                 Ok(()) => self.in_txn = true,
-                Err(e) => self.fail(format!("cannot begin transaction: {e}")),
+                Err(e) => return self.fail(format!("cannot begin transaction: {e}")),
+            }
+            for (id, v) in std::mem::take(&mut self.unsaved_strings) {
+                let r = self.failed.is_none().then(|| self.insert_string(id, &v));
+                match r {
+                    Some(Ok(())) => self.txn_strings.push((id, v)),
+                    Some(Err(e)) => {
+                        self.fail(format!("cannot restore string {id}: {e}"));
+                        self.unsaved_strings.push((id, v));
+                    }
+                    None => self.unsaved_strings.push((id, v)),
+                }
             }
         }
+    }
+
+    fn insert_string(&self, id: i64, v: &str) -> rusqlite::Result<()> {
+        // OR IGNORE: a row an autocommit write already stored is fine as it is.
+        self.conn
+            .prepare_cached("INSERT OR IGNORE INTO strings(id, value, demangled) VALUES (?1, ?2, ?3)")?
+            .execute(params![id, v, crate::demangle::demangle(v)])?;
+        Ok(())
     }
 
     fn fail(&mut self, msg: String) {
@@ -117,6 +151,8 @@ impl Writer {
         let pending = std::mem::take(&mut self.pending);
         match result {
             Ok(()) => {
+                self.txn_strings.clear();
+                self.txn_metrics.clear();
                 for k in Kind::ALL {
                     if pending[k.index()] > 0 {
                         self.stats.add_ingested(k, pending[k.index()]);
@@ -126,6 +162,11 @@ impl Writer {
             Err(msg) => {
                 if self.in_txn {
                     let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                // Ids already given out keep their meaning: their rows go in again later.
+                self.unsaved_strings.append(&mut self.txn_strings);
+                for m in self.txn_metrics.drain(..) {
+                    self.metrics.remove(&m);
                 }
                 let lost: u64 = pending.iter().sum();
                 for k in Kind::ALL {
@@ -176,13 +217,14 @@ impl Writer {
             WriterMsg::Strings { proc, values } => {
                 self.begin();
                 for v in values {
-                    match self.intern(&v) {
-                        Ok(id) => {
-                            if let Some(p) = self.procs.get_mut(&proc) {
-                                p.strings.push(id);
-                            }
-                        }
-                        Err(e) => self.fail(e.to_string()),
+                    // The id is the string's even when storing it failed, so that the
+                    // connection's later string ids still line up.
+                    let (id, r) = self.intern(&v);
+                    if let Some(p) = self.procs.get_mut(&proc) {
+                        p.strings.push(id);
+                    }
+                    if let Err(e) = r {
+                        self.fail(e.to_string());
                     }
                 }
             }
@@ -276,16 +318,25 @@ impl Writer {
         Ok(id)
     }
 
-    fn intern(&mut self, v: &str) -> rusqlite::Result<i64> {
+    /// The id of string `v`, allocating and inserting it if new; the insert's result apart.
+    fn intern(&mut self, v: &str) -> (i64, rusqlite::Result<()>) {
         if let Some(id) = self.strings.get(v) {
-            return Ok(*id);
+            return (*id, Ok(()));
         }
-        self.conn
-            .prepare_cached("INSERT INTO strings(value, demangled) VALUES (?1, ?2)")?
-            .execute(rusqlite::params![v, crate::demangle::demangle(v)])?;
-        let id = self.conn.last_insert_rowid();
+        let id = self.next_string_id;
+        self.next_string_id += 1;
         self.strings.insert(v.into(), id);
-        Ok(id)
+        if self.failed.is_some() || !self.in_txn {
+            // The transaction is lost anyway: store the string with the next one.
+            self.unsaved_strings.push((id, v.into()));
+            return (id, Ok(()));
+        }
+        let r = self.insert_string(id, v);
+        match &r {
+            Ok(()) => self.txn_strings.push((id, v.into())),
+            Err(_) => self.unsaved_strings.push((id, v.into())),
+        }
+        (id, r)
     }
 
     fn insert_batch(&mut self, proc: u64, b: &RecordBatch) -> rusqlite::Result<()> {
@@ -302,6 +353,7 @@ impl Writer {
         self.conn.prepare_cached("INSERT INTO pm_metrics(name) VALUES (?1)")?.execute([name])?;
         let id = self.conn.last_insert_rowid();
         self.metrics.insert(name.to_string(), id);
+        self.txn_metrics.push(name.to_string());
         Ok(id)
     }
 
