@@ -134,6 +134,20 @@ impl TestDaemon {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// Polls `status` every 100 ms until `ok` holds and returns that status; panics with
+    /// `what` and the last status after 60 s.
+    pub fn wait_status(&self, what: &str, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let t = std::time::Instant::now();
+        loop {
+            let st = self.status().expect("gpuprofctl status");
+            if ok(&st) {
+                return st;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(60), "{what}: {st}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// Sends SIGTERM and waits for exit; returns the exit code.
     pub fn terminate(mut self) -> Result<i32> {
         // Safety: plain syscall on our own child's pid.

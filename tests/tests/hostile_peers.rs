@@ -142,18 +142,6 @@ fn status_u64(st: &serde_json::Value, key: &str) -> u64 {
     st[key].as_u64().unwrap_or_else(|| panic!("{key} in {st}"))
 }
 
-fn wait_status(d: &TestDaemon, what: &str, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let t = Instant::now();
-    loop {
-        let st = d.status().unwrap();
-        if ok(&st) {
-            return st;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "{what}: {st}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// 1,000 (or as many as the fd limit allows) connections at once, each saying Hello and
 /// announcing a full-size frame in one write, sending 1 KiB of it and stalling. Returns how
 /// many were opened.
@@ -171,7 +159,7 @@ fn many_stalled_connections(d: &TestDaemon, n: u64) -> u64 {
             gpuprof_proto::frame::read_message(&mut s, 1 << 20).unwrap();
         wait_closed(s, "one of many stalled connections");
     }
-    wait_status(d, "stalled connections gone", |st| status_u64(st, "connected_agents") == 1);
+    d.wait_status("stalled connections gone", |st| status_u64(st, "connected_agents") == 1);
     n
 }
 
@@ -280,7 +268,7 @@ fn hostile_peers_are_cut_and_counted_while_a_good_agent_loses_nothing() {
         .unwrap();
     assert_eq!(unread, 5_000, "records of the peer that never reads");
 
-    let st = wait_status(&d, "good agent gone", |st| status_u64(st, "connected_agents") == 0);
+    let st = d.wait_status("good agent gone", |st| status_u64(st, "connected_agents") == 0);
     assert_eq!(status_u64(&st, "protocol_errors"), expected_errors, "one protocol error per hostile peer: {st}");
     let dropped: u64 = st["records"].as_object().unwrap().values().map(|v| v["dropped"].as_u64().unwrap()).sum();
     assert_eq!(dropped, 0, "{st}");

@@ -23,18 +23,6 @@ fn totals(st: &serde_json::Value) -> (u64, u64) {
     (sum("ingested"), sum("dropped"))
 }
 
-fn wait_status(d: &TestDaemon, what: &str, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let t = Instant::now();
-    loop {
-        let st = d.status().unwrap();
-        if ok(&st) {
-            return st;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "{what}: {st}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn add(total: &mut Sent, s: Sent) -> u64 {
     let mut n = 0;
     for (k, v) in s {
@@ -82,7 +70,7 @@ fn fault_cycle(d: &TestDaemon, expect: &str, fault: impl FnOnce(), clear: impl F
     let mut a = FakeAgent::connect(&d.agent_socket, 9, Mix::default()).unwrap();
     let mut sent = Sent::new();
     let n1 = add(&mut sent, a.send_records(5_000, 500, 0.0, 0).unwrap());
-    wait_status(d, "first records stored", |st| totals(st).0 == n1);
+    d.wait_status("first records stored", |st| totals(st).0 == n1);
     fault();
     let names = ["fault_kernel_a", "fault_kernel_b"];
     let ids = a.define_strings(&names).unwrap();
@@ -107,7 +95,7 @@ fn fault_cycle(d: &TestDaemon, expect: &str, fault: impl FnOnce(), clear: impl F
     let proc = a.process_id;
     a.goodbye().unwrap();
     let total = n1 + during + n3;
-    let st2 = wait_status(d, "every record stored or counted dropped", |st| {
+    let st2 = d.wait_status("every record stored or counted dropped", |st| {
         let (i, dr) = totals(st);
         i + dr == total
     });
@@ -155,7 +143,7 @@ fn corrupt_database_is_moved_aside_not_overwritten() {
     let mut a = FakeAgent::connect(&d.agent_socket, 3, Mix::default()).unwrap();
     let n: u64 = a.send_records(2_000, 500, 0.0, 0).unwrap().values().sum();
     a.goodbye().unwrap();
-    wait_status(&d, "records in the new database", |st| totals(st).0 == n);
+    d.wait_status("records in the new database", |st| totals(st).0 == n);
     assert_eq!(d.terminate().unwrap(), 0);
     // A second start finds a healthy database and moves nothing.
     let d = TestDaemon::start(dir.path()).unwrap();
@@ -224,7 +212,7 @@ fn read_only_state_dir_is_refused_clearly_then_used_when_writable() {
     let mut a = FakeAgent::connect(&d.agent_socket, 4, Mix::default()).unwrap();
     let n: u64 = a.send_records(3_000, 500, 0.0, 0).unwrap().values().sum();
     a.goodbye().unwrap();
-    wait_status(&d, "records stored", |st| totals(st).0 == n);
+    d.wait_status("records stored", |st| totals(st).0 == n);
     assert_eq!(d.terminate().unwrap(), 0);
     let before = std::fs::read(state.join("gpuprof.db")).unwrap();
 
