@@ -359,6 +359,8 @@ fn msg_name(m: &Msg) -> &'static str {
         Msg::PcSamples(_) => "PcSampleBatch",
         Msg::SamplerState(_) => "SamplerState",
         Msg::Goodbye(_) => "Goodbye",
+        Msg::PcSamplingState(_) => "PcSamplingState",
+        Msg::Cubin(_) => "CubinChunk",
     }
 }
 
@@ -516,6 +518,8 @@ impl Conn<'_> {
                 });
             }
             Msg::Goodbye(_) => return Ok(false),
+            // Handled once the daemon stores PC-sampling states and cubins; until then ignored.
+            Msg::PcSamplingState(_) | Msg::Cubin(_) => {}
         }
         Ok(true)
     }

@@ -353,6 +353,13 @@ impl Gpuprof for Api {
         Ok(Response::new(Box::pin(s)))
     }
 
+    async fn query_pc_samples(
+        &self,
+        _req: Request<pb::QueryPcSamplesRequest>,
+    ) -> Result<Response<pb::QueryPcSamplesResponse>, Status> {
+        Err(Status::unimplemented("QueryPcSamples is not available in this gpuprofd yet"))
+    }
+
     async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {
         let uid = crate::access::require_operator(&self.caller(&req), "pause GPUs")?;
         let r = req.into_inner();

@@ -337,7 +337,10 @@ pub fn pc_stream(
                 }
             }
             for chunk in changed.chunks(1000) {
-                if tx.blocking_send(Ok(pb::StreamPcSamplesResponse { samples: chunk.to_vec() })).is_err() {
+                if tx
+                    .blocking_send(Ok(pb::StreamPcSamplesResponse { samples: chunk.to_vec(), ..Default::default() }))
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -369,6 +372,7 @@ fn pc_rows(c: &rusqlite::Connection, session: u64) -> rusqlite::Result<Vec<(PcKe
                 pc_offset: key.2 as u64,
                 stall_reason: r.get(5)?,
                 count: r.get::<_, i64>(6)? as u64,
+                ..Default::default()
             },
         ))
     })?;

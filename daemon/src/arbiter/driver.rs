@@ -244,6 +244,7 @@ fn send_pc(d: &Daemon, l: &Lease, start: bool, reason: &str) {
             session_id: session,
             device_id: agent_device,
             period_log2,
+            ..Default::default()
         })
     } else {
         daemon_message::Msg::StopPcSampling(wire::StopPcSampling {

@@ -70,6 +70,9 @@ pub async fn export(
             pb::ExportFormat::Unspecified | pb::ExportFormat::ChromeJson => chrome(&db, session, &f, &tx),
             pb::ExportFormat::Sqlite => sqlite(&db, &tmp_dir, session, &f, &tx),
             pb::ExportFormat::Perfetto => perfetto(&db, session, &f, &tx),
+            pb::ExportFormat::Pprof => {
+                Err(Stop::Failed(ApiError::invalid("format", "pprof export is not available in this gpuprofd yet")))
+            }
         };
         match r {
             Ok(()) => {}

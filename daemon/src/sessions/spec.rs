@@ -166,6 +166,7 @@ impl Collect {
             pc_sampling: self.pc_sampling,
             pc_sampling_period_log2: self.pc_sampling_period_log2,
             pm_metrics: self.pm_metrics.clone(),
+            ..Default::default()
         }
     }
 

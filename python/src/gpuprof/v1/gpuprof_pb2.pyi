@@ -23,6 +23,15 @@ class ExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXPORT_FORMAT_CHROME_JSON: _ClassVar[ExportFormat]
     EXPORT_FORMAT_SQLITE: _ClassVar[ExportFormat]
     EXPORT_FORMAT_PERFETTO: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_PPROF: _ClassVar[ExportFormat]
+
+class PcGroupBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PC_GROUP_BY_UNSPECIFIED: _ClassVar[PcGroupBy]
+    PC_GROUP_BY_FUNCTION: _ClassVar[PcGroupBy]
+    PC_GROUP_BY_LINE: _ClassVar[PcGroupBy]
+    PC_GROUP_BY_STALL: _ClassVar[PcGroupBy]
+    PC_GROUP_BY_PC: _ClassVar[PcGroupBy]
 SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_PENDING: SessionState
 SESSION_STATE_ACTIVE: SessionState
@@ -34,6 +43,12 @@ EXPORT_FORMAT_UNSPECIFIED: ExportFormat
 EXPORT_FORMAT_CHROME_JSON: ExportFormat
 EXPORT_FORMAT_SQLITE: ExportFormat
 EXPORT_FORMAT_PERFETTO: ExportFormat
+EXPORT_FORMAT_PPROF: ExportFormat
+PC_GROUP_BY_UNSPECIFIED: PcGroupBy
+PC_GROUP_BY_FUNCTION: PcGroupBy
+PC_GROUP_BY_LINE: PcGroupBy
+PC_GROUP_BY_STALL: PcGroupBy
+PC_GROUP_BY_PC: PcGroupBy
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
@@ -182,16 +197,24 @@ class Target(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ..., pod_uid: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
 
 class CollectOptions(_message.Message):
-    __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics")
+    __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics", "pc_stall_reasons", "pc_flush_interval_ms", "pc_hw_buffer_mib", "pc_scratch_buffer_mib")
     PRESET_FIELD_NUMBER: _ClassVar[int]
     PC_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PC_SAMPLING_PERIOD_LOG2_FIELD_NUMBER: _ClassVar[int]
     PM_METRICS_FIELD_NUMBER: _ClassVar[int]
+    PC_STALL_REASONS_FIELD_NUMBER: _ClassVar[int]
+    PC_FLUSH_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PC_HW_BUFFER_MIB_FIELD_NUMBER: _ClassVar[int]
+    PC_SCRATCH_BUFFER_MIB_FIELD_NUMBER: _ClassVar[int]
     preset: str
     pc_sampling: bool
     pc_sampling_period_log2: int
     pm_metrics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, preset: _Optional[str] = ..., pc_sampling: _Optional[bool] = ..., pc_sampling_period_log2: _Optional[int] = ..., pm_metrics: _Optional[_Iterable[str]] = ...) -> None: ...
+    pc_stall_reasons: _containers.RepeatedScalarFieldContainer[str]
+    pc_flush_interval_ms: int
+    pc_hw_buffer_mib: int
+    pc_scratch_buffer_mib: int
+    def __init__(self, preset: _Optional[str] = ..., pc_sampling: _Optional[bool] = ..., pc_sampling_period_log2: _Optional[int] = ..., pm_metrics: _Optional[_Iterable[str]] = ..., pc_stall_reasons: _Optional[_Iterable[str]] = ..., pc_flush_interval_ms: _Optional[int] = ..., pc_hw_buffer_mib: _Optional[int] = ..., pc_scratch_buffer_mib: _Optional[int] = ...) -> None: ...
 
 class StartSessionRequest(_message.Message):
     __slots__ = ("name", "targets", "collect", "start_at_ns", "duration_ms", "max_records")
@@ -222,7 +245,7 @@ class GetSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ...) -> None: ...
 
 class SessionProcess(_message.Message):
-    __slots__ = ("process_id", "pid", "exe", "records", "dropped", "displaced", "state", "joined_at_ns", "detail", "container_id", "pod_uid", "pod_name", "pod_namespace")
+    __slots__ = ("process_id", "pid", "exe", "records", "dropped", "displaced", "state", "joined_at_ns", "detail", "container_id", "pod_uid", "pod_name", "pod_namespace", "pc_sampling")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     EXE_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +259,7 @@ class SessionProcess(_message.Message):
     POD_UID_FIELD_NUMBER: _ClassVar[int]
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
     POD_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PC_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     process_id: int
     pid: int
     exe: str
@@ -249,7 +273,22 @@ class SessionProcess(_message.Message):
     pod_uid: str
     pod_name: str
     pod_namespace: str
-    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., exe: _Optional[str] = ..., records: _Optional[int] = ..., dropped: _Optional[int] = ..., displaced: _Optional[bool] = ..., state: _Optional[str] = ..., joined_at_ns: _Optional[int] = ..., detail: _Optional[str] = ..., container_id: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ...) -> None: ...
+    pc_sampling: _containers.RepeatedCompositeFieldContainer[PcSamplingDevice]
+    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., exe: _Optional[str] = ..., records: _Optional[int] = ..., dropped: _Optional[int] = ..., displaced: _Optional[bool] = ..., state: _Optional[str] = ..., joined_at_ns: _Optional[int] = ..., detail: _Optional[str] = ..., container_id: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ..., pc_sampling: _Optional[_Iterable[_Union[PcSamplingDevice, _Mapping]]] = ...) -> None: ...
+
+class PcSamplingDevice(_message.Message):
+    __slots__ = ("device", "state", "samples", "dropped", "heals")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    HEALS_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    state: str
+    samples: int
+    dropped: int
+    heals: int
+    def __init__(self, device: _Optional[int] = ..., state: _Optional[str] = ..., samples: _Optional[int] = ..., dropped: _Optional[int] = ..., heals: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("id", "name", "state", "targets", "collect", "owner_uid", "created_at_ns", "start_at_ns", "started_at_ns", "stopped_at_ns", "duration_ms", "max_records", "stop_reason", "processes", "records")
@@ -642,30 +681,98 @@ class StreamPmSamplesResponse(_message.Message):
     def __init__(self, sample: _Optional[_Union[PmSamplePoint, _Mapping]] = ..., paused: _Optional[_Union[PmPaused, _Mapping]] = ...) -> None: ...
 
 class StreamPcSamplesRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "kernel")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
     session_id: int
-    def __init__(self, session_id: _Optional[int] = ...) -> None: ...
+    kernel: str
+    def __init__(self, session_id: _Optional[int] = ..., kernel: _Optional[str] = ...) -> None: ...
 
 class PcSampleRow(_message.Message):
-    __slots__ = ("process_id", "function_name", "pc_offset", "stall_reason", "count")
+    __slots__ = ("process_id", "function_name", "pc_offset", "stall_reason", "count", "mangled_name", "file", "line", "device")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
     PC_OFFSET_FIELD_NUMBER: _ClassVar[int]
     STALL_REASON_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    MANGLED_NAME_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     process_id: int
     function_name: str
     pc_offset: int
     stall_reason: str
     count: int
-    def __init__(self, process_id: _Optional[int] = ..., function_name: _Optional[str] = ..., pc_offset: _Optional[int] = ..., stall_reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+    mangled_name: str
+    file: str
+    line: int
+    device: int
+    def __init__(self, process_id: _Optional[int] = ..., function_name: _Optional[str] = ..., pc_offset: _Optional[int] = ..., stall_reason: _Optional[str] = ..., count: _Optional[int] = ..., mangled_name: _Optional[str] = ..., file: _Optional[str] = ..., line: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
 
 class StreamPcSamplesResponse(_message.Message):
-    __slots__ = ("samples",)
+    __slots__ = ("samples", "start_ns", "end_ns", "dropped_samples")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[PcSampleRow]
-    def __init__(self, samples: _Optional[_Iterable[_Union[PcSampleRow, _Mapping]]] = ...) -> None: ...
+    start_ns: int
+    end_ns: int
+    dropped_samples: int
+    def __init__(self, samples: _Optional[_Iterable[_Union[PcSampleRow, _Mapping]]] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., dropped_samples: _Optional[int] = ...) -> None: ...
+
+class QueryPcSamplesRequest(_message.Message):
+    __slots__ = ("session_id", "group_by", "kernel", "limit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    group_by: PcGroupBy
+    kernel: str
+    limit: int
+    def __init__(self, session_id: _Optional[int] = ..., group_by: _Optional[_Union[PcGroupBy, str]] = ..., kernel: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class StallCount(_message.Message):
+    __slots__ = ("reason", "count")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    count: int
+    def __init__(self, reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class PcProfileRow(_message.Message):
+    __slots__ = ("function_name", "mangled_name", "file", "line", "pc_offset", "stall_reason", "samples", "stalls")
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    MANGLED_NAME_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    PC_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STALL_REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    STALLS_FIELD_NUMBER: _ClassVar[int]
+    function_name: str
+    mangled_name: str
+    file: str
+    line: int
+    pc_offset: int
+    stall_reason: str
+    samples: int
+    stalls: _containers.RepeatedCompositeFieldContainer[StallCount]
+    def __init__(self, function_name: _Optional[str] = ..., mangled_name: _Optional[str] = ..., file: _Optional[str] = ..., line: _Optional[int] = ..., pc_offset: _Optional[int] = ..., stall_reason: _Optional[str] = ..., samples: _Optional[int] = ..., stalls: _Optional[_Iterable[_Union[StallCount, _Mapping]]] = ...) -> None: ...
+
+class QueryPcSamplesResponse(_message.Message):
+    __slots__ = ("rows", "total_samples", "dropped_samples", "total_rows")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[PcProfileRow]
+    total_samples: int
+    dropped_samples: int
+    total_rows: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[PcProfileRow, _Mapping]]] = ..., total_samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., total_rows: _Optional[int] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ("devices", "all", "duration_seconds", "reason")

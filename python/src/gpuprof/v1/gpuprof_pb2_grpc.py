@@ -94,6 +94,11 @@ class GpuprofStub:
                 request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.StreamPcSamplesRequest.SerializeToString,
                 response_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.StreamPcSamplesResponse.FromString,
                 _registered_method=True)
+        self.QueryPcSamples = channel.unary_unary(
+                '/gpuprof.v1.Gpuprof/QueryPcSamples',
+                request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesRequest.SerializeToString,
+                response_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesResponse.FromString,
+                _registered_method=True)
         self.Pause = channel.unary_unary(
                 '/gpuprof.v1.Gpuprof/Pause',
                 request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.PauseRequest.SerializeToString,
@@ -198,6 +203,13 @@ class GpuprofServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryPcSamples(self, request, context):
+        """A session's PC samples grouped by function, source line, stall reason or PC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Pause(self, request, context):
         """Releases the performance monitor of GPUs for outside tools (Nsight Compute, DCGM), like
         `dcgmi profile --pause`, with an owner, a reason and an expiry.
@@ -282,6 +294,11 @@ def add_GpuprofServicer_to_server(servicer, server):
                     servicer.StreamPcSamples,
                     request_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.StreamPcSamplesRequest.FromString,
                     response_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.StreamPcSamplesResponse.SerializeToString,
+            ),
+            'QueryPcSamples': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryPcSamples,
+                    request_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesRequest.FromString,
+                    response_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesResponse.SerializeToString,
             ),
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
@@ -623,6 +640,33 @@ class Gpuprof:
             '/gpuprof.v1.Gpuprof/StreamPcSamples',
             gpuprof_dot_v1_dot_gpuprof__pb2.StreamPcSamplesRequest.SerializeToString,
             gpuprof_dot_v1_dot_gpuprof__pb2.StreamPcSamplesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryPcSamples(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuprof.v1.Gpuprof/QueryPcSamples',
+            gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesRequest.SerializeToString,
+            gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesResponse.FromString,
             options,
             channel_credentials,
             insecure,
