@@ -3,7 +3,7 @@
 # wheels nvidia-cuda-cupti and nvidia-cuda-runtime (plus nvidia-cuda-crt, whose
 # crt/host_defines.h the runtime headers include):
 #   src/sys/cupti.rs   CUPTI types, constants and a run-time loaded function table (activity
-#                      tracing, callbacks, PM sampling, profiler host) for the injector and the
+#                      tracing, callbacks, PM sampling, PC sampling, profiler host) for the injector and the
 #                      PM sampler;
 #   src/sys/cuda.rs    the CUDA driver calls both make (cuInit, device facts, waiting for the
 #                      primary contexts before a trace detaches);
@@ -56,16 +56,20 @@ bindgen "$here/wrapper.h" "${common[@]}" \
   --allowlist-function 'cupti(GetVersion|GetResultString|GetTimestamp|Finalize|Subscribe|Unsubscribe|EnableCallback|EnableDomain|GetCallbackName|GetContextId|GetDeviceId|GetStreamIdEx|DeviceGetChipName)' \
   --allowlist-function 'cuptiActivity(Enable|Disable|EnableRuntimeApi|EnableDriverApi|GetNextRecord|GetNumDroppedRecords|RegisterCallbacks|FlushAll|FlushPeriod|GetAttribute|SetAttribute|PushExternalCorrelationId|PopExternalCorrelationId|EnableLatencyTimestamps|EnableLaunchAttributes|EnableAllSyncRecords)' \
   --allowlist-function 'cuptiPmSampling.*' \
+  --allowlist-function 'cuptiPCSampling(GetNumStallReasons|GetStallReasons|SetConfigurationAttribute|GetConfigurationAttribute|Enable|Disable|GetData)' \
+  --allowlist-function 'cupti(GetSassToSourceCorrelation|GetCubinCrc|RegisterComputeCrcCallback)' \
   --allowlist-function 'cuptiProfiler(Host.*|Initialize|DeInitialize|DeviceSupported)' \
   --allowlist-type 'CUpti_Activity(Kind|Flag|Attribute|ObjectKind|OverheadKind|MemcpyKind|MemoryKind|SynchronizationType|StreamFlag|LaunchType|ThreadIdType|ComputeApiKind)' \
   --allowlist-type 'CUpti_Activity(Kernel10|Memcpy6|MemcpyPtoP4|Memset4|API|Synchronization2|Overhead3|Marker2|MarkerData2|ExternalCorrelation|Device5|Context3|Stream|GraphTrace2|Name)' \
   --allowlist-type 'CUpti_(ExternalCorrelationKind|CallbackDomain|CallbackId|CallbackFunc|SubscriberHandle|ApiCallbackSite|CallbackData|ResourceData|BuffersCallbackRequestFunc|BuffersCallbackCompleteFunc)' \
   --allowlist-type 'CUpti_(runtime_api_trace_cbid|driver_api_trace_cbid|nvtx_api_trace_cbid).*' \
   --allowlist-type 'CUpti_(PmSampling|Profiler|Device_).*' \
+  --allowlist-type 'CUpti_(PCSampling.*|GetSassToSourceCorrelationParams|GetCubinCrcParams|ComputeCrcCallbackFunc|ModuleResourceData|CallbackIdResource)' \
   --allowlist-type 'CUpti_(MetricType|ProfilerType)' \
   --allowlist-type 'CUptiResult' \
   --allowlist-type 'CUuuid|CUdevice|CUresult|CUdevice_attribute|CUcontext' \
   --allowlist-var 'CUPTI_API_VERSION' \
+  --allowlist-var 'CUPTI_STALL_REASON_STRING_SIZE' \
   --output "$out/cupti.rs" \
   -- -I"$here/stub" -I"$CUDA_INCLUDE" -x c
 

@@ -11,3 +11,4 @@
 #include <cupti_profiler_target.h>
 #include <cupti_profiler_host.h>
 #include <cupti_pmsampling.h>
+#include <cupti_pcsampling.h>

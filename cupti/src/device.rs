@@ -135,6 +135,52 @@ impl Driver {
         Ok(synced)
     }
 
+    /// Device `ordinal`'s primary context, retained, when it is active (never creates one).
+    pub fn active_primary_context(&self, ordinal: u32) -> Option<PrimaryContext<'_>> {
+        let d = &self.raw;
+        let (Ok(get), Ok(state), Ok(retain)) = (&d.cuDeviceGet, &d.cuDevicePrimaryCtxGetState, &d.cuDevicePrimaryCtxRetain)
+        else {
+            return None;
+        };
+        let mut dev: sys::CUdevice = 0;
+        // Safety: `dev` is a valid out pointer.
+        if unsafe { get(&mut dev, ordinal as i32) } != sys::CUDA_SUCCESS {
+            return None;
+        }
+        let (mut flags, mut active) = (0u32, 0i32);
+        // Safety: valid out pointers.
+        if unsafe { state(dev, &mut flags, &mut active) } != sys::CUDA_SUCCESS || active == 0 {
+            return None;
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // Safety: `ctx` is a valid out pointer; released in PrimaryContext's Drop.
+        if unsafe { retain(&mut ctx, dev) } != sys::CUDA_SUCCESS {
+            return None;
+        }
+        Some(PrimaryContext { driver: self, dev, ctx })
+    }
+
+    /// Runs `f` with `ctx` pushed current on the calling thread, leaving the thread's context
+    /// stack as it was.
+    ///
+    /// # Safety
+    /// `ctx` must be a live context.
+    pub unsafe fn with_context<T>(&self, ctx: sys::CUcontext, f: impl FnOnce() -> T) -> T {
+        let d = &self.raw;
+        let pushed = match &d.cuCtxPushCurrent_v2 {
+            // Safety: `ctx` is live per this function's contract.
+            Ok(push) => (unsafe { push(ctx) }) == sys::CUDA_SUCCESS,
+            Err(_) => false,
+        };
+        let r = f();
+        if pushed && let Ok(pop) = &d.cuCtxPopCurrent_v2 {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // Safety: pops what was pushed above on this thread.
+            unsafe { pop(&mut popped) };
+        }
+        r
+    }
+
     /// Every device's facts (those the driver fails to describe are left out).
     pub fn all(&self, wait: Duration) -> Vec<DeviceFacts> {
         (0..self.device_count(wait)).filter_map(|o| self.facts(o).ok()).collect()
@@ -210,6 +256,36 @@ pub fn pci_bus_id(raw: &str) -> String {
             format!("{trimmed:0>4}:{rest}")
         }
         _ => s,
+    }
+}
+
+/// A retained primary context (released on drop).
+pub struct PrimaryContext<'a> {
+    driver: &'a Driver,
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+impl PrimaryContext<'_> {
+    /// The context handle.
+    pub fn handle(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
+    /// Runs `f` with the context current on the calling thread, leaving the thread's context
+    /// stack as it was.
+    pub fn with_current<T>(&self, f: impl FnOnce() -> T) -> T {
+        // Safety: `ctx` is retained for as long as `self` lives.
+        unsafe { self.driver.with_context(self.ctx, f) }
+    }
+}
+
+impl Drop for PrimaryContext<'_> {
+    fn drop(&mut self) {
+        if let Ok(release) = &self.driver.raw.cuDevicePrimaryCtxRelease_v2 {
+            // Safety: balances the retain in `active_primary_context`.
+            unsafe { release(self.dev) };
+        }
     }
 }
 

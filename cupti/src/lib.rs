@@ -14,8 +14,7 @@
 //! - [`device`]: device facts from the driver, UUID and PCI bus id formats; [`clock`]: the clock
 //!   agents stamp with; [`cbid`]: callback id → API name.
 //!
-//! PC sampling (`cupti_pcsampling.h`) belongs here too, as a `pcsampling` module beside [`pm`]
-//! with its functions added to the script's allowlist.
+//! - [`pcsampling`]: continuous PC sampling per context, cubin CRCs, SASS-to-source lines.
 
 pub mod activity;
 pub mod cbid;
@@ -24,6 +23,7 @@ pub mod clock;
 pub mod device;
 pub mod error;
 pub mod loader;
+pub mod pcsampling;
 pub mod pm;
 pub mod sys;
 

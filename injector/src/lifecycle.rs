@@ -201,6 +201,26 @@ impl Backend for LazyCupti {
     }
 }
 
+impl crate::tracer::PcBackend for LazyCupti {
+    fn pc_start(&mut self, req: crate::tracer::PcRequest) -> Result<(), String> {
+        self.load()?.pc_start(req)
+    }
+    fn pc_stop(&mut self, device: u32, reason: &str) {
+        if let Some(b) = &mut self.inner {
+            b.pc_stop(device, reason);
+        }
+    }
+    fn pc_collect(&mut self) -> crate::tracer::PcOutput {
+        self.inner.as_mut().map(|b| b.pc_collect()).unwrap_or_default()
+    }
+    fn pc_finish(&mut self) -> crate::tracer::PcOutput {
+        self.inner.as_mut().map(|b| b.pc_finish()).unwrap_or_default()
+    }
+    fn pc_devices(&self) -> Vec<u32> {
+        self.inner.as_ref().map(|b| b.pc_devices()).unwrap_or_default()
+    }
+}
+
 extern "C" fn at_exit() {
     let _ = catch_unwind(|| {
         let Some(g) = GLOBAL.get() else { return };

@@ -470,6 +470,7 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
     }
 }
 pub const CUPTI_API_VERSION: u32 = 130001;
+pub const CUPTI_STALL_REASON_STRING_SIZE: u32 = 128;
 pub type CUdevice_v1 = ::core::ffi::c_int;
 pub type CUdevice = CUdevice_v1;
 #[repr(C)]
@@ -850,6 +851,33 @@ pub const CUPTI_CB_DOMAIN_STATE: CUpti_CallbackDomain = 6;
 pub const CUPTI_CB_DOMAIN_SIZE: CUpti_CallbackDomain = 7;
 pub const CUPTI_CB_DOMAIN_FORCE_INT: CUpti_CallbackDomain = 2147483647;
 pub type CUpti_CallbackDomain = ::core::ffi::c_uint;
+pub const CUPTI_CBID_RESOURCE_INVALID: CUpti_CallbackIdResource = 0;
+pub const CUPTI_CBID_RESOURCE_CONTEXT_CREATED: CUpti_CallbackIdResource = 1;
+pub const CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING: CUpti_CallbackIdResource = 2;
+pub const CUPTI_CBID_RESOURCE_STREAM_CREATED: CUpti_CallbackIdResource = 3;
+pub const CUPTI_CBID_RESOURCE_STREAM_DESTROY_STARTING: CUpti_CallbackIdResource = 4;
+pub const CUPTI_CBID_RESOURCE_CU_INIT_FINISHED: CUpti_CallbackIdResource = 5;
+pub const CUPTI_CBID_RESOURCE_MODULE_LOADED: CUpti_CallbackIdResource = 6;
+pub const CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING: CUpti_CallbackIdResource = 7;
+pub const CUPTI_CBID_RESOURCE_MODULE_PROFILED: CUpti_CallbackIdResource = 8;
+pub const CUPTI_CBID_RESOURCE_GRAPH_CREATED: CUpti_CallbackIdResource = 9;
+pub const CUPTI_CBID_RESOURCE_GRAPH_DESTROY_STARTING: CUpti_CallbackIdResource = 10;
+pub const CUPTI_CBID_RESOURCE_GRAPH_CLONED: CUpti_CallbackIdResource = 11;
+pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CREATE_STARTING: CUpti_CallbackIdResource = 12;
+pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED: CUpti_CallbackIdResource = 13;
+pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DESTROY_STARTING: CUpti_CallbackIdResource = 14;
+pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DEPENDENCY_CREATED: CUpti_CallbackIdResource = 15;
+pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DEPENDENCY_DESTROY_STARTING: CUpti_CallbackIdResource = 16;
+pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATE_STARTING: CUpti_CallbackIdResource = 17;
+pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED: CUpti_CallbackIdResource = 18;
+pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING: CUpti_CallbackIdResource = 19;
+pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED: CUpti_CallbackIdResource = 20;
+pub const CUPTI_CBID_RESOURCE_STREAM_ATTRIBUTE_CHANGED: CUpti_CallbackIdResource = 21;
+pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_UPDATED: CUpti_CallbackIdResource = 22;
+pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_SET_PARAMS: CUpti_CallbackIdResource = 23;
+pub const CUPTI_CBID_RESOURCE_SIZE: CUpti_CallbackIdResource = 24;
+pub const CUPTI_CBID_RESOURCE_FORCE_INT: CUpti_CallbackIdResource = 2147483647;
+pub type CUpti_CallbackIdResource = ::core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUpti_CallbackData {
@@ -914,6 +942,24 @@ const _: () = {
         [::core::mem::offset_of!(CUpti_ResourceData, resourceHandle) - 8usize];
     ["Offset of field: CUpti_ResourceData::resourceDescriptor"]
         [::core::mem::offset_of!(CUpti_ResourceData, resourceDescriptor) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_ModuleResourceData {
+    pub moduleId: u32,
+    pub cubinSize: usize,
+    pub pCubin: *const ::core::ffi::c_char,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_ModuleResourceData"][::core::mem::size_of::<CUpti_ModuleResourceData>() - 24usize];
+    ["Alignment of CUpti_ModuleResourceData"][::core::mem::align_of::<CUpti_ModuleResourceData>() - 8usize];
+    ["Offset of field: CUpti_ModuleResourceData::moduleId"]
+        [::core::mem::offset_of!(CUpti_ModuleResourceData, moduleId) - 0usize];
+    ["Offset of field: CUpti_ModuleResourceData::cubinSize"]
+        [::core::mem::offset_of!(CUpti_ModuleResourceData, cubinSize) - 8usize];
+    ["Offset of field: CUpti_ModuleResourceData::pCubin"]
+        [::core::mem::offset_of!(CUpti_ModuleResourceData, pCubin) - 16usize];
 };
 pub type CUpti_CallbackId = u32;
 pub type CUpti_CallbackFunc = ::core::option::Option<
@@ -4904,6 +4950,574 @@ const _: () = {
     ["Offset of field: CUpti_PmSampling_CounterData_GetSampleInfo_Params::endTimestamp"]
         [::core::mem::offset_of!(CUpti_PmSampling_CounterData_GetSampleInfo_Params, endTimestamp) - 56usize];
 };
+pub const CUPTI_PC_SAMPLING_COLLECTION_MODE_INVALID: CUpti_PCSamplingCollectionMode = 0;
+pub const CUPTI_PC_SAMPLING_COLLECTION_MODE_CONTINUOUS: CUpti_PCSamplingCollectionMode = 1;
+pub const CUPTI_PC_SAMPLING_COLLECTION_MODE_KERNEL_SERIALIZED: CUpti_PCSamplingCollectionMode = 2;
+pub type CUpti_PCSamplingCollectionMode = ::core::ffi::c_uint;
+#[repr(C)]
+#[repr(align(8))]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingStallReason {
+    pub pcSamplingStallReasonIndex: u32,
+    pub samples: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingStallReason"][::core::mem::size_of::<CUpti_PCSamplingStallReason>() - 8usize];
+    ["Alignment of CUpti_PCSamplingStallReason"][::core::mem::align_of::<CUpti_PCSamplingStallReason>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingStallReason::pcSamplingStallReasonIndex"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStallReason, pcSamplingStallReasonIndex) - 0usize];
+    ["Offset of field: CUpti_PCSamplingStallReason::samples"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStallReason, samples) - 4usize];
+};
+#[repr(C, packed(8))]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingPCData {
+    pub size: usize,
+    pub cubinCrc: u64,
+    pub pcOffset: u64,
+    pub functionIndex: u32,
+    pub pad: u32,
+    pub functionName: *mut ::core::ffi::c_char,
+    pub stallReasonCount: usize,
+    pub stallReason: *mut CUpti_PCSamplingStallReason,
+    pub correlationId: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingPCData"][::core::mem::size_of::<CUpti_PCSamplingPCData>() - 64usize];
+    ["Alignment of CUpti_PCSamplingPCData"][::core::mem::align_of::<CUpti_PCSamplingPCData>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingPCData::size"][::core::mem::offset_of!(CUpti_PCSamplingPCData, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingPCData::cubinCrc"]
+        [::core::mem::offset_of!(CUpti_PCSamplingPCData, cubinCrc) - 8usize];
+    ["Offset of field: CUpti_PCSamplingPCData::pcOffset"]
+        [::core::mem::offset_of!(CUpti_PCSamplingPCData, pcOffset) - 16usize];
+    ["Offset of field: CUpti_PCSamplingPCData::functionIndex"]
+        [::core::mem::offset_of!(CUpti_PCSamplingPCData, functionIndex) - 24usize];
+    ["Offset of field: CUpti_PCSamplingPCData::pad"][::core::mem::offset_of!(CUpti_PCSamplingPCData, pad) - 28usize];
+    ["Offset of field: CUpti_PCSamplingPCData::functionName"]
+        [::core::mem::offset_of!(CUpti_PCSamplingPCData, functionName) - 32usize];
+    ["Offset of field: CUpti_PCSamplingPCData::stallReasonCount"]
+        [::core::mem::offset_of!(CUpti_PCSamplingPCData, stallReasonCount) - 40usize];
+    ["Offset of field: CUpti_PCSamplingPCData::stallReason"]
+        [::core::mem::offset_of!(CUpti_PCSamplingPCData, stallReason) - 48usize];
+    ["Offset of field: CUpti_PCSamplingPCData::correlationId"]
+        [::core::mem::offset_of!(CUpti_PCSamplingPCData, correlationId) - 56usize];
+};
+pub const CUPTI_PC_SAMPLING_OUTPUT_DATA_FORMAT_INVALID: CUpti_PCSamplingOutputDataFormat = 0;
+pub const CUPTI_PC_SAMPLING_OUTPUT_DATA_FORMAT_PARSED: CUpti_PCSamplingOutputDataFormat = 1;
+pub type CUpti_PCSamplingOutputDataFormat = ::core::ffi::c_uint;
+#[repr(C, packed(8))]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingData {
+    pub size: usize,
+    pub collectNumPcs: usize,
+    pub totalSamples: u64,
+    pub droppedSamples: u64,
+    pub totalNumPcs: usize,
+    pub remainingNumPcs: usize,
+    pub rangeId: u64,
+    pub pPcData: *mut CUpti_PCSamplingPCData,
+    pub nonUsrKernelsTotalSamples: u64,
+    pub hardwareBufferFull: u8,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingData"][::core::mem::size_of::<CUpti_PCSamplingData>() - 80usize];
+    ["Alignment of CUpti_PCSamplingData"][::core::mem::align_of::<CUpti_PCSamplingData>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingData::size"][::core::mem::offset_of!(CUpti_PCSamplingData, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingData::collectNumPcs"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, collectNumPcs) - 8usize];
+    ["Offset of field: CUpti_PCSamplingData::totalSamples"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, totalSamples) - 16usize];
+    ["Offset of field: CUpti_PCSamplingData::droppedSamples"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, droppedSamples) - 24usize];
+    ["Offset of field: CUpti_PCSamplingData::totalNumPcs"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, totalNumPcs) - 32usize];
+    ["Offset of field: CUpti_PCSamplingData::remainingNumPcs"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, remainingNumPcs) - 40usize];
+    ["Offset of field: CUpti_PCSamplingData::rangeId"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, rangeId) - 48usize];
+    ["Offset of field: CUpti_PCSamplingData::pPcData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, pPcData) - 56usize];
+    ["Offset of field: CUpti_PCSamplingData::nonUsrKernelsTotalSamples"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, nonUsrKernelsTotalSamples) - 64usize];
+    ["Offset of field: CUpti_PCSamplingData::hardwareBufferFull"]
+        [::core::mem::offset_of!(CUpti_PCSamplingData, hardwareBufferFull) - 72usize];
+};
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_INVALID: CUpti_PCSamplingConfigurationAttributeType = 0;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_PERIOD: CUpti_PCSamplingConfigurationAttributeType = 1;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_STALL_REASON: CUpti_PCSamplingConfigurationAttributeType = 2;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SCRATCH_BUFFER_SIZE: CUpti_PCSamplingConfigurationAttributeType = 3;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_HARDWARE_BUFFER_SIZE: CUpti_PCSamplingConfigurationAttributeType =
+    4;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_COLLECTION_MODE: CUpti_PCSamplingConfigurationAttributeType = 5;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_ENABLE_START_STOP_CONTROL:
+    CUpti_PCSamplingConfigurationAttributeType = 6;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_OUTPUT_DATA_FORMAT: CUpti_PCSamplingConfigurationAttributeType = 7;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER: CUpti_PCSamplingConfigurationAttributeType =
+    8;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_WORKER_THREAD_PERIODIC_SLEEP_SPAN:
+    CUpti_PCSamplingConfigurationAttributeType = 9;
+pub const CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_FORCE_INT: CUpti_PCSamplingConfigurationAttributeType = 2147483647;
+pub type CUpti_PCSamplingConfigurationAttributeType = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo {
+    pub attributeType: CUpti_PCSamplingConfigurationAttributeType,
+    pub attributeStatus: CUptiResult,
+    pub attributeData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUpti_PCSamplingConfigurationInfo__bindgen_ty_1 {
+    pub invalidData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1,
+    pub samplingPeriodData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2,
+    pub stallReasonData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3,
+    pub scratchBufferSizeData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4,
+    pub hardwareBufferSizeData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5,
+    pub collectionModeData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6,
+    pub enableStartStopControlData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7,
+    pub outputDataFormatData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8,
+    pub samplingDataBufferData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9,
+    pub workerThreadPeriodicSleepSpanData: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1 {
+    pub data: [u64; 3usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1>() - 24usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1::data"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_1, data) - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2 {
+    pub samplingPeriod: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2>() - 4usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2>() - 4usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2::samplingPeriod"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_2,
+        samplingPeriod
+    ) - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3 {
+    pub stallReasonCount: usize,
+    pub pStallReasonIndex: *mut u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3>() - 16usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3::stallReasonCount"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3,
+        stallReasonCount
+    ) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3::pStallReasonIndex"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_3,
+        pStallReasonIndex
+    ) - 8usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4 {
+    pub scratchBufferSize: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4>() - 8usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4::scratchBufferSize"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_4,
+        scratchBufferSize
+    ) - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5 {
+    pub hardwareBufferSize: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5>() - 8usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5::hardwareBufferSize"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_5,
+        hardwareBufferSize
+    ) - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6 {
+    pub collectionMode: CUpti_PCSamplingCollectionMode,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6>() - 4usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6>() - 4usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6::collectionMode"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_6,
+        collectionMode
+    ) - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7 {
+    pub enableStartStopControl: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7>() - 4usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7>() - 4usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7::enableStartStopControl"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_7,
+        enableStartStopControl
+    )
+        - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8 {
+    pub outputDataFormat: CUpti_PCSamplingOutputDataFormat,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8>() - 4usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8>() - 4usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8::outputDataFormat"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_8,
+        outputDataFormat
+    ) - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9 {
+    pub samplingDataBuffer: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9>() - 8usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9::samplingDataBuffer"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_9,
+        samplingDataBuffer
+    ) - 0usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10 {
+    pub workerThreadPeriodicSleepSpan: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10>() - 4usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10>() - 4usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10::workerThreadPeriodicSleepSpan"]
+        [::core::mem::offset_of!(
+            CUpti_PCSamplingConfigurationInfo__bindgen_ty_1__bindgen_ty_10,
+            workerThreadPeriodicSleepSpan
+        ) - 0usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1>() - 24usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo__bindgen_ty_1"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo__bindgen_ty_1>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::invalidData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, invalidData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::samplingPeriodData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, samplingPeriodData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::stallReasonData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, stallReasonData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::scratchBufferSizeData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, scratchBufferSizeData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::hardwareBufferSizeData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, hardwareBufferSizeData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::collectionModeData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, collectionModeData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::enableStartStopControlData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, enableStartStopControlData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::outputDataFormatData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, outputDataFormatData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::samplingDataBufferData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo__bindgen_ty_1, samplingDataBufferData) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo__bindgen_ty_1::workerThreadPeriodicSleepSpanData"][::core::mem::offset_of!(
+        CUpti_PCSamplingConfigurationInfo__bindgen_ty_1,
+        workerThreadPeriodicSleepSpanData
+    ) - 0usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfo"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfo>() - 32usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfo"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfo>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo::attributeType"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo, attributeType) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo::attributeStatus"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo, attributeStatus) - 4usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfo::attributeData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfo, attributeData) - 8usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingConfigurationInfoParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+    pub numAttributes: usize,
+    pub pPCSamplingConfigurationInfo: *mut CUpti_PCSamplingConfigurationInfo,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingConfigurationInfoParams"]
+        [::core::mem::size_of::<CUpti_PCSamplingConfigurationInfoParams>() - 40usize];
+    ["Alignment of CUpti_PCSamplingConfigurationInfoParams"]
+        [::core::mem::align_of::<CUpti_PCSamplingConfigurationInfoParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfoParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfoParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfoParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfoParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfoParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfoParams, ctx) - 16usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfoParams::numAttributes"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfoParams, numAttributes) - 24usize];
+    ["Offset of field: CUpti_PCSamplingConfigurationInfoParams::pPCSamplingConfigurationInfo"]
+        [::core::mem::offset_of!(CUpti_PCSamplingConfigurationInfoParams, pPCSamplingConfigurationInfo) - 32usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingGetDataParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+    pub pcSamplingData: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingGetDataParams"][::core::mem::size_of::<CUpti_PCSamplingGetDataParams>() - 32usize];
+    ["Alignment of CUpti_PCSamplingGetDataParams"][::core::mem::align_of::<CUpti_PCSamplingGetDataParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingGetDataParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetDataParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingGetDataParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetDataParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingGetDataParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetDataParams, ctx) - 16usize];
+    ["Offset of field: CUpti_PCSamplingGetDataParams::pcSamplingData"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetDataParams, pcSamplingData) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingEnableParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingEnableParams"][::core::mem::size_of::<CUpti_PCSamplingEnableParams>() - 24usize];
+    ["Alignment of CUpti_PCSamplingEnableParams"][::core::mem::align_of::<CUpti_PCSamplingEnableParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingEnableParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingEnableParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingEnableParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingEnableParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingEnableParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingEnableParams, ctx) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingDisableParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingDisableParams"][::core::mem::size_of::<CUpti_PCSamplingDisableParams>() - 24usize];
+    ["Alignment of CUpti_PCSamplingDisableParams"][::core::mem::align_of::<CUpti_PCSamplingDisableParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingDisableParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingDisableParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingDisableParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingDisableParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingDisableParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingDisableParams, ctx) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingStartParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingStartParams"][::core::mem::size_of::<CUpti_PCSamplingStartParams>() - 24usize];
+    ["Alignment of CUpti_PCSamplingStartParams"][::core::mem::align_of::<CUpti_PCSamplingStartParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingStartParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStartParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingStartParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStartParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingStartParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStartParams, ctx) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingStopParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingStopParams"][::core::mem::size_of::<CUpti_PCSamplingStopParams>() - 24usize];
+    ["Alignment of CUpti_PCSamplingStopParams"][::core::mem::align_of::<CUpti_PCSamplingStopParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingStopParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStopParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingStopParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStopParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingStopParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingStopParams, ctx) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingGetNumStallReasonsParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+    pub numStallReasons: *mut usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingGetNumStallReasonsParams"]
+        [::core::mem::size_of::<CUpti_PCSamplingGetNumStallReasonsParams>() - 32usize];
+    ["Alignment of CUpti_PCSamplingGetNumStallReasonsParams"]
+        [::core::mem::align_of::<CUpti_PCSamplingGetNumStallReasonsParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingGetNumStallReasonsParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetNumStallReasonsParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingGetNumStallReasonsParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetNumStallReasonsParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingGetNumStallReasonsParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetNumStallReasonsParams, ctx) - 16usize];
+    ["Offset of field: CUpti_PCSamplingGetNumStallReasonsParams::numStallReasons"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetNumStallReasonsParams, numStallReasons) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_PCSamplingGetStallReasonsParams {
+    pub size: usize,
+    pub pPriv: *mut ::core::ffi::c_void,
+    pub ctx: CUcontext,
+    pub numStallReasons: usize,
+    pub stallReasonIndex: *mut u32,
+    pub stallReasons: *mut *mut ::core::ffi::c_char,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_PCSamplingGetStallReasonsParams"]
+        [::core::mem::size_of::<CUpti_PCSamplingGetStallReasonsParams>() - 48usize];
+    ["Alignment of CUpti_PCSamplingGetStallReasonsParams"]
+        [::core::mem::align_of::<CUpti_PCSamplingGetStallReasonsParams>() - 8usize];
+    ["Offset of field: CUpti_PCSamplingGetStallReasonsParams::size"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetStallReasonsParams, size) - 0usize];
+    ["Offset of field: CUpti_PCSamplingGetStallReasonsParams::pPriv"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetStallReasonsParams, pPriv) - 8usize];
+    ["Offset of field: CUpti_PCSamplingGetStallReasonsParams::ctx"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetStallReasonsParams, ctx) - 16usize];
+    ["Offset of field: CUpti_PCSamplingGetStallReasonsParams::numStallReasons"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetStallReasonsParams, numStallReasons) - 24usize];
+    ["Offset of field: CUpti_PCSamplingGetStallReasonsParams::stallReasonIndex"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetStallReasonsParams, stallReasonIndex) - 32usize];
+    ["Offset of field: CUpti_PCSamplingGetStallReasonsParams::stallReasons"]
+        [::core::mem::offset_of!(CUpti_PCSamplingGetStallReasonsParams, stallReasons) - 40usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_GetSassToSourceCorrelationParams {
+    pub size: usize,
+    pub cubin: *const ::core::ffi::c_void,
+    pub functionName: *const ::core::ffi::c_char,
+    pub cubinSize: usize,
+    pub lineNumber: u32,
+    pub pcOffset: u64,
+    pub fileName: *mut ::core::ffi::c_char,
+    pub dirName: *mut ::core::ffi::c_char,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_GetSassToSourceCorrelationParams"]
+        [::core::mem::size_of::<CUpti_GetSassToSourceCorrelationParams>() - 64usize];
+    ["Alignment of CUpti_GetSassToSourceCorrelationParams"]
+        [::core::mem::align_of::<CUpti_GetSassToSourceCorrelationParams>() - 8usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::size"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, size) - 0usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::cubin"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, cubin) - 8usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::functionName"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, functionName) - 16usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::cubinSize"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, cubinSize) - 24usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::lineNumber"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, lineNumber) - 32usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::pcOffset"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, pcOffset) - 40usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::fileName"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, fileName) - 48usize];
+    ["Offset of field: CUpti_GetSassToSourceCorrelationParams::dirName"]
+        [::core::mem::offset_of!(CUpti_GetSassToSourceCorrelationParams, dirName) - 56usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUpti_GetCubinCrcParams {
+    pub size: usize,
+    pub cubinSize: usize,
+    pub cubin: *const ::core::ffi::c_void,
+    pub cubinCrc: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUpti_GetCubinCrcParams"][::core::mem::size_of::<CUpti_GetCubinCrcParams>() - 32usize];
+    ["Alignment of CUpti_GetCubinCrcParams"][::core::mem::align_of::<CUpti_GetCubinCrcParams>() - 8usize];
+    ["Offset of field: CUpti_GetCubinCrcParams::size"][::core::mem::offset_of!(CUpti_GetCubinCrcParams, size) - 0usize];
+    ["Offset of field: CUpti_GetCubinCrcParams::cubinSize"]
+        [::core::mem::offset_of!(CUpti_GetCubinCrcParams, cubinSize) - 8usize];
+    ["Offset of field: CUpti_GetCubinCrcParams::cubin"]
+        [::core::mem::offset_of!(CUpti_GetCubinCrcParams, cubin) - 16usize];
+    ["Offset of field: CUpti_GetCubinCrcParams::cubinCrc"]
+        [::core::mem::offset_of!(CUpti_GetCubinCrcParams, cubinCrc) - 24usize];
+};
+pub type CUpti_ComputeCrcCallbackFunc = ::core::option::Option<
+    unsafe extern "C" fn(cubin: *const ::core::ffi::c_void, cubinSize: usize, cubinCrc: *mut u64),
+>;
 pub struct Cupti {
     __library: ::libloading::Library,
     pub cuptiGetResultString: Result<
@@ -5118,6 +5732,38 @@ pub struct Cupti {
         unsafe extern "C" fn(pParams: *mut CUpti_PmSampling_CounterData_GetSampleInfo_Params) -> CUptiResult,
         ::libloading::Error,
     >,
+    pub cuptiPCSamplingSetConfigurationAttribute: Result<
+        unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingConfigurationInfoParams) -> CUptiResult,
+        ::libloading::Error,
+    >,
+    pub cuptiPCSamplingGetConfigurationAttribute: Result<
+        unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingConfigurationInfoParams) -> CUptiResult,
+        ::libloading::Error,
+    >,
+    pub cuptiPCSamplingGetData:
+        Result<unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingGetDataParams) -> CUptiResult, ::libloading::Error>,
+    pub cuptiPCSamplingEnable:
+        Result<unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingEnableParams) -> CUptiResult, ::libloading::Error>,
+    pub cuptiPCSamplingDisable:
+        Result<unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingDisableParams) -> CUptiResult, ::libloading::Error>,
+    pub cuptiPCSamplingGetNumStallReasons: Result<
+        unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingGetNumStallReasonsParams) -> CUptiResult,
+        ::libloading::Error,
+    >,
+    pub cuptiPCSamplingGetStallReasons: Result<
+        unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingGetStallReasonsParams) -> CUptiResult,
+        ::libloading::Error,
+    >,
+    pub cuptiGetSassToSourceCorrelation: Result<
+        unsafe extern "C" fn(pParams: *mut CUpti_GetSassToSourceCorrelationParams) -> CUptiResult,
+        ::libloading::Error,
+    >,
+    pub cuptiGetCubinCrc:
+        Result<unsafe extern "C" fn(pParams: *mut CUpti_GetCubinCrcParams) -> CUptiResult, ::libloading::Error>,
+    pub cuptiRegisterComputeCrcCallback: Result<
+        unsafe extern "C" fn(funcComputeCubinCrc: CUpti_ComputeCrcCallbackFunc) -> CUptiResult,
+        ::libloading::Error,
+    >,
 }
 impl Cupti {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -5200,6 +5846,18 @@ impl Cupti {
         let cuptiPmSamplingGetCounterDataInfo = __library.get(b"cuptiPmSamplingGetCounterDataInfo\0").map(|sym| *sym);
         let cuptiPmSamplingCounterDataGetSampleInfo =
             __library.get(b"cuptiPmSamplingCounterDataGetSampleInfo\0").map(|sym| *sym);
+        let cuptiPCSamplingSetConfigurationAttribute =
+            __library.get(b"cuptiPCSamplingSetConfigurationAttribute\0").map(|sym| *sym);
+        let cuptiPCSamplingGetConfigurationAttribute =
+            __library.get(b"cuptiPCSamplingGetConfigurationAttribute\0").map(|sym| *sym);
+        let cuptiPCSamplingGetData = __library.get(b"cuptiPCSamplingGetData\0").map(|sym| *sym);
+        let cuptiPCSamplingEnable = __library.get(b"cuptiPCSamplingEnable\0").map(|sym| *sym);
+        let cuptiPCSamplingDisable = __library.get(b"cuptiPCSamplingDisable\0").map(|sym| *sym);
+        let cuptiPCSamplingGetNumStallReasons = __library.get(b"cuptiPCSamplingGetNumStallReasons\0").map(|sym| *sym);
+        let cuptiPCSamplingGetStallReasons = __library.get(b"cuptiPCSamplingGetStallReasons\0").map(|sym| *sym);
+        let cuptiGetSassToSourceCorrelation = __library.get(b"cuptiGetSassToSourceCorrelation\0").map(|sym| *sym);
+        let cuptiGetCubinCrc = __library.get(b"cuptiGetCubinCrc\0").map(|sym| *sym);
+        let cuptiRegisterComputeCrcCallback = __library.get(b"cuptiRegisterComputeCrcCallback\0").map(|sym| *sym);
         Ok(Cupti {
             __library,
             cuptiGetResultString,
@@ -5258,6 +5916,16 @@ impl Cupti {
             cuptiPmSamplingCounterDataImageInitialize,
             cuptiPmSamplingGetCounterDataInfo,
             cuptiPmSamplingCounterDataGetSampleInfo,
+            cuptiPCSamplingSetConfigurationAttribute,
+            cuptiPCSamplingGetConfigurationAttribute,
+            cuptiPCSamplingGetData,
+            cuptiPCSamplingEnable,
+            cuptiPCSamplingDisable,
+            cuptiPCSamplingGetNumStallReasons,
+            cuptiPCSamplingGetStallReasons,
+            cuptiGetSassToSourceCorrelation,
+            cuptiGetCubinCrc,
+            cuptiRegisterComputeCrcCallback,
         })
     }
     pub unsafe fn cuptiGetResultString(
@@ -5563,5 +6231,53 @@ impl Cupti {
         pParams: *mut CUpti_PmSampling_CounterData_GetSampleInfo_Params,
     ) -> CUptiResult {
         (self.cuptiPmSamplingCounterDataGetSampleInfo.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingSetConfigurationAttribute(
+        &self,
+        pParams: *mut CUpti_PCSamplingConfigurationInfoParams,
+    ) -> CUptiResult {
+        (self.cuptiPCSamplingSetConfigurationAttribute.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingGetConfigurationAttribute(
+        &self,
+        pParams: *mut CUpti_PCSamplingConfigurationInfoParams,
+    ) -> CUptiResult {
+        (self.cuptiPCSamplingGetConfigurationAttribute.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingGetData(&self, pParams: *mut CUpti_PCSamplingGetDataParams) -> CUptiResult {
+        (self.cuptiPCSamplingGetData.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingEnable(&self, pParams: *mut CUpti_PCSamplingEnableParams) -> CUptiResult {
+        (self.cuptiPCSamplingEnable.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingDisable(&self, pParams: *mut CUpti_PCSamplingDisableParams) -> CUptiResult {
+        (self.cuptiPCSamplingDisable.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingGetNumStallReasons(
+        &self,
+        pParams: *mut CUpti_PCSamplingGetNumStallReasonsParams,
+    ) -> CUptiResult {
+        (self.cuptiPCSamplingGetNumStallReasons.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingGetStallReasons(
+        &self,
+        pParams: *mut CUpti_PCSamplingGetStallReasonsParams,
+    ) -> CUptiResult {
+        (self.cuptiPCSamplingGetStallReasons.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiGetSassToSourceCorrelation(
+        &self,
+        pParams: *mut CUpti_GetSassToSourceCorrelationParams,
+    ) -> CUptiResult {
+        (self.cuptiGetSassToSourceCorrelation.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiGetCubinCrc(&self, pParams: *mut CUpti_GetCubinCrcParams) -> CUptiResult {
+        (self.cuptiGetCubinCrc.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiRegisterComputeCrcCallback(
+        &self,
+        funcComputeCubinCrc: CUpti_ComputeCrcCallbackFunc,
+    ) -> CUptiResult {
+        (self.cuptiRegisterComputeCrcCallback.as_ref().expect("Expected function, got error."))(funcComputeCubinCrc)
     }
 }

@@ -16,7 +16,9 @@ use super::api_watch::API_WATCH_ATTEMPTS;
 use super::{Agent, Control, Identity};
 use crate::config::Config;
 use crate::records::tests::kernel_bytes;
-use crate::tracer::{Backend, Completed, RecordSource, StartOutcome};
+use crate::tracer::{
+    Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource, StartOutcome,
+};
 use crate::wake::Wake;
 
 struct FakeBuffer(Vec<Vec<u8>>);
@@ -39,6 +41,52 @@ struct FakeBackend {
     tail: u32,
     displace_on_tick: bool,
     reapplied: Arc<std::sync::atomic::AtomicU32>,
+    pc: Option<(PcRequest, u32)>,
+    pc_stopped: Option<String>,
+}
+impl PcBackend for FakeBackend {
+    fn pc_start(&mut self, req: PcRequest) -> Result<(), String> {
+        if req.device == 7 {
+            return Err("no device 7".into());
+        }
+        self.pc = Some((req, 0));
+        Ok(())
+    }
+    fn pc_stop(&mut self, _device: u32, reason: &str) {
+        self.pc_stopped = Some(reason.to_string());
+    }
+    fn pc_collect(&mut self) -> PcOutput {
+        let mut out = PcOutput::default();
+        let Some((req, n)) = &mut self.pc else { return out };
+        *n += 1;
+        let f: Arc<str> = Arc::from("_Z4axpyPfS_f");
+        let row = |stall: &str, count| PcRow {
+            function: f.clone(),
+            pc_offset: 0x40,
+            stall: Arc::from(stall),
+            count,
+            module: "00000000deadbeef".into(),
+            file: Arc::from("/src/axpy.cu"),
+            line: 12,
+        };
+        out.batches.push(PcBatch {
+            device: req.device,
+            start_ns: 1,
+            end_ns: 2,
+            rows: vec![row("stalled_long_scoreboard", 30), row("selected", 10)],
+            total_samples: 45,
+            dropped_samples: 5,
+        });
+        if *n == 1 {
+            out.events.push(PcEvent { device: req.device, kind: PcEventKind::Sampling, detail: "period 2^10".into() });
+        }
+        out.cubins.push(("00000000deadbeef".into(), Arc::new(vec![7u8; (5 << 20) / 2])));
+        if let Some(reason) = self.pc_stopped.take() {
+            out.events.push(PcEvent { device: req.device, kind: PcEventKind::Stopped, detail: reason });
+            self.pc = None;
+        }
+        out
+    }
 }
 impl FakeBackend {
     fn queue(&self, first: u32, n: u32) {
@@ -116,6 +164,8 @@ fn start_agent(
         tail: 5,
         displace_on_tick: displace,
         reapplied: reapplied.clone(),
+        pc: None,
+        pc_stopped: None,
     };
     let (c2, w2) = (control.clone(), wake.clone());
     let h = std::thread::spawn(move || Agent::new(cfg, ident, backend, rx, w2, c2).run());
@@ -229,12 +279,105 @@ fn no_daemon_is_a_silent_no_op_and_exit_does_not_wait() {
     let control = Arc::new(Control::default());
     let cfg = Config { socket: dir.path().join("absent.sock"), ..Config::default() };
     let backend =
-        FakeBackend { tx, wake: wake.clone(), n: 1, tail: 0, displace_on_tick: false, reapplied: Default::default() };
+        FakeBackend {
+            tx,
+            wake: wake.clone(),
+            n: 1,
+            tail: 0,
+            displace_on_tick: false,
+            reapplied: Default::default(),
+            pc: None,
+            pc_stopped: None,
+        };
     let (c2, w2) = (control.clone(), wake.clone());
     let h = std::thread::spawn(move || Agent::new(cfg, Identity::default(), backend, rx, w2, c2).run());
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
     assert!(control.request_exit(&wake, Duration::from_secs(5)));
     assert!(t0.elapsed() < Duration::from_millis(100));
+    h.join().unwrap();
+}
+
+#[test]
+fn pc_lease_sends_cubins_strings_batches_and_states() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
+    let (mut s, _) = listener.accept().unwrap();
+    assert!(matches!(next(&mut s), Out::Hello(_)));
+    daemon_send(
+        &mut s,
+        In::Welcome(pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 }),
+    );
+    // A lease for a session the process is not tracing is refused.
+    daemon_send(&mut s, In::StartPcSampling(pb::StartPcSampling { session_id: 5, device_id: 0, ..Default::default() }));
+    let seen = until(&mut s, |m| matches!(m, Out::PcSamplingState(_)));
+    let Some(Out::PcSamplingState(st)) = seen.last() else { panic!() };
+    assert_eq!(st.status, pb::PcSamplingStatus::Failed as i32);
+
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 5, config: None }));
+    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    daemon_send(&mut s, In::StartPcSampling(pb::StartPcSampling { session_id: 5, device_id: 7, ..Default::default() }));
+    daemon_send(
+        &mut s,
+        In::StartPcSampling(pb::StartPcSampling {
+            session_id: 5,
+            device_id: 0,
+            period_log2: 12,
+            flush_interval_ms: 100,
+            ..Default::default()
+        }),
+    );
+    let mut strings = std::collections::HashMap::new();
+    let mut cubin = Vec::new();
+    let mut batches = Vec::new();
+    let mut states = Vec::new();
+    while batches.len() < 3 {
+        match next(&mut s) {
+            Out::Strings(t) => {
+                for x in t.strings {
+                    strings.insert(x.id, x.value);
+                }
+            }
+            Out::Cubin(c) => {
+                assert_eq!(c.offset as usize, cubin.len(), "pieces in order");
+                assert!(c.data.len() <= super::pc::CUBIN_CHUNK);
+                assert_eq!((c.hash.as_str(), c.size), ("00000000deadbeef", (5 << 20) / 2));
+                assert!(batches.is_empty(), "a cubin precedes the samples naming it");
+                cubin.extend(c.data);
+            }
+            Out::PcSamples(b) => batches.push(b),
+            Out::PcSamplingState(st) => states.push(st),
+            _ => {}
+        }
+    }
+    assert_eq!(cubin.len(), (5 << 20) / 2, "the cubin is sent whole, once");
+    assert_eq!(states[0].device_id, 7);
+    assert_eq!(states[0].status, pb::PcSamplingStatus::Failed as i32);
+    assert_eq!(states[0].detail, "no device 7");
+    assert_eq!((states[1].device_id, states[1].status), (0, pb::PcSamplingStatus::Sampling as i32));
+    let b = &batches[0];
+    assert_eq!((b.session_id, b.device_id, b.total_samples, b.dropped_samples), (5, 0, 45, 5));
+    assert_eq!(b.samples.len(), 2);
+    let name = |id: u32| strings.get(&id).cloned().unwrap_or_default();
+    assert_eq!(name(b.samples[0].function_name_id), "_Z4axpyPfS_f");
+    assert_eq!(name(b.samples[0].stall_reason_id), "stalled_long_scoreboard");
+    assert_eq!(name(b.samples[0].module_id), "00000000deadbeef");
+    assert_eq!((name(b.samples[0].file_id).as_str(), b.samples[0].line), ("/src/axpy.cu", 12));
+    assert_eq!(b.samples.iter().map(|x| x.count).sum::<u64>(), 40);
+
+    // The trace stop ends the lease: a last batch, then STOPPED with the totals, then idle.
+    daemon_send(&mut s, In::StopTrace(pb::StopTrace { session_id: 5 }));
+    let rest = until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Idle as i32));
+    let stopped = rest
+        .iter()
+        .find_map(|m| if let Out::PcSamplingState(st) = m { Some(st.clone()) } else { None })
+        .expect("a STOPPED state before idle");
+    assert_eq!(stopped.status, pb::PcSamplingStatus::Stopped as i32);
+    assert_eq!(stopped.detail, "trace stopped");
+    let batches_total: u64 = batches.len() as u64 * 45
+        + rest.iter().filter(|m| matches!(m, Out::PcSamples(_))).count() as u64 * 45;
+    assert_eq!(stopped.samples, batches_total, "totals count every batch sent");
+    assert!(!rest.iter().any(|m| matches!(m, Out::Cubin(_))), "a cubin goes once per connection");
+    control.request_exit(&wake, Duration::from_millis(10));
     h.join().unwrap();
 }

@@ -16,6 +16,7 @@ mod control;
 mod e2e;
 mod forward;
 mod identity;
+mod pc;
 mod trace;
 
 use std::os::fd::AsRawFd;
@@ -62,6 +63,8 @@ pub struct Agent<B: Backend> {
     next_flush: Instant,
     /// Watches a trace with API records on until the first one arrives (see `check_api`).
     api_watch: Option<ApiWatch>,
+    /// PC-sampling leases and their collection timer.
+    pc: pc::PcState,
     /// Frames written on this connection (tests and logs).
     pub frames_sent: u64,
 }
@@ -94,6 +97,7 @@ impl<B: Backend> Agent<B> {
             flush_every,
             next_flush: Instant::now(),
             api_watch: None,
+            pc: pc::PcState::default(),
             frames_sent: 0,
         }
     }
@@ -139,6 +143,9 @@ impl<B: Backend> Agent<B> {
             self.send_records();
             self.send_drops();
         }
+        if self.pc.next.is_some_and(|t| Instant::now() >= t) {
+            self.collect_pc();
+        }
         if self.status == Status::Idle
             && let Some(detail) = self.backend.poll_detach()
         {
@@ -162,6 +169,9 @@ impl<B: Backend> Agent<B> {
         }
         if self.status == Status::Tracing {
             consider(self.next_flush);
+        }
+        if let Some(t) = self.pc.next {
+            consider(t);
         }
         if let Some(c) = &self.conn
             && c.welcomed
@@ -195,10 +205,12 @@ impl<B: Backend> Agent<B> {
             _ if !welcomed => self.disconnect("command before welcome"),
             In::StartTrace(s) => self.start_trace(s),
             In::StopTrace(s) => self.stop_trace(s.session_id),
-            In::StartPcSampling(p) => {
-                log!(Warn, "PC sampling for session {} not supported by this injector build", p.session_id);
+            In::StartPcSampling(p) => self.start_pc(p),
+            In::StopPcSampling(p) => {
+                let reason = if p.reason.is_empty() { "lease ended".to_string() } else { p.reason };
+                self.stop_pc(p.device_id, &reason);
             }
-            In::StopPcSampling(_) | In::StartPmSampling(_) | In::StopPmSampling(_) => {}
+            In::StartPmSampling(_) | In::StopPmSampling(_) => {}
         }
     }
 

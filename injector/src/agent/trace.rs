@@ -56,6 +56,8 @@ impl<B: Backend> Agent<B> {
             return;
         }
         let mut detail = String::new();
+        // PC sampling ends first: it holds the subscriber a detach needs.
+        self.stop_all_pc("trace stopped");
         if self.status == Status::Tracing {
             self.backend.stop();
             self.drain_queue();

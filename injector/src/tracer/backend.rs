@@ -24,7 +24,7 @@ pub enum StartOutcome {
 
 /// What the background thread drives. The CUPTI implementation is
 /// [`CuptiBackend`](super::CuptiBackend); tests use a fake that produces byte buffers.
-pub trait Backend: Send {
+pub trait Backend: Send + PcBackend {
     /// `cuptiGetVersion()` (0 when CUPTI did not load).
     fn cupti_version(&self) -> u32;
     /// Enables what `cfg` asks for.
@@ -50,5 +50,102 @@ pub trait Backend: Send {
     /// ids switched on at initialisation did not take. False when there was nothing to redo.
     fn reapply_api(&mut self) -> bool {
         false
+    }
+}
+
+/// A PC-sampling lease the daemon granted for one device, as the backend needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PcRequest {
+    pub session: u64,
+    /// CUDA device ordinal in this process.
+    pub device: u32,
+    /// Period as a power of two of SM cycles (5..31; 0: 10).
+    pub period_log2: u32,
+    /// Stall reasons to collect, without CUPTI's "smsp__pcsamp_warps_issue_" prefix (empty: all).
+    pub stall_reasons: Vec<String>,
+    pub hw_buffer_mib: u32,
+    pub scratch_buffer_mib: u32,
+}
+
+/// What happened to PC sampling on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PcEventKind {
+    /// Sampling began on the device's context.
+    Sampling,
+    /// Stopped on request; hardware released.
+    Stopped,
+    /// Could not start or had to stop.
+    Failed,
+    /// Another client holds the performance monitor; stopped.
+    HardwareBusy,
+    /// The hardware buffer was stuck full; disabled and enabled again.
+    Healed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PcEvent {
+    pub device: u32,
+    pub kind: PcEventKind,
+    pub detail: String,
+}
+
+/// Samples of one (function, PC, stall reason) in a period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PcRow {
+    /// The function name as CUPTI reports it (mangled).
+    pub function: std::sync::Arc<str>,
+    pub pc_offset: u64,
+    /// The stall reason as CUPTI names it.
+    pub stall: std::sync::Arc<str>,
+    pub count: u64,
+    /// The cubin's CRC as 16 hex digits ("" when unknown).
+    pub module: String,
+    /// Source file and line ("" and 0 when unknown).
+    pub file: std::sync::Arc<str>,
+    pub line: u32,
+}
+
+/// One device's samples since the previous collection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PcBatch {
+    pub device: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub rows: Vec<PcRow>,
+    pub total_samples: u64,
+    pub dropped_samples: u64,
+}
+
+/// What a PC collection produced.
+#[derive(Default)]
+pub struct PcOutput {
+    pub batches: Vec<PcBatch>,
+    pub events: Vec<PcEvent>,
+    /// Cubins by hash, for the hashes the batches name (the agent sends each once).
+    pub cubins: Vec<(String, std::sync::Arc<Vec<u8>>)>,
+}
+
+/// PC sampling, driven by the background thread while the daemon grants leases.
+pub trait PcBackend {
+    /// Starts sampling on `req.device` (when its context exists; else at a later collection).
+    fn pc_start(&mut self, req: PcRequest) -> Result<(), String> {
+        let _ = req;
+        Err("PC sampling is not available in this backend".into())
+    }
+    /// Stops sampling on `device`; what it still held comes with the next [`PcBackend::pc_collect`].
+    fn pc_stop(&mut self, device: u32, reason: &str) {
+        let _ = (device, reason);
+    }
+    /// Reads what every sampling device collected.
+    fn pc_collect(&mut self) -> PcOutput {
+        PcOutput::default()
+    }
+    /// After stops: waits briefly for them to complete (see [`PcBackend::pc_stop`]), then collects.
+    fn pc_finish(&mut self) -> PcOutput {
+        self.pc_collect()
+    }
+    /// Devices with a lease (sampling or waiting for their context).
+    fn pc_devices(&self) -> Vec<u32> {
+        Vec::new()
     }
 }

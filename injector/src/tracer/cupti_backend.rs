@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use gpuprof_proto::agent as pb;
 
-use super::backend::{Backend, StartOutcome};
+use super::backend::{Backend, PcBackend, PcOutput, PcRequest, StartOutcome};
 use super::callbacks::{Shared, TRACING, buffer_completed, buffer_requested, now_ms};
 use super::detach::{Detached, Detacher};
+use super::pc::PcSampler;
 use super::trace_config::kinds_for;
 use crate::cbids;
 use crate::config::{ApiMode, DetachMode};
@@ -75,18 +76,20 @@ pub struct CuptiBackend {
     displaced: bool,
     last_probe: Instant,
     detacher: Detacher,
+    pc: PcSampler,
 }
 
 impl CuptiBackend {
     pub fn new(shared: Arc<Shared>, tuning: Tuning) -> CuptiBackend {
         CuptiBackend {
-            shared,
             tuning,
             enabled: Vec::new(),
             apis: Vec::new(),
             displaced: false,
             last_probe: Instant::now(),
             detacher: Detacher::default(),
+            pc: PcSampler::new(shared.cupti.clone()),
+            shared,
         }
     }
 
@@ -286,7 +289,11 @@ impl Backend for CuptiBackend {
             return Some(format!("cuptiActivityFlushAll: {e}: CUPTI was reset by another client; gpuprof stood down"));
         }
         let quiet = now_ms().saturating_sub(self.shared.last_callback_ms.load(Ordering::Relaxed));
-        if quiet >= QUIET_BEFORE_PROBE.as_millis() as u64 && self.last_probe.elapsed() >= QUIET_BEFORE_PROBE {
+        // While PC sampling holds the subscriber, a probe would only find gpuprof itself.
+        if quiet >= QUIET_BEFORE_PROBE.as_millis() as u64
+            && self.last_probe.elapsed() >= QUIET_BEFORE_PROBE
+            && !self.pc.holds_subscriber()
+        {
             self.last_probe = Instant::now();
             if let Err(e) = self.cupti().probe_subscriber()
                 && e.is_other_subscriber()
@@ -331,5 +338,26 @@ impl Backend for CuptiBackend {
             q[i] = c.load(Ordering::Relaxed);
         }
         (q, self.shared.cupti_dropped.load(Ordering::Relaxed))
+    }
+}
+
+impl PcBackend for CuptiBackend {
+    fn pc_start(&mut self, req: PcRequest) -> Result<(), String> {
+        if self.displaced {
+            return Err("another CUPTI client holds CUPTI".into());
+        }
+        self.pc.start(req)
+    }
+    fn pc_stop(&mut self, device: u32, reason: &str) {
+        self.pc.stop(device, reason);
+    }
+    fn pc_collect(&mut self) -> PcOutput {
+        self.pc.collect(Duration::ZERO)
+    }
+    fn pc_finish(&mut self) -> PcOutput {
+        self.pc.collect(super::detach::CALLBACK_WAIT)
+    }
+    fn pc_devices(&self) -> Vec<u32> {
+        self.pc.devices()
     }
 }

@@ -1,0 +1,183 @@
+//! PC sampling on the daemon's lease: start and stop per device, the periodic collection, and
+//! its batches, states and cubins as protocol messages.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use gpuprof_proto::agent as pb;
+use gpuprof_proto::agent::agent_message::Msg as Out;
+
+use super::Agent;
+use crate::log::log;
+use crate::tracer::{Backend, PcEventKind, PcOutput, PcRequest};
+
+/// Largest piece of a cubin per message.
+pub const CUBIN_CHUNK: usize = 1 << 20;
+
+/// The agent's PC-sampling bookkeeping.
+#[derive(Default)]
+pub struct PcState {
+    /// Leased devices → session.
+    pub leases: HashMap<u32, u64>,
+    pub every: Duration,
+    pub next: Option<Instant>,
+    /// Cubin hashes sent on this connection.
+    pub cubins_sent: HashSet<String>,
+    /// Per device: samples, dropped, heals since the lease began.
+    pub totals: HashMap<u32, (u64, u64, u32)>,
+}
+
+impl<B: Backend> Agent<B> {
+    pub(super) fn start_pc(&mut self, p: pb::StartPcSampling) {
+        if p.session_id != self.session || self.session == 0 {
+            let detail = format!("PC sampling lease for session {} while tracing session {}", p.session_id, self.session);
+            log!(Warn, "{detail}");
+            self.send_pc_state(p.session_id, p.device_id, pb::PcSamplingStatus::Failed, detail);
+            return;
+        }
+        let every = Duration::from_millis(u64::from(if p.flush_interval_ms == 0 { 1000 } else { p.flush_interval_ms }).clamp(50, 60_000));
+        let req = PcRequest {
+            session: p.session_id,
+            device: p.device_id,
+            period_log2: p.period_log2,
+            stall_reasons: p.stall_reasons,
+            hw_buffer_mib: p.hw_buffer_mib,
+            scratch_buffer_mib: p.scratch_buffer_mib,
+        };
+        match self.backend.pc_start(req) {
+            Ok(()) => {
+                self.pc.leases.insert(p.device_id, p.session_id);
+                self.pc.totals.entry(p.device_id).or_default();
+                self.pc.every = every;
+                self.pc.next.get_or_insert_with(|| Instant::now() + every);
+                // The backend reports Sampling once its context is enabled.
+                self.collect_pc();
+            }
+            Err(detail) => {
+                log!(Warn, "PC sampling on device {}: {detail}", p.device_id);
+                self.send_pc_state(p.session_id, p.device_id, pb::PcSamplingStatus::Failed, detail);
+            }
+        }
+    }
+
+    pub(super) fn stop_pc(&mut self, device: u32, reason: &str) {
+        if !self.pc.leases.contains_key(&device) {
+            return;
+        }
+        self.backend.pc_stop(device, reason);
+        let out = self.backend.pc_finish();
+        self.send_pc_output(out);
+        self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + self.pc.every) };
+    }
+
+    /// Stops every lease (trace stop, exit).
+    pub(super) fn stop_all_pc(&mut self, reason: &str) {
+        let devs: Vec<u32> = self.pc.leases.keys().copied().collect();
+        for d in &devs {
+            self.backend.pc_stop(*d, reason);
+        }
+        if !devs.is_empty() {
+            let out = self.backend.pc_finish();
+            self.send_pc_output(out);
+            self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + self.pc.every) };
+        }
+    }
+
+    /// Collects and sends; called at the PC flush time and at stops.
+    pub(super) fn collect_pc(&mut self) {
+        let out = self.backend.pc_collect();
+        self.send_pc_output(out);
+        self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + self.pc.every) };
+    }
+
+    fn send_pc_output(&mut self, out: PcOutput) {
+        let welcomed = self.conn.as_ref().is_some_and(|c| c.welcomed);
+        // Cubins first, so the daemon has each before the samples that name it.
+        for (hash, bytes) in &out.cubins {
+            if !welcomed || self.pc.cubins_sent.contains(hash) {
+                continue;
+            }
+            let mut ok = true;
+            for (i, piece) in bytes.chunks(CUBIN_CHUNK).enumerate() {
+                ok &= self.send(Out::Cubin(pb::CubinChunk {
+                    hash: hash.clone(),
+                    size: bytes.len() as u64,
+                    offset: (i * CUBIN_CHUNK) as u64,
+                    data: piece.to_vec(),
+                }));
+                if !ok {
+                    break;
+                }
+            }
+            if ok {
+                self.pc.cubins_sent.insert(hash.clone());
+            }
+        }
+        for b in out.batches {
+            let Some(&session) = self.pc.leases.get(&b.device) else { continue };
+            let t = self.pc.totals.entry(b.device).or_default();
+            t.0 += b.total_samples;
+            t.1 += b.dropped_samples;
+            let interner = &mut self.conv.interner;
+            let samples = b
+                .rows
+                .iter()
+                .map(|r| pb::PcSample {
+                    function_name_id: interner.intern(&r.function),
+                    pc_offset: r.pc_offset,
+                    stall_reason_id: interner.intern(&r.stall),
+                    count: r.count,
+                    module_id: if r.module.is_empty() { 0 } else { interner.intern(&r.module) },
+                    file_id: if r.file.is_empty() { 0 } else { interner.intern(&r.file) },
+                    line: r.line,
+                })
+                .collect();
+            if !welcomed {
+                continue;
+            }
+            if let Some(t) = self.conv.interner.take_pending() {
+                self.send(Out::Strings(t));
+            }
+            self.send(Out::PcSamples(pb::PcSampleBatch {
+                session_id: session,
+                device_id: b.device,
+                samples,
+                start_ns: b.start_ns,
+                end_ns: b.end_ns,
+                total_samples: b.total_samples,
+                dropped_samples: b.dropped_samples,
+            }));
+        }
+        for e in out.events {
+            let session = self.pc.leases.get(&e.device).copied().unwrap_or(self.session);
+            let status = match e.kind {
+                PcEventKind::Sampling => pb::PcSamplingStatus::Sampling,
+                PcEventKind::Stopped => pb::PcSamplingStatus::Stopped,
+                PcEventKind::Failed => pb::PcSamplingStatus::Failed,
+                PcEventKind::HardwareBusy => pb::PcSamplingStatus::HardwareBusy,
+                PcEventKind::Healed => {
+                    self.pc.totals.entry(e.device).or_default().2 += 1;
+                    pb::PcSamplingStatus::Healed
+                }
+            };
+            self.send_pc_state(session, e.device, status, e.detail);
+            if matches!(e.kind, PcEventKind::Stopped | PcEventKind::Failed | PcEventKind::HardwareBusy) {
+                self.pc.leases.remove(&e.device);
+                self.pc.totals.remove(&e.device);
+            }
+        }
+    }
+
+    fn send_pc_state(&mut self, session_id: u64, device_id: u32, status: pb::PcSamplingStatus, detail: String) {
+        let (samples, dropped, heals) = self.pc.totals.get(&device_id).copied().unwrap_or_default();
+        self.send(Out::PcSamplingState(pb::PcSamplingState {
+            session_id,
+            device_id,
+            status: status as i32,
+            detail,
+            samples,
+            dropped,
+            heals,
+        }));
+    }
+}
