@@ -49,6 +49,8 @@ pub struct PcConfig {
     /// Scratch and hardware buffer sizes in bytes (0: CUPTI's default).
     pub scratch_bytes: usize,
     pub hw_bytes: usize,
+    /// How long CUPTI's decoding threads sleep between passes, in ms (0: CUPTI's default, 100).
+    pub worker_sleep_ms: u32,
 }
 
 /// One sampled PC of a [`PcBuffer`].
@@ -266,6 +268,11 @@ impl Cupti {
         if cfg.hw_bytes != 0 {
             push(sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_HARDWARE_BUFFER_SIZE, &|d| {
                 d.hardwareBufferSizeData.hardwareBufferSize = cfg.hw_bytes
+            });
+        }
+        if cfg.worker_sleep_ms != 0 {
+            push(sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_WORKER_THREAD_PERIODIC_SLEEP_SPAN, &|d| {
+                d.workerThreadPeriodicSleepSpanData.workerThreadPeriodicSleepSpan = cfg.worker_sleep_ms
             });
         }
         if !stall_index.is_empty() {

@@ -181,3 +181,4 @@ impl<B: Backend> Agent<B> {
         }));
     }
 }
+

@@ -355,7 +355,7 @@ impl PcBackend for CuptiBackend {
         self.pc.collect(Duration::ZERO)
     }
     fn pc_finish(&mut self) -> PcOutput {
-        self.pc.collect(super::detach::CALLBACK_WAIT)
+        self.pc.collect(super::detach::CALLBACK_WAIT * 4)
     }
     fn pc_devices(&self) -> Vec<u32> {
         self.pc.devices()

@@ -1,0 +1,474 @@
+//! Continuous PC sampling through CUPTI on the daemon's lease, per device's primary context:
+//! enabled, read and disabled at the exits of the application's CUDA synchronizations
+//! ([`app`]); aggregated per (function, PC, stall reason) and resolved to source lines from the
+//! cubins captured at module load ([`cubins`]) on the background thread, which also heals a
+//! hardware buffer stuck full (disable, enable again) and stands down on HARDWARE_BUSY.
+//!
+//! While any device is leased the library holds the process's CUPTI subscriber (one per process
+//! on CUDA 13.0), with the module-load and synchronization callbacks on; it is given up when the
+//! last lease ends, before a trace's detach. Without it (another CUPTI client holds it) PC
+//! sampling is refused. Modules loaded before the lease are not seen: their PCs carry no line.
+// Safety: function names are C strings CUPTI hands out; the one use is commented.
+#![allow(unsafe_code)]
+
+mod app;
+mod cubins;
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use gpuprof_cupti::device::Driver;
+use gpuprof_cupti::pcsampling::{PcConfig, StallReasons};
+use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::{Cupti, CuptiError, activity::Subscriber};
+
+use super::backend::{PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow};
+use crate::log::log;
+use app::{Agg, Done, Op};
+
+/// CUPTI's prefix of every stall reason name.
+pub const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
+/// Time spent resolving source lines per collection at most.
+const LINE_BUDGET: Duration = Duration::from_millis(100);
+
+/// The process's CUDA driver (for the devices' primary contexts).
+static DRIVER: OnceLock<Driver> = OnceLock::new();
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// The device has no active primary context yet.
+    NoContext,
+    /// Enabling is armed for the next synchronization.
+    Enabling,
+    Live,
+    /// Disabling is armed (a stop, a heal, a failure).
+    Disabling,
+    /// Stopped: sent once more, then forgotten with this event.
+    Closed(PcEventKind, String),
+}
+
+struct Dev {
+    req: PcRequest,
+    phase: Phase,
+    reasons: Option<StallReasons>,
+    agg: Agg,
+    totals: (u64, u64),
+    since_ns: u64,
+    /// Stopped while an operation was armed: closes when it completes.
+    stop_after: Option<String>,
+}
+
+/// The PC sampler of a [`CuptiBackend`](super::CuptiBackend).
+pub struct PcSampler {
+    cupti: Arc<Cupti>,
+    devs: HashMap<u32, Dev>,
+    sub: Option<Subscriber>,
+    crc_registered: bool,
+    events: Vec<PcEvent>,
+    names: HashMap<usize, (Arc<str>, CString)>,
+    strs: HashMap<String, Arc<str>>,
+    lines: HashMap<(u64, usize, u64), (Arc<str>, u32)>,
+    no_line: Arc<str>,
+}
+
+impl PcSampler {
+    pub fn new(cupti: Arc<Cupti>) -> PcSampler {
+        PcSampler {
+            cupti,
+            devs: HashMap::new(),
+            sub: None,
+            crc_registered: false,
+            events: Vec::new(),
+            names: HashMap::new(),
+            strs: HashMap::new(),
+            lines: HashMap::new(),
+            no_line: Arc::from(""),
+        }
+    }
+
+    /// Whether this sampler holds the process's CUPTI subscriber (the backend's probe for
+    /// other subscribers must not run meanwhile).
+    pub fn holds_subscriber(&self) -> bool {
+        self.sub.is_some()
+    }
+
+    fn event(&mut self, device: u32, kind: PcEventKind, detail: impl Into<String>) {
+        let detail = detail.into();
+        log!(Info, "PC sampling on device {device}: {kind:?} {detail}");
+        self.events.push(PcEvent { device, kind, detail });
+    }
+
+    /// The subscriber with module loads and synchronization exits, and cubin capture.
+    fn subscribe(&mut self) -> Result<(), String> {
+        app::init(&self.cupti);
+        cubins::capture_on(&self.cupti, true);
+        if !self.crc_registered {
+            self.crc_registered = true;
+            if let Err(e) = self.cupti.register_compute_crc(Some(cubins::on_crc)) {
+                log!(Debug, "PC sampling: compute-CRC callback: {e}");
+            }
+        }
+        if self.sub.is_some() {
+            return Ok(());
+        }
+        let s = self
+            .cupti
+            .subscribe(Some(app::on_callback))
+            .map_err(|e| format!("PC sampling needs the CUPTI subscriber, which another CUPTI client holds: {e}"))?;
+        let c = &self.cupti;
+        if let Err(e) = c.enable_callback(&s, sys::CUPTI_CB_DOMAIN_RESOURCE, sys::CUPTI_CBID_RESOURCE_MODULE_LOADED, true) {
+            log!(Warn, "PC sampling: module-load callback: {e}; no source lines for new modules");
+        }
+        for (domain, cbid) in super::detach::SYNC_CALLS {
+            if let Err(e) = c.enable_callback(&s, domain, cbid, true) {
+                log!(Warn, "PC sampling: synchronization callback {cbid}: {e}");
+            }
+        }
+        self.sub = Some(s);
+        Ok(())
+    }
+
+    fn release_if_idle(&mut self) {
+        if self.devs.is_empty() && !app::pending() {
+            cubins::capture_on(&self.cupti, false);
+            if let Some(s) = self.sub.take() {
+                let _ = self.cupti.unsubscribe(s);
+            }
+        }
+    }
+
+    pub fn start(&mut self, req: PcRequest) -> Result<(), String> {
+        if !(req.period_log2 == 0 || (5..=31).contains(&req.period_log2)) {
+            return Err(format!("sampling period 2^{} is outside 2^5..2^31", req.period_log2));
+        }
+        if DRIVER.get().is_none()
+            && let Some(d) = Driver::already_loaded()
+        {
+            let _ = DRIVER.set(d);
+        }
+        if DRIVER.get().is_none() {
+            return Err("the CUDA driver is not loaded in this process".into());
+        }
+        if let Some(d) = self.devs.get(&req.device) {
+            if d.req == req && d.stop_after.is_none() && !matches!(d.phase, Phase::Closed(..)) {
+                return Ok(());
+            }
+            return Err("the previous lease on this device is still stopping".into());
+        }
+        self.subscribe()?;
+        let device = req.device;
+        let dev = Dev {
+            req,
+            phase: Phase::NoContext,
+            reasons: None,
+            agg: HashMap::new(),
+            totals: (0, 0),
+            since_ns: gpuprof_cupti::clock::realtime_ns(),
+            stop_after: None,
+        };
+        self.devs.insert(device, dev);
+        self.arm_enable(device);
+        Ok(())
+    }
+
+    /// Arms enabling on the device's primary context, once it exists.
+    fn arm_enable(&mut self, device: u32) {
+        let Some(driver) = DRIVER.get() else { return };
+        let Some(d) = self.devs.get_mut(&device) else { return };
+        let Some(pctx) = driver.active_primary_context(device) else {
+            d.phase = Phase::NoContext; // tried again at each collection
+            return;
+        };
+        let period = if d.req.period_log2 == 0 { 10 } else { d.req.period_log2 };
+        let cfg = PcConfig {
+            period_log2: period,
+            stall_index: Vec::new(),
+            scratch_bytes: (d.req.scratch_buffer_mib as usize) << 20,
+            hw_bytes: (d.req.hw_buffer_mib as usize) << 20,
+            worker_sleep_ms: 0,
+        };
+        app::arm(Op::Enable { device, ctx: pctx.handle() as usize, cfg, wanted: d.req.stall_reasons.clone() });
+        d.phase = Phase::Enabling;
+    }
+
+    /// Stops sampling on `device` at the next synchronization; reported by a later collection.
+    pub fn stop(&mut self, device: u32, reason: &str) {
+        let Some(d) = self.devs.get_mut(&device) else { return };
+        match d.phase {
+            Phase::NoContext => d.phase = Phase::Closed(PcEventKind::Stopped, reason.to_string()),
+            Phase::Live => {
+                d.phase = Phase::Disabling;
+                app::arm(Op::Disable { device, kind: PcEventKind::Stopped, reason: reason.to_string() });
+            }
+            Phase::Enabling | Phase::Disabling => d.stop_after = Some(reason.to_string()),
+            Phase::Closed(..) => {}
+        }
+    }
+
+    pub fn devices(&self) -> Vec<u32> {
+        self.devs
+            .iter()
+            .filter(|(_, d)| d.stop_after.is_none() && !matches!(d.phase, Phase::Closed(..)))
+            .map(|(&k, _)| k)
+            .collect()
+    }
+
+    /// Waits up to `wait` for the devices enabling or disabling to get there at the
+    /// application's synchronizations (a stop may need both: an enable already armed, then the
+    /// disable).
+    fn settle(&mut self, wait: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let moving = self.devs.values().any(|d| matches!(d.phase, Phase::Enabling | Phase::Disabling));
+            if !moving || t0.elapsed() >= wait {
+                return;
+            }
+            if app::pending() {
+                std::thread::sleep(Duration::from_millis(2));
+            } else {
+                self.take_results();
+            }
+        }
+    }
+
+    /// Applies what ran at synchronizations: samples read, contexts enabled and disabled.
+    fn take_results(&mut self) {
+        let (done, reads) = app::take();
+        for (device, agg, totals, failure) in reads {
+            let Some(d) = self.devs.get_mut(&device) else { continue };
+            merge(d, agg, totals);
+            if let Some((e, full)) = failure
+                && d.phase == Phase::Live
+            {
+                d.phase = Phase::Disabling;
+                let (kind, reason) = failure_kind(e, full);
+                app::arm(Op::Disable { device, kind, reason });
+            }
+        }
+        for r in done {
+            match r {
+                Done::Enabled { device, reasons, unknown } => {
+                    let Some(d) = self.devs.get_mut(&device) else { continue };
+                    let mut detail = format!("period 2^{}", if d.req.period_log2 == 0 { 10 } else { d.req.period_log2 });
+                    if !unknown.is_empty() {
+                        detail.push_str(&format!("; unknown stall reasons ignored: {}", unknown.join(", ")));
+                    }
+                    d.reasons = Some(reasons);
+                    d.since_ns = gpuprof_cupti::clock::realtime_ns();
+                    d.phase = Phase::Live;
+                    if let Some(reason) = d.stop_after.take() {
+                        d.phase = Phase::Disabling;
+                        app::arm(Op::Disable { device, kind: PcEventKind::Stopped, reason });
+                    }
+                    self.event(device, PcEventKind::Sampling, detail);
+                }
+                Done::EnableFailed { device, error } => {
+                    let Some(d) = self.devs.get_mut(&device) else { continue };
+                    let kind = if error.is_hardware_busy() { PcEventKind::HardwareBusy } else { PcEventKind::Failed };
+                    d.phase = Phase::Closed(kind, error.to_string());
+                }
+                Done::Disabled { device, kind, reason, agg, totals } => {
+                    let Some(d) = self.devs.get_mut(&device) else { continue };
+                    merge(d, agg, totals);
+                    if kind != PcEventKind::Healed {
+                        d.phase = Phase::Closed(kind, reason);
+                        continue;
+                    }
+                    match d.stop_after.take() {
+                        Some(r) => d.phase = Phase::Closed(PcEventKind::Stopped, r),
+                        None => d.phase = Phase::NoContext,
+                    }
+                    self.event(device, PcEventKind::Healed, reason);
+                    self.arm_enable(device);
+                }
+            }
+        }
+    }
+
+    /// Collects every device: waits up to `wait` for armed operations (see [`Self::settle`]),
+    /// takes what was read, enables devices whose context appeared, resolves lines, and hands
+    /// out the batches and events.
+    pub fn collect(&mut self, wait: Duration) -> PcOutput {
+        app::mark_own_thread();
+        self.settle(wait);
+        self.take_results();
+        let keys: Vec<u32> = self.devs.keys().copied().collect();
+        for dev in &keys {
+            if self.devs.get(dev).is_some_and(|d| d.phase == Phase::NoContext) {
+                self.arm_enable(*dev);
+            }
+        }
+        let (seen, kept, skipped) = cubins::stats();
+        log!(Debug, "PC sampling: {} device(s); modules seen {seen}, cubins kept {kept}, left out {skipped}", keys.len());
+        let now = gpuprof_cupti::clock::realtime_ns();
+        let mut out = PcOutput::default();
+        let deadline = Instant::now() + LINE_BUDGET;
+        let mut need_cubins: Vec<u64> = Vec::new();
+        for dev in keys {
+            let Some(mut d) = self.devs.remove(&dev) else { continue };
+            let mut rows = Vec::with_capacity(d.agg.len());
+            for ((fptr, crc, pc, stall), count) in std::mem::take(&mut d.agg) {
+                let function = self.name(fptr);
+                let stall_name = match &d.reasons {
+                    Some(r) if !r.name(stall).is_empty() => self.intern(r.name(stall)),
+                    _ => self.intern(&format!("stall_{stall}")),
+                };
+                let (file, line) = self.line(crc, fptr, pc, deadline);
+                if crc != 0 && !need_cubins.contains(&crc) {
+                    need_cubins.push(crc);
+                }
+                let module = if crc == 0 { String::new() } else { format!("{crc:016x}") };
+                rows.push(PcRow { function, pc_offset: pc, stall: stall_name, count, module, file, line });
+            }
+            if !rows.is_empty() || d.totals != (0, 0) {
+                out.batches.push(PcBatch {
+                    device: dev,
+                    start_ns: d.since_ns,
+                    end_ns: now,
+                    rows,
+                    total_samples: d.totals.0,
+                    dropped_samples: d.totals.1,
+                });
+            }
+            d.totals = (0, 0);
+            d.since_ns = now;
+            if let Phase::Closed(kind, reason) = &d.phase {
+                self.event(dev, *kind, reason.clone());
+            } else {
+                self.devs.insert(dev, d);
+            }
+        }
+        self.release_if_idle();
+        out.cubins =
+            need_cubins.iter().filter_map(|crc| cubins::get(*crc).map(|b| (format!("{crc:016x}"), b))).collect();
+        out.events = std::mem::take(&mut self.events);
+        out
+    }
+
+    fn name(&mut self, fptr: usize) -> Arc<str> {
+        if let Some((n, _)) = self.names.get(&fptr) {
+            return n.clone();
+        }
+        let c = if fptr == 0 {
+            CString::default()
+        } else {
+            // Safety: CUPTI's function-name string for a PC record: NUL-terminated and never
+            // freed by CUPTI (the client owns it; gpuprof keeps it for the process's life).
+            unsafe { CStr::from_ptr(fptr as *const c_char) }.to_owned()
+        };
+        let n: Arc<str> = Arc::from(c.to_string_lossy().as_ref());
+        self.names.insert(fptr, (n.clone(), c));
+        n
+    }
+
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(n) = self.strs.get(s) {
+            return n.clone();
+        }
+        let n: Arc<str> = Arc::from(s);
+        self.strs.insert(s.to_string(), n.clone());
+        n
+    }
+
+    /// The source line of a PC, from the captured cubin (cached; `("", 0)` when unknown, or
+    /// past the time budget and tried again next time).
+    fn line(&mut self, crc: u64, fptr: usize, pc: u64, deadline: Instant) -> (Arc<str>, u32) {
+        if let Some((f, l)) = self.lines.get(&(crc, fptr, pc)) {
+            return (f.clone(), *l);
+        }
+        if crc == 0 || fptr == 0 || Instant::now() >= deadline {
+            return (self.no_line.clone(), 0);
+        }
+        let Some(cubin) = cubins::get(crc) else { return (self.no_line.clone(), 0) };
+        self.name(fptr);
+        let Some((_, cname)) = self.names.get(&fptr) else { return (self.no_line.clone(), 0) };
+        let r = match self.cupti.sass_to_source(&cubin, cname, pc) {
+            Ok(Some((file, line))) => (self.intern(&file), line),
+            _ => (self.no_line.clone(), 0),
+        };
+        self.lines.insert((crc, fptr, pc), r.clone());
+        r
+    }
+}
+
+fn merge(d: &mut Dev, agg: Agg, totals: (u64, u64)) {
+    for (k, v) in agg {
+        *d.agg.entry(k).or_default() += v;
+    }
+    d.totals.0 += totals.0;
+    d.totals.1 += totals.1;
+}
+
+/// What a failed read means: a hardware buffer stuck full is healed (disable, enable again);
+/// HARDWARE_BUSY or 999 (what `GetData` returns when an outside client took the monitor)
+/// stands down; anything else fails.
+fn failure_kind(e: CuptiError, full: bool) -> (PcEventKind, String) {
+    if full || e.code == sys::CUPTI_ERROR_OUT_OF_MEMORY {
+        return (PcEventKind::Healed, format!("hardware buffer full ({e}); sampling restarted"));
+    }
+    log!(Warn, "PC sampling stopped: {e}");
+    if e.is_hardware_busy() || e.code == sys::CUPTI_ERROR_UNKNOWN {
+        (PcEventKind::HardwareBusy, e.to_string())
+    } else {
+        (PcEventKind::Failed, e.to_string())
+    }
+}
+
+/// The stall indexes to configure for the requested names (empty request: all) and the
+/// requested names that matched none. A name matches CUPTI's with or without the prefix, and
+/// also its "_not_issued" variant.
+pub fn select_stalls(reasons: &StallReasons, wanted: &[String]) -> (Vec<u32>, Vec<String>) {
+    if wanted.is_empty() {
+        // Every reason but the "_not_issued" variants, which count the same samples again.
+        let idx = reasons
+            .index
+            .iter()
+            .zip(&reasons.names)
+            .filter(|(_, n)| !n.ends_with("_not_issued"))
+            .map(|(i, _)| *i)
+            .collect();
+        return (idx, Vec::new());
+    }
+    let mut idx = Vec::new();
+    let mut unknown = Vec::new();
+    for w in wanted {
+        let w = w.strip_prefix(STALL_PREFIX).unwrap_or(w);
+        let mut hit = false;
+        for (i, n) in reasons.index.iter().zip(&reasons.names) {
+            let short = n.strip_prefix(STALL_PREFIX).unwrap_or(n);
+            if (short == w || short.strip_suffix("_not_issued") == Some(w)) && !idx.contains(i) {
+                idx.push(*i);
+                hit = true;
+            }
+        }
+        if !hit {
+            unknown.push(w.to_string());
+        }
+    }
+    (idx, unknown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stall_selection_accepts_short_and_full_names() {
+        let r = StallReasons {
+            index: vec![1, 2, 3],
+            names: vec![
+                format!("{STALL_PREFIX}stalled_long_scoreboard"),
+                format!("{STALL_PREFIX}stalled_long_scoreboard_not_issued"),
+                format!("{STALL_PREFIX}stalled_barrier"),
+            ],
+        };
+        let (i, u) = select_stalls(&r, &["stalled_long_scoreboard".into(), "nope".into()]);
+        assert_eq!(i, vec![1, 2]);
+        assert_eq!(u, vec!["nope".to_string()]);
+        let (i, u) = select_stalls(&r, &[format!("{STALL_PREFIX}stalled_barrier")]);
+        assert_eq!((i, u.len()), (vec![3], 0));
+        assert_eq!(select_stalls(&r, &[]), (vec![1, 3], vec![]), "all but the _not_issued variants");
+    }
+}
