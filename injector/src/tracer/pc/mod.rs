@@ -30,6 +30,10 @@ use app::{Agg, Done, Op};
 
 /// CUPTI's prefix of every stall reason name.
 pub const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
+/// The sampling period when the lease names none: 2^15 cycles. On the H100 at 2^10 and 2^13 a
+/// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
+/// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
+pub const DEFAULT_PERIOD_LOG2: u32 = 15;
 /// Time spent resolving source lines per collection at most.
 const LINE_BUDGET: Duration = Duration::from_millis(100);
 
@@ -181,7 +185,7 @@ impl PcSampler {
             d.phase = Phase::NoContext; // tried again at each collection
             return;
         };
-        let period = if d.req.period_log2 == 0 { 10 } else { d.req.period_log2 };
+        let period = if d.req.period_log2 == 0 { DEFAULT_PERIOD_LOG2 } else { d.req.period_log2 };
         let cfg = PcConfig {
             period_log2: period,
             stall_index: Vec::new(),
@@ -251,7 +255,8 @@ impl PcSampler {
             match r {
                 Done::Enabled { device, reasons, unknown } => {
                     let Some(d) = self.devs.get_mut(&device) else { continue };
-                    let mut detail = format!("period 2^{}", if d.req.period_log2 == 0 { 10 } else { d.req.period_log2 });
+                    let mut detail =
+                        format!("period 2^{}", if d.req.period_log2 == 0 { DEFAULT_PERIOD_LOG2 } else { d.req.period_log2 });
                     if !unknown.is_empty() {
                         detail.push_str(&format!("; unknown stall reasons ignored: {}", unknown.join(", ")));
                     }
@@ -276,12 +281,20 @@ impl PcSampler {
                         d.phase = Phase::Closed(kind, reason);
                         continue;
                     }
-                    match d.stop_after.take() {
-                        Some(r) => d.phase = Phase::Closed(PcEventKind::Stopped, r),
-                        None => d.phase = Phase::NoContext,
-                    }
+                    let reopen = match d.stop_after.take() {
+                        Some(r) => {
+                            d.phase = Phase::Closed(PcEventKind::Stopped, r);
+                            false
+                        }
+                        None => {
+                            d.phase = Phase::NoContext;
+                            true
+                        }
+                    };
                     self.event(device, PcEventKind::Healed, reason);
-                    self.arm_enable(device);
+                    if reopen {
+                        self.arm_enable(device);
+                    }
                 }
             }
         }
