@@ -24,6 +24,7 @@ pub(super) const SESSION_KEYED: &[(&str, &str)] = &[
     ("api_rollup", "proc, domain, cbid"),
     ("busy_rollup", "dev"),
     ("pc_sample", "proc, function, pc, stall"),
+    ("pc_sampling", "proc, device"),
 ];
 
 /// What [`forget_session`] found.
