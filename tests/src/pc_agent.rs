@@ -229,3 +229,60 @@ impl PcAgent {
         send(&self.out, Msg::Goodbye(wire::Goodbye { reason: "done".into() }))
     }
 }
+
+/// A daemon managing GPUs 0 and 1 without starting sampler children (their PM-sampler
+/// leases are held idle, as when a sampler is starting), so that PC-sampling leases can be
+/// granted, preempted and queued.
+pub fn start_daemon(dir: &Path) -> Result<crate::TestDaemon> {
+    let cfg = dir.join("gpuprofd.toml");
+    std::fs::write(&cfg, "[sampler]\nspawn = false\ndevices = [0, 1]\nstream_queue = 256\n")?;
+    crate::TestDaemon::start_with(&dir.join("state"), &["--config", cfg.to_str().unwrap_or_default()])
+}
+
+/// `gpuprofctl ARGS`, which must succeed; its stdout.
+pub fn ctl_ok(d: &crate::TestDaemon, args: &[&str]) -> String {
+    let out = d.ctl(args);
+    assert!(
+        out.status.success(),
+        "gpuprofctl {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts a session with `gpuprofctl --json session start ARGS`; its id.
+pub fn start_session(d: &crate::TestDaemon, args: &[&str]) -> u64 {
+    let mut a = vec!["--json", "session", "start"];
+    a.extend_from_slice(args);
+    let v: serde_json::Value = serde_json::from_str(&ctl_ok(d, &a)).unwrap();
+    v["id"].as_u64().unwrap()
+}
+
+/// `gpuprofctl --json session show ID`.
+pub fn show(d: &crate::TestDaemon, id: u64) -> serde_json::Value {
+    serde_json::from_str(&ctl_ok(d, &["--json", "session", "show", &id.to_string()])).unwrap()
+}
+
+/// The PC-sampling state of process `proc`'s device `dev` in session `id` ("" if none).
+pub fn pc_state(d: &crate::TestDaemon, id: u64, proc: u64, dev: u32) -> (String, serde_json::Value) {
+    let s = show(d, id);
+    let p = s["processes"].as_array().and_then(|v| v.iter().find(|p| p["process_id"] == proc)).cloned();
+    let dv = p
+        .and_then(|p| p["pc_sampling"].as_array().and_then(|v| v.iter().find(|x| x["device"] == dev)).cloned())
+        .unwrap_or_default();
+    (dv["state"].as_str().unwrap_or("").to_string(), dv)
+}
+
+/// Polls the state of a device until `ok` holds (10 s at most); returns it.
+pub fn wait_pc_state(d: &crate::TestDaemon, id: u64, proc: u64, dev: u32, ok: impl Fn(&str) -> bool) -> String {
+    let t = Instant::now();
+    loop {
+        let (s, _) = pc_state(d, id, proc, dev);
+        if ok(&s) {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "session {id} process {proc} GPU {dev}: state {s:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
