@@ -235,7 +235,7 @@ impl PcAgent {
 /// granted, preempted and queued.
 pub fn start_daemon(dir: &Path) -> Result<crate::TestDaemon> {
     let cfg = dir.join("gpuprofd.toml");
-    std::fs::write(&cfg, "[sampler]\nspawn = false\ndevices = [0, 1]\nstream_queue = 256\n")?;
+    std::fs::write(&cfg, "[sampler]\nspawn = false\ndevices = [0, 1]\nstream_queue = 512\n")?;
     crate::TestDaemon::start_with(&dir.join("state"), &["--config", cfg.to_str().unwrap_or_default()])
 }
 
