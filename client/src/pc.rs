@@ -225,10 +225,13 @@ async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// A function's samples and its samples per stall reason.
+type FunctionCounts = (u64, HashMap<String, u64>);
+
 /// Per function: samples and samples per stall reason.
 #[derive(Default)]
 struct Live {
-    functions: HashMap<String, (u64, HashMap<String, u64>)>,
+    functions: HashMap<String, FunctionCounts>,
     total: u64,
     dropped: u64,
     batches: u64,
@@ -247,7 +250,7 @@ impl Live {
     }
 
     fn text(&self, session: u64, limit: usize) -> String {
-        let mut f: Vec<(&String, &(u64, HashMap<String, u64>))> = self.functions.iter().collect();
+        let mut f: Vec<(&String, &FunctionCounts)> = self.functions.iter().collect();
         f.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| a.0.cmp(b.0)));
         let rows: Vec<Vec<String>> = f
             .iter()

@@ -1,6 +1,7 @@
 //! A session's PC samples, from fake injectors' batches to what users read: QueryPcSamples by
 //! function, line, stall reason and PC, StreamPcSamples pushed per batch (100 subscribers, a
 //! slow one dropped), `gpuprofctl pc top`, and the pprof export decoded back.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::io::Read;

@@ -2,6 +2,7 @@
 //! answer StartPcSampling/StopPcSampling and send PC-sampling states and cubins, and the
 //! `gpuprofctl` CLI. Leases: granted at join, preempted by a pause and granted again after it,
 //! waiting behind a pause at start, handed back on hardware busy, at stop and at disconnect.
+#![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
 

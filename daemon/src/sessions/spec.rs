@@ -205,7 +205,7 @@ impl Collect {
         if !c.pc_sampling
             && let Some((field, _)) = pc_options.iter().find(|(_, set)| *set)
         {
-            return Err(ApiError::invalid(*field, "is a PC sampling option: set collect.pc_sampling too"));
+            return Err(ApiError::invalid(field, "is a PC sampling option: set collect.pc_sampling too"));
         }
         let flush = c.pc_flush_interval_ms;
         if flush != 0 && !(100..=60_000).contains(&flush) {
