@@ -7,8 +7,8 @@
 //! preemption ([`PcHub::granted`], [`PcHub::queued`], [`PcHub::revoked`]) and reads the
 //! options to send with `StartPcSampling` ([`PcHub::start_message`]), agent connections report
 //! the agent's own states and batches ([`PcHub::agent_state`], [`PcHub::add_batch`],
-//! [`PcHub::publish`]). The hub uses nothing of the daemon but its leaves, so all of them can
-//! use it.
+//! [`PcHub::publish`]). The hub uses no module that uses it (only the leaves, `demangle` and
+//! `ingest`'s batch totals), so all of them can.
 //!
 //! Lock order: the sessions lock, then the hub's, then the arbiter's core. The driver never
 //! holds the arbiter's lock while calling in here.

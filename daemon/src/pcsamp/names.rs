@@ -37,7 +37,7 @@ impl ConnNames {
         d
     }
 
-    /// A batch as stream rows, only the functions matching `kernel` (a glob; empty: all).
+    /// A batch as stream rows (subscribers filter them by kernel themselves).
     pub fn rows(&mut self, proc: u64, b: &wire::PcSampleBatch) -> Vec<pb::PcSampleRow> {
         b.samples
             .iter()

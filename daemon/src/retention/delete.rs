@@ -168,6 +168,19 @@ pub fn expire_unsessioned_chunk(
     Ok((deleted, newer.is_some() || next > hi))
 }
 
+/// Deletes the cubins first seen before `cutoff` that no PC sample row refers to (its module);
+/// a few per pass (one cubin is one row, however large).
+pub fn expire_cubins(c: &mut Connection, cutoff: i64) -> rusqlite::Result<u64> {
+    let n = c.execute(
+        "DELETE FROM cubins WHERE hash IN (
+           SELECT hash FROM cubins WHERE first_seen_ns < ?1
+             AND hash NOT IN (SELECT value FROM strings WHERE id IN (SELECT DISTINCT module FROM pc_sample))
+           LIMIT 64)",
+        [cutoff],
+    )?;
+    Ok(n as u64)
+}
+
 /// Processes deleted per writer call at most.
 pub(super) const PROCESS_BATCH: u64 = 500;
 
