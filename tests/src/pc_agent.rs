@@ -234,8 +234,13 @@ impl PcAgent {
 /// leases are held idle, as when a sampler is starting), so that PC-sampling leases can be
 /// granted, preempted and queued.
 pub fn start_daemon(dir: &Path) -> Result<crate::TestDaemon> {
+    start_daemon_managing(dir, "0, 1")
+}
+
+/// A daemon managing the GPUs listed ("0, 1") without starting sampler children.
+pub fn start_daemon_managing(dir: &Path, gpus: &str) -> Result<crate::TestDaemon> {
     let cfg = dir.join("gpuprofd.toml");
-    std::fs::write(&cfg, "[sampler]\nspawn = false\ndevices = [0, 1]\nstream_queue = 512\n")?;
+    std::fs::write(&cfg, format!("[sampler]\nspawn = false\ndevices = [{gpus}]\nstream_queue = 512\n"))?;
     crate::TestDaemon::start_with(&dir.join("state"), &["--config", cfg.to_str().unwrap_or_default()])
 }
 

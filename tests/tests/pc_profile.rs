@@ -206,6 +206,62 @@ fn batches_are_pushed_queried_shown_and_exported_as_pprof() -> Result<()> {
 }
 
 #[test]
+fn trace_ends_with_a_pc_top_and_pc_watch_prints_each_batch() -> Result<()> {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir()?;
+    let d = start_daemon(dir.path())?;
+    let mut a = PcAgent::connect(&d.agent_socket, "/usr/bin/pcapp", 1)?;
+    let sock = d.api_socket.to_str().unwrap_or_default().to_string();
+    let ctl = gpuprof_testkit::bin_path("gpuprofctl");
+    let trace = std::process::Command::new(&ctl)
+        .args(["--socket", &sock, "trace", "--exe", "pcapp", "--pc-sampling", "--duration", "4s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let PcCommand::Start(st) = a.command(Duration::from_secs(10))? else { panic!("expected StartPcSampling") };
+    let id = st.session_id.to_string();
+    let mut watch = std::process::Command::new(&ctl)
+        .args(["--socket", &sock, "--json", "pc", "watch", &id])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let out = watch.stdout.take().expect("stdout");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    // Batches until the watcher shows one (it subscribes at its own pace).
+    let [b1, _] = batches();
+    let t = Instant::now();
+    let first = loop {
+        a.batch(st.session_id, 0, &b1, 0)?;
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(200)) {
+            break l;
+        }
+        assert!(t.elapsed() < Duration::from_secs(3), "pc watch printed nothing");
+    };
+    let v: serde_json::Value = serde_json::from_str(&first)?;
+    assert_eq!(v["samples"].as_array().map(Vec::len), Some(4), "{v}");
+    assert_eq!(v["samples"][0]["stall_reason"], "stalled_long_scoreboard");
+    assert_eq!(v["samples"][0]["line"], 42);
+    // The trace ends with its duration: so does the watch, and trace prints the PC top.
+    let traced = trace.wait_with_output()?;
+    let text = String::from_utf8_lossy(&traced.stdout);
+    assert!(traced.status.success(), "{text}{}", String::from_utf8_lossy(&traced.stderr));
+    assert!(text.contains("PC samples") && text.contains("gemm_tile<128>"), "{text}");
+    assert!(text.contains("stalled_long_scoreboard"), "{text}");
+    assert!(watch.wait()?.success());
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert!(rest.iter().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "{rest:?}");
+    a.goodbye()?;
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
+
+#[test]
 fn hundred_subscribers_get_every_batch_and_a_slow_one_is_dropped() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let d = start_daemon(dir.path())?;

@@ -10,7 +10,8 @@ use anyhow::Result;
 use gpuprof_proto::agent::{CubinChunk, PcSamplingStatus, agent_message::Msg};
 use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::pc_agent::{
-    FakePc, PcAgent, PcCommand, ctl_ok, pc_state, show, start_daemon, start_session, wait_pc_state,
+    FakePc, PcAgent, PcCommand, ctl_ok, pc_state, show, start_daemon, start_daemon_managing, start_session,
+    wait_pc_state,
 };
 
 fn holder_kind(d: &TestDaemon, gpu: usize) -> String {
@@ -163,6 +164,22 @@ fn a_pause_at_start_makes_the_lease_wait_and_a_disconnect_hands_it_back() -> Res
         assert!(t.elapsed() < Duration::from_secs(5), "the lease went back to the PM sampler");
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
+
+#[test]
+fn a_gpu_this_daemon_does_not_manage_gets_no_lease() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = start_daemon_managing(dir.path(), "0")?;
+    let a = PcAgent::connect(&d.agent_socket, "/usr/bin/pcapp", 2)?;
+    let id = start_session(&d, &["--exe", "pcapp", "--pc-sampling"]);
+    assert_eq!(start_cmd(a.command(Duration::from_secs(5))?).device_id, 0);
+    let s = wait_pc_state(&d, id, a.process_id, 1, |s| !s.is_empty());
+    assert_eq!(s, "no lease (GPU 1 is not managed by this gpuprofd (managed: [0]))");
+    assert!(a.try_command(Duration::from_millis(300)).is_none(), "nothing for GPU 1");
+    wait_pc_state(&d, id, a.process_id, 0, |s| s == "sampling");
+    a.goodbye()?;
     assert_eq!(d.terminate()?, 0);
     Ok(())
 }
