@@ -18,6 +18,18 @@ CREATE TABLE pc_sampling (
     PRIMARY KEY (session, proc, device)
 ) WITHOUT ROWID;
 
+-- Samples per (session, process, function, stall reason) and second (the batch's end, s since
+-- the Unix epoch): the time series behind the Perfetto export's stall-reason counters.
+CREATE TABLE pc_timeline (
+    session  INTEGER NOT NULL,
+    proc     INTEGER NOT NULL,
+    function INTEGER NOT NULL,              -- strings.id
+    stall    INTEGER NOT NULL,              -- strings.id
+    t        INTEGER NOT NULL,
+    count    INTEGER NOT NULL,
+    PRIMARY KEY (session, proc, function, stall, t)
+) WITHOUT ROWID;
+
 -- Cubins the injected processes loaded, once per content hash (CUPTI's CRC, 16 hex digits;
 -- pc_sample.module names the same string), for PC-to-source lookups.
 CREATE TABLE cubins (

@@ -195,6 +195,34 @@ fn batches_are_pushed_queried_shown_and_exported_as_pprof() -> Result<()> {
     let hot_sample = prof.sample.iter().find(|x| x.location_id == [hot.id]).expect("sample");
     assert_eq!(hot_sample.value, [1100, 1000, 0, 100]);
 
+    // Perfetto: a counter track per (kernel, stall reason) with the samples per second.
+    let path = dir.path().join("t.pftrace");
+    ctl_ok(&d, &["export", &id.to_string(), "-o", path.to_str().unwrap_or_default()]);
+    let trace = gpuprof_proto::perfetto::Trace::decode(std::fs::read(&path)?.as_slice())?;
+    use gpuprof_proto::perfetto::trace_packet::Data;
+    let counters: HashMap<u64, String> = trace
+        .packet
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(Data::TrackDescriptor(t)) if t.counter.is_some() => Some((t.uuid?, t.name.clone()?)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(counters.len(), 5, "(gemm, add) x their stall reasons: {counters:?}");
+    let lsb = counters.iter().filter(|(_, n)| n.contains("gemm_tile<128>") && n.ends_with(": stalled_long_scoreboard"));
+    let lsb: Vec<u64> = lsb.map(|(u, _)| *u).collect();
+    assert_eq!(lsb.len(), 1, "{counters:?}");
+    let values: Vec<i64> = trace
+        .packet
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(Data::TrackEvent(e)) if e.track_uuid == Some(lsb[0]) => e.counter_value,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(values.iter().sum::<i64>(), 1000, "gemm's long-scoreboard samples over time: {values:?}");
+    assert_eq!(values.last(), Some(&0), "back to 0 after the last second with samples");
+
     // The session ends: so do its streams.
     ctl_ok(&d, &["session", "stop", &id.to_string()]);
     let end = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), all.message()).await })??;

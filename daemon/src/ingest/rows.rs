@@ -268,6 +268,11 @@ pub(super) fn insert_pc(c: &Connection, proc: u64, p: &ProcCtx, b: &wire::PcSamp
            file = CASE WHEN excluded.file != 0 THEN excluded.file ELSE file END,
            line = CASE WHEN excluded.line != 0 THEN excluded.line ELSE line END",
     )?;
+    let mut timeline = c.prepare_cached(
+        "INSERT INTO pc_timeline(session, proc, function, stall, t, count) VALUES (?1,?2,?3,?4,?5,?6)
+         ON CONFLICT(session, proc, function, stall, t) DO UPDATE SET count = count + excluded.count",
+    )?;
+    let t = (b.end_ns / 1_000_000_000) as i64;
     for s in &b.samples {
         stmt.execute(params![
             b.session_id as i64,
@@ -280,6 +285,16 @@ pub(super) fn insert_pc(c: &Connection, proc: u64, p: &ProcCtx, b: &wire::PcSamp
             st(s.file_id),
             s.line
         ])?;
+        if b.end_ns > 0 {
+            timeline.execute(params![
+                b.session_id as i64,
+                proc as i64,
+                st(s.function_name_id),
+                st(s.stall_reason_id),
+                t,
+                s.count as i64
+            ])?;
+        }
     }
     let (taken, lost) = batch_totals(b);
     if taken > 0 || lost > 0 {

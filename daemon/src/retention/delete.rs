@@ -25,6 +25,7 @@ pub(super) const SESSION_KEYED: &[(&str, &str)] = &[
     ("busy_rollup", "dev"),
     ("pc_sample", "proc, function, pc, stall"),
     ("pc_sampling", "proc, device"),
+    ("pc_timeline", "proc, function, stall, t"),
 ];
 
 /// What [`forget_session`] found.
