@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=agent/v1/agent.proto");
     println!("cargo:rerun-if-changed=gpuprof/v1/gpuprof.proto");
     println!("cargo:rerun-if-changed=perfetto/trace.proto");
+    println!("cargo:rerun-if-changed=pprof/profile.proto");
     tonic_prost_build::configure()
         .build_server(false)
         .build_client(false)
@@ -17,6 +18,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(false)
         .build_client(false)
         .compile_protos(&["perfetto/trace.proto"], &["."])?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(false)
+        .compile_protos(&["pprof/profile.proto"], &["."])?;
     // The encoded descriptors of gpuprof.v1 are what the daemon's server reflection serves.
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()

@@ -23,10 +23,15 @@ pub enum Format {
     Perfetto,
     /// A standalone SQLite database (.sqlite, .sqlite3, .db).
     Sqlite,
+    /// The session's PC samples as a gzipped pprof profile (.pb.gz, .pprof): go tool pprof,
+    /// Pyroscope, Speedscope.
+    Pprof,
 }
 
 /// File name endings and the format each means, longest first.
 const ENDINGS: &[(&str, Format)] = &[
+    (".pb.gz", Format::Pprof),
+    (".pprof", Format::Pprof),
     (".perfetto-trace", Format::Perfetto),
     (".pftrace", Format::Perfetto),
     (".json.gz", Format::ChromeGz),
@@ -43,7 +48,7 @@ pub fn format_of(path: &Path) -> Result<Format, Usage> {
         Usage(format!(
             "-o {}: cannot tell the format from the name; use --format, or a name ending in \
              .json (chrome), .json.gz (chrome-gz), .pftrace or .perfetto-trace (perfetto), \
-             .sqlite, .sqlite3 or .db (sqlite)",
+             .sqlite, .sqlite3 or .db (sqlite), .pb.gz or .pprof (pprof)",
             path.display()
         ))
     })
@@ -78,6 +83,8 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         Format::Chrome | Format::ChromeGz => pb::ExportFormat::ChromeJson,
         Format::Perfetto => pb::ExportFormat::Perfetto,
         Format::Sqlite => pb::ExportFormat::Sqlite,
+        // gzipped by gpuprofd already
+        Format::Pprof => pb::ExportFormat::Pprof,
     };
     let mut stream = c
         .export_trace(pb::ExportTraceRequest {
@@ -143,6 +150,7 @@ fn format_name(f: Format) -> &'static str {
         Format::ChromeGz => "chrome-gz",
         Format::Perfetto => "perfetto",
         Format::Sqlite => "sqlite",
+        Format::Pprof => "pprof",
     }
 }
 

@@ -61,11 +61,11 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         None => None,
         Some(p) => match crate::export::format_of(p)? {
             f @ (Format::Chrome | Format::ChromeGz | Format::Perfetto) => Some(f),
-            Format::Sqlite => {
+            Format::Sqlite | Format::Pprof => {
                 return Err(crate::output::Usage(format!(
                     "-o {}: a trace over several hosts is merged as Chrome JSON (.json, .json.gz) or \
                      Perfetto (.pftrace, .perfetto-trace); each host's session can still be exported \
-                     as SQLite on its own with `gpuprofctl --host H export`",
+                     as SQLite or pprof on its own with `gpuprofctl --host H export`",
                     p.display()
                 ))
                 .into());

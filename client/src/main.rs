@@ -5,6 +5,7 @@ mod export;
 mod fleet;
 mod fleet_perfetto;
 mod output;
+mod pc;
 mod profile;
 mod records;
 mod sessions;
@@ -72,6 +73,10 @@ enum Cmd {
     /// Live PM samples.
     #[command(subcommand)]
     Pm(profile::PmCmd),
+    /// PC samples of a session: where kernels stall, by function, source line, stall reason
+    /// or PC.
+    #[command(subcommand)]
+    Pc(pc::PcCmd),
     /// GPUs known to gpuprofd.
     #[command(after_help = "--json: one JSON array, an object per GPU.")]
     Devices,
@@ -91,7 +96,7 @@ enum Cmd {
     #[command(after_help = "--json: JSON Lines, one object per record as they stream, each with its \"kind\".")]
     Query(records::QueryArgs),
     /// Write a session to a file: Chrome trace JSON (.json, .json.gz), Perfetto trace
-    /// (.pftrace) or SQLite (.sqlite); `-o -` writes to stdout.
+    /// (.pftrace), SQLite (.sqlite) or its PC samples as pprof (.pb.gz); `-o -` writes to stdout.
     #[command(after_help = "--json: one JSON object saying what was written (on stderr with `-o -`).")]
     Export(export::ExportArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -215,6 +220,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Profile(a) => profile::profile(&mut client, a, cli.json).await?,
         Cmd::Pm(c) => profile::pm(&mut client, c, cli.json).await?,
+        Cmd::Pc(c) => pc::pc(&mut client, c, cli.json).await?,
         Cmd::Devices => sessions::devices(&mut client, cli.json).await?,
         Cmd::Procs(a) => sessions::procs(&mut client, a, cli.json).await?,
         Cmd::Session(c) => sessions::session(&mut client, c, cli.json).await?,

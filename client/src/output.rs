@@ -234,6 +234,8 @@ pub fn session_json(s: &pb::Session) -> Value {
             "preset": c.preset,
             "pc_sampling": c.pc_sampling,
             "pc_sampling_period_log2": c.pc_sampling_period_log2,
+            "pc_stall_reasons": c.pc_stall_reasons,
+            "pc_flush_interval_ms": c.pc_flush_interval_ms,
             "pm_metrics": c.pm_metrics,
         },
         "owner_uid": s.owner_uid,
@@ -259,6 +261,9 @@ pub fn session_json(s: &pb::Session) -> Value {
             "pod_uid": p.pod_uid,
             "pod_name": p.pod_name,
             "pod_namespace": p.pod_namespace,
+            "pc_sampling": p.pc_sampling.iter().map(|d| json!({
+                "device": d.device, "state": d.state, "samples": d.samples, "dropped": d.dropped, "heals": d.heals,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }

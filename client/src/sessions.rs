@@ -82,6 +82,20 @@ pub struct CollectArgs {
     /// A label for the session.
     #[arg(long, default_value = "")]
     pub name: String,
+    /// Also sample the PCs of the traced processes' kernels, continuously (needs each GPU's
+    /// performance monitor: a pause or an outside profiler holds it back).
+    #[arg(long)]
+    pub pc_sampling: bool,
+    /// PC sampling period, a power of two of SM cycles (5..31; default 10).
+    #[arg(long, value_name = "LOG2", requires = "pc_sampling")]
+    pub pc_period: Option<u32>,
+    /// Only these stall reasons (comma-separated CUPTI names, with or without the
+    /// smsp__pcsamp_warps_issue_ prefix), e.g. stalled_long_scoreboard,stalled_barrier.
+    #[arg(long, value_name = "R,R", value_delimiter = ',', requires = "pc_sampling")]
+    pub pc_stall: Vec<String>,
+    /// How often processes send their PC samples, in ms (100..60000; default 1000).
+    #[arg(long, value_name = "N", requires = "pc_sampling")]
+    pub pc_flush_ms: Option<u32>,
 }
 
 impl CollectArgs {
@@ -93,7 +107,14 @@ impl CollectArgs {
         Ok(pb::StartSessionRequest {
             name: self.name.clone(),
             targets,
-            collect: Some(pb::CollectOptions { preset: self.preset.clone(), ..Default::default() }),
+            collect: Some(pb::CollectOptions {
+                preset: self.preset.clone(),
+                pc_sampling: self.pc_sampling,
+                pc_sampling_period_log2: self.pc_period.unwrap_or(0),
+                pc_stall_reasons: self.pc_stall.clone(),
+                pc_flush_interval_ms: self.pc_flush_ms.unwrap_or(0),
+                ..Default::default()
+            }),
             start_at_ns,
             duration_ms: self.duration.map(|d| d.as_millis() as u64).unwrap_or(0),
             max_records: self.max_records.unwrap_or(0),
@@ -337,7 +358,12 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
         println!("reason       {}", s.stop_reason);
     }
     println!("targets      {}", s.targets.iter().map(target_text).collect::<Vec<_>>().join(", "));
-    println!("collect      {}{}", c.preset, if c.pc_sampling { " + PC sampling" } else { "" });
+    let pc = if c.pc_sampling {
+        format!(" + PC sampling (period 2^{} cycles, flush {} ms)", c.pc_sampling_period_log2, c.pc_flush_interval_ms)
+    } else {
+        String::new()
+    };
+    println!("collect      {}{pc}", c.preset);
     println!("owner uid    {}", s.owner_uid);
     println!("created      {}", wall(s.created_at_ns));
     println!("started      {}", wall(s.started_at_ns));
@@ -377,6 +403,7 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
             &[">ID", ">PID", "STATE", ">RECORDS", ">DROPPED", "JOINED (UTC)", "POD", "CONTAINER", "EXE", "DETAIL"],
             &rows,
         );
+        crate::pc::print_session_pc(s);
     }
     Ok(())
 }
@@ -418,8 +445,15 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
     };
     let summary =
         c.get_summary(pb::GetSummaryRequest { session_id: id, filter: None, top: args.top }).await?.into_inner();
+    let pc = match args.collect.pc_sampling {
+        true => Some(crate::pc::query(c, id, crate::pc::By::Function, None, 5).await?),
+        false => None,
+    };
     if json {
-        let v = serde_json::json!({"session": session_json(&final_session), "summary": summary_json(&summary)});
+        let mut v = serde_json::json!({"session": session_json(&final_session), "summary": summary_json(&summary)});
+        if let Some(pc) = &pc {
+            v["pc_top"] = crate::pc::top_json(id, crate::pc::By::Function, pc);
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if interrupted {
@@ -442,6 +476,18 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
             );
         }
         print_summary(&summary, 80, false);
+        if let Some(pc) = &pc {
+            println!();
+            println!("{} (gpuprofctl pc top {id} --by line: the source lines)", crate::pc::totals_text(pc));
+            if pc.total_samples > 0 {
+                println!("{}", crate::pc::top_text(pc, crate::pc::By::Function, 60));
+            }
+            for p in &final_session.processes {
+                for d in p.pc_sampling.iter().filter(|d| d.samples == 0) {
+                    println!("  pid {} GPU {}: no PC samples: {}", p.pid, d.device, d.state);
+                }
+            }
+        }
     }
     if let Some(path) = &args.output {
         let data = crate::records::export_bytes(c, id, pb::ExportFormat::ChromeJson).await?;

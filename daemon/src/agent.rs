@@ -274,6 +274,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         placement,
         cupti_version: hello.cupti_version,
         sampler_device: hello.sampler_device,
+        devices: hello.devices,
         connected_at_ns: now_ns(),
         last_seen_ns: now_ns().into(),
         trace_state: std::sync::Mutex::new("idle".into()),
@@ -283,7 +284,15 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     d.registry.insert(agent.clone());
     tracing::info!(id, pid, uid = cred.uid(), kind, exe = %agent.exe, "agent connected");
 
-    let mut conn = Conn { d: &d, agent: &agent, next_string: 1, drops: HashMap::new(), cupti_dropped: 0 };
+    let mut conn = Conn {
+        d: &d,
+        agent: &agent,
+        next_string: 1,
+        drops: HashMap::new(),
+        cupti_dropped: 0,
+        names: Default::default(),
+        cubins: Default::default(),
+    };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
             Ok(m) => match conn.dispatch(m).await {
@@ -373,6 +382,10 @@ struct Conn<'a> {
     drops: HashMap<Kind, u64>,
     /// Last cumulative CUPTI drop count.
     cupti_dropped: u64,
+    /// The strings defined so far, for PC sample rows pushed to stream subscribers.
+    names: crate::pcsamp::names::ConnNames,
+    /// Cubins half received.
+    cubins: crate::pcsamp::cubin::Assembler,
 }
 
 impl Conn<'_> {
@@ -410,6 +423,7 @@ impl Conn<'_> {
                         )));
                     }
                     self.next_string += 1;
+                    self.names.push(&s.value);
                     values.push(s.value);
                 }
                 d.writer.send(WriterMsg::Strings { proc: id, values }).await.map_err(|_| ConnError::Shutdown)?;
@@ -504,6 +518,17 @@ impl Conn<'_> {
                     self.check_str(s.function_name_id, "a PC sample")?;
                     self.check_str(s.stall_reason_id, "a PC sample")?;
                     self.check_str(s.module_id, "a PC sample")?;
+                    self.check_str(s.file_id, "a PC sample")?;
+                }
+                d.pc.add_batch(id, &b);
+                if d.pc.has_subscribers(b.session_id) {
+                    let response = gpuprof_proto::api::StreamPcSamplesResponse {
+                        samples: self.names.rows(id, &b),
+                        start_ns: b.start_ns,
+                        end_ns: b.end_ns,
+                        dropped_samples: b.dropped_samples,
+                    };
+                    d.pc.publish(b.session_id, crate::pcsamp::Push { response });
                 }
                 d.stats.queued_records.fetch_add(b.samples.len() as u64, Relaxed);
                 d.writer.send(WriterMsg::PcSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;
@@ -518,8 +543,22 @@ impl Conn<'_> {
                 });
             }
             Msg::Goodbye(_) => return Ok(false),
-            // Handled once the daemon stores PC-sampling states and cubins; until then ignored.
-            Msg::PcSamplingState(_) | Msg::Cubin(_) => {}
+            Msg::PcSamplingState(s) => {
+                self.require_kind("injector", &Msg::PcSamplingState(Default::default()))?;
+                if let Some(r) = d.pc.agent_state(id, &s).map_err(proto_err)? {
+                    tracing::warn!(id, pid = self.agent.pid, device = s.device_id, reason = %r.reason, "PC sampling ended by the agent's report");
+                    let _ = d.arbiter.release(r.lease, "gpuprofd", &r.reason);
+                }
+            }
+            Msg::Cubin(c) => {
+                self.require_kind("injector", &Msg::Cubin(Default::default()))?;
+                if let Some((hash, data)) = self.cubins.chunk(c, |h| d.pc.cubin_known(h)).map_err(proto_err)?
+                    && d.pc.cubin_stored(&hash)
+                {
+                    tracing::debug!(id, hash = %hash, bytes = data.len(), "cubin received");
+                    d.writer.send(WriterMsg::Cubin { proc: id, hash, data }).await.map_err(|_| ConnError::Shutdown)?;
+                }
+            }
         }
         Ok(true)
     }

@@ -349,15 +349,16 @@ impl Gpuprof for Api {
         req: Request<pb::StreamPcSamplesRequest>,
     ) -> Result<Response<Self::StreamPcSamplesStream>, Status> {
         let caller = self.caller(&req);
-        let s = crate::pmstream::pc_stream(&self.d, req.get_ref().session_id, &caller)?;
+        let s = crate::pmstream::pc_stream(&self.d, &caller, req.into_inner()).await?;
         Ok(Response::new(Box::pin(s)))
     }
 
     async fn query_pc_samples(
         &self,
-        _req: Request<pb::QueryPcSamplesRequest>,
+        req: Request<pb::QueryPcSamplesRequest>,
     ) -> Result<Response<pb::QueryPcSamplesResponse>, Status> {
-        Err(Status::unimplemented("QueryPcSamples is not available in this gpuprofd yet"))
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::query::query_pc_samples(&self.d, &caller, req.into_inner()).await?))
     }
 
     async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {

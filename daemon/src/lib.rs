@@ -21,6 +21,7 @@ pub mod export;
 pub mod ingest;
 pub mod kubelet;
 pub mod otlp;
+pub mod pcsamp;
 pub mod pmstream;
 pub mod prometheus;
 pub mod query;
@@ -82,6 +83,8 @@ pub struct Daemon {
     pub gpus: Arc<sampler::Gpus>,
     /// PM stream subscribers and latest values (see [`pmstream`]).
     pub pm: pmstream::PmHub,
+    /// PC sampling per (session, process, device), its leases and stream (see [`pcsamp`]).
+    pub pc: pcsamp::PcHub,
 }
 
 impl Daemon {

@@ -293,88 +293,87 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
     Ok(ReceiverStream::new(rx))
 }
 
-/// `StreamPcSamples`: the session's aggregated PC samples, polled from the database once a
-/// second; each message carries the rows whose counts changed (counts are totals).
-pub fn pc_stream(
+/// `StreamPcSamples`: each PC sample batch of the session's processes, pushed as it arrives
+/// (before it is committed) from the session's broadcast ring (`PcHub`), filtered by kernel.
+/// A subscriber the ring overtakes (it read too slowly) is dropped with RESOURCE_EXHAUSTED;
+/// the stream ends when the session ends. A session that has ended streams nothing.
+pub async fn pc_stream(
     d: &Arc<Daemon>,
-    session_id: u64,
     caller: &crate::access::Caller,
-) -> Result<ReceiverStream<Result<pb::StreamPcSamplesResponse, Status>>, Status> {
-    let reader = crate::store::open_reader(&d.db_path).map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
-    let owner: Option<u32> =
-        reader.query_row("SELECT owner_uid FROM sessions WHERE id = ?1", [session_id as i64], |r| r.get(0)).ok();
-    let Some(owner) = owner else {
-        return Err(ApiError::NotFound(format!("session_id: no session {session_id}")).into());
-    };
-    if !caller.may_access(owner) {
-        return Err(ApiError::PermissionDenied(format!(
-            "session {session_id} belongs to uid {owner}; uid {} may only stream its own sessions",
-            caller.uid
-        ))
-        .into());
+    req: pb::StreamPcSamplesRequest,
+) -> Result<impl tokio_stream::Stream<Item = Result<pb::StreamPcSamplesResponse, Status>> + Send + 'static, Status> {
+    if !req.kernel.is_empty()
+        && let Err(e) = gpuprof_proto::glob::check(&req.kernel)
+    {
+        return Err(ApiError::invalid("kernel", format!("{:?}: {e}", req.kernel)).into());
     }
-    let (tx, rx) = mpsc::channel(16);
-    let shutdown = d.shutdown.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut seen: HashMap<(i64, i64, i64, i64), i64> = HashMap::new();
-        loop {
-            let rows = pc_rows(&reader, session_id);
-            let state: String = reader
-                .query_row("SELECT state FROM sessions WHERE id = ?1", [session_id as i64], |r| r.get(0))
-                .unwrap_or_default();
-            let rows = match rows {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(ApiError::Internal(format!("reading PC samples: {e}")).into()));
-                    return;
-                }
-            };
-            let mut changed = Vec::new();
-            for (key, row) in rows {
-                if seen.get(&key) != Some(&(row.count as i64)) {
-                    seen.insert(key, row.count as i64);
-                    changed.push(row);
-                }
-            }
-            for chunk in changed.chunks(1000) {
-                if tx
-                    .blocking_send(Ok(pb::StreamPcSamplesResponse { samples: chunk.to_vec(), ..Default::default() }))
-                    .is_err()
-                {
-                    return;
+    let session = req.session_id;
+    crate::access::authorize_session(d, caller, session).await?;
+    // Subscribe first, then look: a session that ends in between closes the ring we hold.
+    let rx = d.pc.subscribe(session);
+    let open = d.sessions.is_open(session);
+    if !open {
+        d.pc.close_stream(session);
+    }
+    let kernel = req.kernel;
+    let hub = PcSub { d: d.clone() };
+    hub.d.pc.subscribers.fetch_add(1, Relaxed);
+    let s = tokio_stream::StreamExt::map_while(
+        tokio_stream::wrappers::BroadcastStream::new(rx),
+        move |r| -> Option<Result<pb::StreamPcSamplesResponse, Status>> {
+            let _keep = &hub;
+            match r {
+                Ok(p) => Some(Ok(filter_pc(&p.response, &kernel))),
+                Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
+                    let why = format!("subscriber fell {n} PC sample batches behind; dropped (read faster)");
+                    tracing::info!(session, reason = %why, "dropping a slow PC stream subscriber");
+                    hub.d.pc.note_dropped();
+                    Some(Err(ApiError::ResourceExhausted(why).into()))
                 }
             }
-            let open = matches!(state.as_str(), "pending" | "active" | "stopping");
-            if !open || shutdown.is_cancelled() || tx.is_closed() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_secs(1));
+        },
+    );
+    // After an error (a dropped subscriber) the stream ends.
+    let mut failed = false;
+    Ok(tokio_stream::StreamExt::filter_map(s, move |r| {
+        if failed {
+            return None;
         }
-    });
-    Ok(ReceiverStream::new(rx))
+        match r {
+            Ok(m) if m.samples.is_empty() && m.dropped_samples == 0 => None,
+            Ok(m) => Some(Ok(m)),
+            Err(e) => {
+                failed = true;
+                Some(Err(e))
+            }
+        }
+    }))
 }
 
-type PcKey = (i64, i64, i64, i64);
+/// Counts a PC stream subscriber for as long as its stream lives.
+struct PcSub {
+    d: Arc<Daemon>,
+}
 
-fn pc_rows(c: &rusqlite::Connection, session: u64) -> rusqlite::Result<Vec<(PcKey, pb::PcSampleRow)>> {
-    let mut stmt = c.prepare_cached(
-        "SELECT p.proc, p.function, p.pc, p.stall, COALESCE(f.demangled, f.value, ''), COALESCE(s.value, ''), p.count
-         FROM pc_sample p LEFT JOIN strings f ON f.id = p.function LEFT JOIN strings s ON s.id = p.stall
-         WHERE p.session = ?1",
-    )?;
-    let rows = stmt.query_map([session as i64], |r| {
-        let key: PcKey = (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
-        Ok((
-            key,
-            pb::PcSampleRow {
-                process_id: key.0 as u64,
-                function_name: r.get(4)?,
-                pc_offset: key.2 as u64,
-                stall_reason: r.get(5)?,
-                count: r.get::<_, i64>(6)? as u64,
-                ..Default::default()
-            },
-        ))
-    })?;
-    rows.collect()
+impl Drop for PcSub {
+    fn drop(&mut self) {
+        self.d.pc.subscribers.fetch_sub(1, Relaxed);
+    }
+}
+
+/// The rows of a pushed batch whose function matches `kernel` (a glob; empty: all).
+fn filter_pc(m: &pb::StreamPcSamplesResponse, kernel: &str) -> pb::StreamPcSamplesResponse {
+    if kernel.is_empty() {
+        return m.clone();
+    }
+    let samples = m
+        .samples
+        .iter()
+        .filter(|r| {
+            gpuprof_proto::glob::matches(kernel, &r.function_name)
+                || (!r.mangled_name.is_empty() && gpuprof_proto::glob::matches(kernel, &r.mangled_name))
+        })
+        .cloned()
+        .collect();
+    pb::StreamPcSamplesResponse { samples, ..m.clone() }
 }

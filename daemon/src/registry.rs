@@ -29,6 +29,8 @@ pub struct Agent {
     pub cupti_version: u32,
     /// Samplers: the device they serve.
     pub sampler_device: u32,
+    /// Injectors: the devices the process reported in its Hello (CUDA ordinals, UUIDs).
+    pub devices: Vec<gpuprof_proto::agent::Device>,
     pub connected_at_ns: u64,
     /// Last frame received (ns since the Unix epoch).
     pub last_seen_ns: AtomicU64,

@@ -57,6 +57,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         arbiter,
         gpus,
         pm: pmstream::PmHub::default(),
+        pc: crate::pcsamp::PcHub::new(config.sampler.stream_queue),
         writer,
         config,
     });

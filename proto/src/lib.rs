@@ -5,6 +5,7 @@
 //!   new-process [`hint`] file the daemon keeps next to that socket.
 //! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
 //! - [`perfetto`]: the part of Perfetto's trace format that gpuprofd's exports write.
+//! - [`pprof`]: the pprof `Profile` that gpuprofd's PC-sampling export writes.
 #![forbid(unsafe_code)]
 
 pub mod frame;
@@ -25,6 +26,13 @@ pub mod agent {
 pub mod perfetto {
     #![allow(clippy::all, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
+}
+
+/// The pprof profile format (`perftools.profiles`, google/pprof's field numbers), written by
+/// the `pprof` export of a session's PC samples.
+pub mod pprof {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
 
 /// The public gRPC API, `gpuprof.v1`.

@@ -104,6 +104,7 @@ fn perfetto_trace_has_the_sessions_slices_tracks_and_flows() {
                         let began = open.remove(&track).expect("an end without a begin");
                         assert!(ts >= began, "a slice ends before it begins");
                     }
+                    Type::Counter => assert!(e.counter_value.is_some(), "a counter event without a value"),
                     Type::Unspecified => panic!("an event without a type"),
                 }
             }

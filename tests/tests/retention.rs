@@ -31,8 +31,16 @@ const RECORD_TABLES: &[&str] = &[
 ];
 
 /// Every table with a `session` column besides the record tables.
-const SESSION_TABLES: &[&str] =
-    &["session_processes", "session_rows", "kernel_rollup", "memcpy_rollup", "api_rollup", "busy_rollup", "pc_sample"];
+const SESSION_TABLES: &[&str] = &[
+    "session_processes",
+    "session_rows",
+    "kernel_rollup",
+    "memcpy_rollup",
+    "api_rollup",
+    "busy_rollup",
+    "pc_sample",
+    "pc_sampling",
+];
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()

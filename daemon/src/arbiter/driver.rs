@@ -240,12 +240,10 @@ fn send_pc(d: &Daemon, l: &Lease, start: bool, reason: &str) {
         return;
     };
     let msg = if start {
-        daemon_message::Msg::StartPcSampling(wire::StartPcSampling {
-            session_id: session,
-            device_id: agent_device,
-            period_log2,
-            ..Default::default()
-        })
+        // The session's options, as the sessions supervisor filed them with the request.
+        let mut m = d.pc.start_message(l.id).unwrap_or_default();
+        (m.session_id, m.device_id, m.period_log2) = (session, agent_device, period_log2);
+        daemon_message::Msg::StartPcSampling(m)
     } else {
         daemon_message::Msg::StopPcSampling(wire::StopPcSampling {
             session_id: session,
@@ -258,6 +256,20 @@ fn send_pc(d: &Daemon, l: &Lease, start: bool, reason: &str) {
     }
 }
 
+/// Who holds a device, for the state of a PC-sampling lease waiting or preempted.
+fn who(l: &Lease) -> String {
+    match &l.holder {
+        Holder::Pause { .. } => format!("pause by {}: {}", l.holder.describe(), l.reason),
+        Holder::Sampler => "the gpuprofd PM sampler".into(),
+        Holder::PcSampling { .. } => format!("PC sampling of {}", l.holder.describe()),
+    }
+}
+
+/// The holder of `device` now, described by [`who`].
+fn holder_now(d: &Daemon, device: u32) -> String {
+    d.arbiter.holder_of(device).map(|l| who(&l)).unwrap_or_else(|| "nobody".into())
+}
+
 /// Applies one batch of events: commands to PC-sampling holders, sampler sync, markers.
 fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
     let mut touched: HashMap<u32, ()> = HashMap::new();
@@ -265,12 +277,18 @@ fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
         match e {
             Event::Granted { lease } => {
                 tracing::info!(device = lease.device, lease = lease.id, holder = %lease.holder.describe(), reason = %lease.reason, "performance monitor granted");
+                if matches!(lease.holder, Holder::PcSampling { .. }) {
+                    d.pc.granted(lease.id);
+                }
                 send_pc(d, lease, true, "");
                 touched.insert(lease.device, ());
             }
             Event::Revoked { lease, by, reason } => {
                 tracing::info!(device = lease.device, lease = lease.id, by, reason = %reason, holder = %lease.holder.describe(), "performance monitor revoked");
                 send_pc(d, lease, false, &format!("preempted: {reason}"));
+                if matches!(lease.holder, Holder::PcSampling { .. }) {
+                    d.pc.revoked(lease.id, &holder_now(d, lease.device));
+                }
                 touched.insert(lease.device, ());
             }
             Event::Released { lease, was_holder, reason, .. } => {
@@ -309,7 +327,13 @@ fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
             Event::ExternalCleared { device } => {
                 touched.insert(*device, ());
             }
-            Event::Queued { lease } | Event::Extended { lease, .. } => {
+            Event::Queued { lease } => {
+                if matches!(lease.holder, Holder::PcSampling { .. }) {
+                    d.pc.queued(lease.id, &holder_now(d, lease.device));
+                }
+                touched.insert(lease.device, ());
+            }
+            Event::Extended { lease, .. } => {
                 touched.insert(lease.device, ());
             }
         }

@@ -1,5 +1,6 @@
 //! ExportTrace: a session as Chrome trace JSON (Perfetto UI, chrome://tracing), as a Perfetto
-//! protobuf trace, or as a standalone SQLite file, streamed to the client in chunks.
+//! protobuf trace, as a standalone SQLite file, or its PC samples as a gzipped pprof profile,
+//! streamed to the client in chunks.
 //!
 //! Chrome JSON layout:
 //! - one trace process per gpuprof process (its host threads: API calls and NVTX ranges
@@ -19,7 +20,8 @@
 //!
 //! Where things are: `chrome` writes the Chrome trace from `records` (the session's rows,
 //! merged) and `flows` (launch arrows), with the helpers in `json`; `perfetto` writes the
-//! same records and flows as Perfetto track events; `sqlite` builds the SQLite file; `out`
+//! same records and flows as Perfetto track events; `sqlite` builds the SQLite file; `pprof`
+//! the PC-sampling profile; `out`
 //! sends any of them to the client in chunks.
 
 mod chrome;
@@ -27,6 +29,7 @@ mod flows;
 mod json;
 mod out;
 mod perfetto;
+pub mod pprof;
 mod records;
 mod sqlite;
 
@@ -45,6 +48,7 @@ use crate::query::check_filter;
 use chrome::chrome;
 use out::Stop;
 use perfetto::perfetto;
+use pprof::pprof;
 use sqlite::sqlite;
 
 pub use records::EVENT_TABLES;
@@ -70,9 +74,7 @@ pub async fn export(
             pb::ExportFormat::Unspecified | pb::ExportFormat::ChromeJson => chrome(&db, session, &f, &tx),
             pb::ExportFormat::Sqlite => sqlite(&db, &tmp_dir, session, &f, &tx),
             pb::ExportFormat::Perfetto => perfetto(&db, session, &f, &tx),
-            pb::ExportFormat::Pprof => {
-                Err(Stop::Failed(ApiError::invalid("format", "pprof export is not available in this gpuprofd yet")))
-            }
+            pb::ExportFormat::Pprof => pprof(&db, session, &f, &tx),
         };
         match r {
             Ok(()) => {}

@@ -7,15 +7,17 @@
 //! copies, sets, graph launches). Each record is a slice (a begin and an end event; an NVTX
 //! mark is an instant) at CUPTI's own ns timestamps. Each launch or copy call starts a flow
 //! per activity it launched, which ends at that activity. Every track is described once,
-//! right before its first event; all packets are one sequence.
+//! right before its first event; all packets are one sequence. Sessions with PC sampling add,
+//! under each process, a counter track per (kernel, stall reason) of its ten hottest kernels:
+//! the samples in each second (from `pc_timeline`), 0 in seconds without any.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use gpuprof_proto::api as pb;
 use gpuprof_proto::perfetto::{
-    DebugAnnotation, ProcessDescriptor, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, debug_annotation,
-    trace_packet, track_event,
+    CounterDescriptor, DebugAnnotation, ProcessDescriptor, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent,
+    debug_annotation, trace_packet, track_event,
 };
 use prost::Message;
 use rusqlite::Connection;
@@ -46,8 +48,12 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
         w.out.written += 1;
         w.out.maybe_send()?;
     }
+    w.pc_counters(session)?;
     w.out.send()
 }
+
+/// Kernels per process that get stall-reason counter tracks.
+const PC_COUNTER_KERNELS: usize = 10;
 
 /// A track of the trace, by what it shows.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -58,6 +64,8 @@ enum Track {
     Overhead(i64),
     Gpu(i64, i64),
     Stream(i64, i64, i64),
+    /// Samples of one stall reason in one kernel: (process, function, stall reason).
+    PcStall(i64, i64, i64),
 }
 
 /// What one record becomes: its track, name, category and arguments.
@@ -182,6 +190,7 @@ impl Writer<'_> {
             debug_annotations: slice.args,
             flow_ids,
             terminating_flow_ids: terminating,
+            counter_value: None,
         };
         self.event(rec.start, begin);
         if !instant {
@@ -210,7 +219,7 @@ impl Writer<'_> {
         }
         let parent = match t {
             Track::Process(_) => None,
-            Track::Thread(p, _) | Track::Sync(p) | Track::Overhead(p) | Track::Gpu(p, _) => {
+            Track::Thread(p, _) | Track::Sync(p) | Track::Overhead(p) | Track::Gpu(p, _) | Track::PcStall(p, _, _) => {
                 Some(self.track(Track::Process(p)))
             }
             Track::Stream(p, dev, _) => Some(self.track(Track::Gpu(p, dev))),
@@ -245,9 +254,63 @@ impl Writer<'_> {
             Track::Overhead(_) => d.name = Some("CUPTI overhead".into()),
             Track::Gpu(_, dev) => d.name = Some(format!("GPU {dev}")),
             Track::Stream(_, _, stream) => d.name = Some(format!("stream {stream}")),
+            Track::PcStall(_, function, stall) => {
+                let kernel = self.strings.get(self.c, function).unwrap_or_default();
+                let stall = self.strings.get(self.c, stall).unwrap_or_default();
+                let short: String = kernel.chars().take(60).collect();
+                d.name = Some(format!("PC {short}: {}", crate::pcsamp::short_stall(&stall)));
+                d.counter = Some(CounterDescriptor {});
+            }
         }
         self.packet(TracePacket { data: Some(trace_packet::Data::TrackDescriptor(d)), ..Default::default() });
         uuid
+    }
+
+    /// Stall-reason counters of the session's hottest kernels, per process.
+    fn pc_counters(&mut self, session: u64) -> Result<(), Stop> {
+        let mut stmt = self.c.prepare(
+            "SELECT proc, function, stall, t, count FROM pc_timeline WHERE session = ?1
+             ORDER BY proc, function, stall, t",
+        )?;
+        let rows: Vec<[i64; 5]> = stmt
+            .query_map([session as i64], |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?]))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut totals: HashMap<(i64, i64), i64> = HashMap::new();
+        for r in &rows {
+            *totals.entry((r[0], r[1])).or_default() += r[4];
+        }
+        let mut hot: Vec<((i64, i64), i64)> = totals.into_iter().collect();
+        hot.sort_by(|a, b| a.0.0.cmp(&b.0.0).then(b.1.cmp(&a.1)).then(a.0.1.cmp(&b.0.1)));
+        let mut kept: std::collections::HashSet<(i64, i64)> = std::collections::HashSet::new();
+        let mut per_proc: HashMap<i64, usize> = HashMap::new();
+        for ((p, f), _) in hot {
+            let n = per_proc.entry(p).or_default();
+            if *n < PC_COUNTER_KERNELS {
+                *n += 1;
+                kept.insert((p, f));
+            }
+        }
+        const S: i64 = 1_000_000_000;
+        for (i, r) in rows.iter().enumerate() {
+            let [p, f, stall, t, count] = *r;
+            if !kept.contains(&(p, f)) {
+                continue;
+            }
+            let uuid = self.track(Track::PcStall(p, f, stall));
+            let counter = |v: i64| TrackEvent {
+                r#type: Some(track_event::Type::Counter as i32),
+                track_uuid: Some(uuid),
+                counter_value: Some(v),
+                ..Default::default()
+            };
+            self.event(t.saturating_mul(S), counter(count));
+            let next = rows.get(i + 1).filter(|n| n[..3] == r[..3]).map(|n| n[3]);
+            if next != Some(t + 1) {
+                self.event((t + 1).saturating_mul(S), counter(0));
+            }
+            self.out.maybe_send()?;
+        }
+        Ok(())
     }
 
     /// A packet as field 1 of `Trace`, on the one sequence.

@@ -29,7 +29,7 @@ use crate::stats::Stats;
 use writer::Writer;
 
 pub use msg::{ProcessInfo, WriterCall, WriterMsg};
-pub use rows::UNKNOWN;
+pub use rows::{UNKNOWN, batch_totals};
 
 /// Sending side of the writer channel.
 #[derive(Clone)]

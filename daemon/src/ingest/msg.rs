@@ -42,6 +42,8 @@ pub enum WriterMsg {
     PmSamples { proc: u64, batch: wire::PmSampleBatch },
     /// PC samples (aggregated) from an injector.
     PcSamples { proc: u64, batch: wire::PcSampleBatch },
+    /// A whole cubin (reassembled from its chunks), stored once per hash.
+    Cubin { proc: u64, hash: String, data: Vec<u8> },
     /// Run arbitrary writes in order (sessions, arbiter audit, ...).
     Call(WriterCall),
     /// Commit everything queued before this, then reply.

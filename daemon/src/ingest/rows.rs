@@ -256,13 +256,23 @@ pub(super) fn insert_pm(c: &Connection, proc: u64, b: &wire::PmSampleBatch, ids:
     Ok(())
 }
 
-/// Adds aggregated PC samples from process `proc` to the counts stored so far.
+/// Adds aggregated PC samples from process `proc` to the counts stored so far, and the batch's
+/// samples taken and lost to the (session, process, device) totals.
 pub(super) fn insert_pc(c: &Connection, proc: u64, p: &ProcCtx, b: &wire::PcSampleBatch) -> rusqlite::Result<()> {
     let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
     let mut stmt = c.prepare_cached(
-        "INSERT INTO pc_sample(session, proc, function, pc, stall, module, count) VALUES (?1,?2,?3,?4,?5,?6,?7)
-         ON CONFLICT(session, proc, function, pc, stall) DO UPDATE SET count = count + excluded.count",
+        "INSERT INTO pc_sample(session, proc, function, pc, stall, module, count, file, line)
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)
+         ON CONFLICT(session, proc, function, pc, stall) DO UPDATE SET count = count + excluded.count,
+           module = CASE WHEN excluded.module != 0 THEN excluded.module ELSE module END,
+           file = CASE WHEN excluded.file != 0 THEN excluded.file ELSE file END,
+           line = CASE WHEN excluded.line != 0 THEN excluded.line ELSE line END",
     )?;
+    let mut timeline = c.prepare_cached(
+        "INSERT INTO pc_timeline(session, proc, function, stall, t, count) VALUES (?1,?2,?3,?4,?5,?6)
+         ON CONFLICT(session, proc, function, stall, t) DO UPDATE SET count = count + excluded.count",
+    )?;
+    let t = (b.end_ns / 1_000_000_000) as i64;
     for s in &b.samples {
         stmt.execute(params![
             b.session_id as i64,
@@ -271,9 +281,48 @@ pub(super) fn insert_pc(c: &Connection, proc: u64, p: &ProcCtx, b: &wire::PcSamp
             s.pc_offset as i64,
             st(s.stall_reason_id),
             st(s.module_id),
-            s.count as i64
+            s.count as i64,
+            st(s.file_id),
+            s.line
         ])?;
+        if b.end_ns > 0 {
+            timeline.execute(params![
+                b.session_id as i64,
+                proc as i64,
+                st(s.function_name_id),
+                st(s.stall_reason_id),
+                t,
+                s.count as i64
+            ])?;
+        }
     }
+    let (taken, lost) = batch_totals(b);
+    if taken > 0 || lost > 0 {
+        c.prepare_cached(
+            "INSERT INTO pc_sampling(session, proc, device, samples, dropped) VALUES (?1,?2,?3,?4,?5)
+             ON CONFLICT(session, proc, device) DO UPDATE SET samples = samples + excluded.samples,
+               dropped = dropped + excluded.dropped",
+        )?
+        .execute(params![b.session_id as i64, proc as i64, b.device_id, taken as i64, lost as i64])?;
+    }
+    Ok(())
+}
+
+/// Samples a PC batch says the hardware took (its total, or else the sum of its counts plus
+/// those dropped) and lost.
+pub fn batch_totals(b: &wire::PcSampleBatch) -> (u64, u64) {
+    let counted: u64 = b.samples.iter().map(|s| s.count).sum();
+    let total = if b.total_samples > 0 { b.total_samples } else { counted.saturating_add(b.dropped_samples) };
+    (total, b.dropped_samples)
+}
+
+/// Stores a cubin unless one with its hash is stored already.
+pub(super) fn insert_cubin(c: &Connection, proc: u64, hash: &str, data: &[u8], now: i64) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO cubins(hash, size, data, first_seen_ns, proc) VALUES (?1,?2,?3,?4,?5)
+         ON CONFLICT(hash) DO NOTHING",
+    )?
+    .execute(params![hash, data.len() as i64, data, now, proc as i64])?;
     Ok(())
 }
 

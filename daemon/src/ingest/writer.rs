@@ -274,6 +274,12 @@ impl Writer {
                 self.pending[Kind::PcSample.index()] += n;
                 self.pending_total += n;
             }
+            WriterMsg::Cubin { proc, hash, data } => {
+                self.begin();
+                if let Err(e) = rows::insert_cubin(&self.conn, proc, &hash, &data, now_ns()) {
+                    self.fail(e.to_string());
+                }
+            }
         }
     }
 

@@ -18,6 +18,7 @@ use crate::error::{ApiError, ApiResult};
 mod filter;
 mod inventory;
 mod names;
+pub mod pc;
 mod records;
 pub mod rollups;
 mod summary;
@@ -25,6 +26,7 @@ mod summary;
 pub use filter::{Cols, Where, check_filter, cols, where_for};
 pub use inventory::{list_devices, list_processes};
 pub use names::{NAME_GLOB, Strings, copy_kind_name, names, string, sync_type_name};
+pub use pc::query_pc_samples;
 use records::stream_records;
 pub use summary::summary;
 

@@ -24,6 +24,8 @@ pub(super) const SESSION_KEYED: &[(&str, &str)] = &[
     ("api_rollup", "proc, domain, cbid"),
     ("busy_rollup", "dev"),
     ("pc_sample", "proc, function, pc, stall"),
+    ("pc_sampling", "proc, device"),
+    ("pc_timeline", "proc, function, stall, t"),
 ];
 
 /// What [`forget_session`] found.
@@ -165,6 +167,19 @@ pub fn expire_unsessioned_chunk(
     fix_progress(&tx, table)?;
     tx.commit()?;
     Ok((deleted, newer.is_some() || next > hi))
+}
+
+/// Deletes the cubins first seen before `cutoff` that no PC sample row refers to (its module);
+/// a few per pass (one cubin is one row, however large).
+pub fn expire_cubins(c: &mut Connection, cutoff: i64) -> rusqlite::Result<u64> {
+    let n = c.execute(
+        "DELETE FROM cubins WHERE hash IN (
+           SELECT hash FROM cubins WHERE first_seen_ns < ?1
+             AND hash NOT IN (SELECT value FROM strings WHERE id IN (SELECT DISTINCT module FROM pc_sample))
+           LIMIT 64)",
+        [cutoff],
+    )?;
+    Ok(n as u64)
 }
 
 /// Processes deleted per writer call at most.

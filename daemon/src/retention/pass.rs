@@ -9,8 +9,8 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::delete::{
-    CHUNK_ROWS, Forget, PROCESS_BATCH, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk, expire_processes,
-    expire_unsessioned_chunk, forget_session,
+    CHUNK_ROWS, Forget, PROCESS_BATCH, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk, expire_cubins,
+    expire_processes, expire_unsessioned_chunk, forget_session,
 };
 use super::select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
 use super::steps::{Halt, read, step};
@@ -62,6 +62,7 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over
                 break;
             }
         }
+        step(d, move |c| expire_cubins(c, cutoff)).await?;
     }
     if max_size > 0 {
         let wal_cap = u64::from(d.config.storage.wal_autocheckpoint_pages);

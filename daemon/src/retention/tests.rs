@@ -164,7 +164,12 @@ fn deletes_old_finished_sessions_with_everything_they_own() {
         c.execute("INSERT INTO session_processes(session, proc, joined_ns, state) VALUES (?1, 1, 0, 'stopped')", [s])
             .unwrap();
         c.execute("INSERT INTO busy_rollup VALUES (?1, 0, 1, 2, 3, 4, 5)", [s]).unwrap();
-        c.execute("INSERT INTO pc_sample VALUES (?1, 1, 5, 16, 6, 0, 3)", [s]).unwrap();
+        c.execute("INSERT INTO pc_sample VALUES (?1, 1, 5, 16, 6, 0, 3, 0, 0)", [s]).unwrap();
+        c.execute(
+            "INSERT INTO pc_sampling(session, proc, device, state, samples) VALUES (?1, 1, 0, 'stopped', 3)",
+            [s],
+        )
+        .unwrap();
     }
     // More rollup rows than one chunk.
     for b in 0..(CHUNK_ROWS as i64 + 100) {
@@ -190,6 +195,7 @@ fn deletes_old_finished_sessions_with_everything_they_own() {
         ("kernel_rollup", "session"),
         ("busy_rollup", "session"),
         ("pc_sample", "session"),
+        ("pc_sampling", "session"),
     ] {
         assert_eq!(count(&c, &format!("SELECT count(*) FROM {t} WHERE {col} = 1")), 0, "{t}");
         assert!(count(&c, &format!("SELECT count(*) FROM {t} WHERE {col} = 2")) > 0, "{t} of session 2");
@@ -312,10 +318,21 @@ fn expires_processes_nothing_refers_to() {
          INSERT INTO drops VALUES (1, 'kernel', 5);
          INSERT INTO session_processes(session, proc, joined_ns, state) VALUES (9, 2, 0, 'stopped');
          INSERT INTO session_rows VALUES (0, 'kernel', 3, 1, 1, 1);
-         INSERT INTO pc_sample VALUES (0, 6, 1, 1, 1, 0, 1);",
+         INSERT INTO pc_sample VALUES (0, 6, 1, 1, 1, 0, 1, 0, 0);",
     )
     .unwrap();
     assert_eq!(expire_processes(&mut c, 100 * S, 500).unwrap(), 1);
+    // Cubins: kept while a PC sample refers to them or while they are recent.
+    c.execute_batch(
+        "INSERT INTO strings(id, value) VALUES (9001, '00000000000000aa');
+         INSERT INTO pc_sample VALUES (0, 7, 1, 2, 1, 9001, 1, 0, 0);
+         INSERT INTO cubins VALUES ('00000000000000aa', 1, x'00', 0, 7);
+         INSERT INTO cubins VALUES ('00000000000000bb', 1, x'00', 0, 7);",
+    )
+    .unwrap();
+    c.execute("INSERT INTO cubins VALUES ('00000000000000cc', 1, x'00', ?1, 7)", [1000 * S]).unwrap();
+    assert_eq!(super::delete::expire_cubins(&mut c, 100 * S).unwrap(), 1);
+    assert_eq!(count(&c, "SELECT count(*) FROM cubins WHERE hash != '00000000000000bb'"), 2);
     let left: Vec<i64> = c
         .prepare("SELECT id FROM processes ORDER BY id")
         .unwrap()

@@ -234,7 +234,15 @@ async fn fill_counts_all(d: &Daemon, sessions: Vec<pb::Session>) -> Vec<pb::Sess
     })
     .await;
     match r {
-        Ok(Ok(v)) => v,
+        Ok(Ok(mut v)) => {
+            // Open sessions: PC sampling as it is now.
+            for s in &mut v {
+                if pb::SessionState::try_from(s.state).ok().and_then(State::from_pb).is_some_and(State::is_open) {
+                    super::pc::overlay(d, s);
+                }
+            }
+            v
+        }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "cannot count session records");
             original

@@ -20,11 +20,13 @@
 //! - [`state`]: session states and the state of each open session (no I/O);
 //! - [`store`]: the `sessions`/`session_processes` rows: the persister task, [`recover`], reading;
 //! - [`hints`]: the new-process hint file;
+//! - [`pc`]: PC-sampling leases of the members and their states;
 //! - [`supervisor`]: transitions with their commands to agents, and the supervisor task ([`supervise`]);
 //! - [`api`]: the StartSession, StopSession, GetSession and ListSessions handlers.
 
 mod api;
 mod hints;
+mod pc;
 mod spec;
 mod state;
 mod store;
@@ -78,6 +80,11 @@ impl Sessions {
     /// Sessions pending, active or stopping.
     pub fn open_count(&self) -> usize {
         self.lock().open.len()
+    }
+
+    /// Whether session `id` is pending, active or stopping.
+    pub fn is_open(&self, id: u64) -> bool {
+        self.lock().open.get(&id).is_some_and(|l| l.state.is_open())
     }
 
     /// The session an agent is traced for, if any.

@@ -118,6 +118,55 @@ pub struct Collect {
     pub pc_sampling_period_log2: u32,
     #[serde(default)]
     pub pm_metrics: Vec<String>,
+    /// Stall reasons without CUPTI's prefix (empty: all).
+    #[serde(default)]
+    pub pc_stall_reasons: Vec<String>,
+    #[serde(default)]
+    pub pc_flush_interval_ms: u32,
+    #[serde(default)]
+    pub pc_hw_buffer_mib: u32,
+    #[serde(default)]
+    pub pc_scratch_buffer_mib: u32,
+}
+
+/// Largest CUPTI PC-sampling hardware buffer accepted, MiB.
+const MAX_PC_HW_BUFFER_MIB: u32 = 4096;
+/// Largest CUPTI PC-sampling scratch buffer accepted, MiB.
+const MAX_PC_SCRATCH_MIB: u32 = 1024;
+/// Most stall reasons a session may name (GH100 has 40).
+const MAX_STALL_REASONS: usize = 64;
+
+/// Stall reasons as CUPTI names them, with or without the "smsp__pcsamp_warps_issue_" prefix,
+/// normalized to the form without it, deduplicated, in the order given.
+fn stall_reasons(v: &[String]) -> ApiResult<Vec<String>> {
+    if v.len() > MAX_STALL_REASONS {
+        return Err(ApiError::invalid(
+            "collect.pc_stall_reasons",
+            format!("{} reasons named, at most {MAX_STALL_REASONS}", v.len()),
+        ));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for r in v {
+        let t = r.trim().to_ascii_lowercase();
+        let short = crate::pcsamp::short_stall(&t).to_string();
+        let ok = short.len() <= 128
+            && short.starts_with(|c: char| c.is_ascii_lowercase())
+            && short.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !ok {
+            return Err(ApiError::invalid(
+                "collect.pc_stall_reasons",
+                format!(
+                    "{r:?} is not a stall reason name; use CUPTI's names such as \"stalled_long_scoreboard\" \
+                     (with or without the \"{}\" prefix)",
+                    crate::pcsamp::STALL_PREFIX
+                ),
+            ));
+        }
+        if !out.contains(&short) {
+            out.push(short);
+        }
+    }
+    Ok(out)
 }
 
 impl Collect {
@@ -130,14 +179,8 @@ impl Collect {
                 format!("unknown preset {preset:?}; use \"kernels\", \"default\" or \"full\""),
             ));
         }
-        // Refused rather than silently ignored: the injector has no PC sampling yet, and PM
-        // metrics come from the device samplers ([sampler] metrics, StreamPmSamples).
-        if c.pc_sampling {
-            return Err(ApiError::invalid(
-                "collect.pc_sampling",
-                "PC sampling in sessions is not supported by this gpuprofd yet; leave it unset",
-            ));
-        }
+        // Refused rather than silently ignored: PM metrics come from the device samplers
+        // ([sampler] metrics, StreamPmSamples).
         if !c.pm_metrics.is_empty() {
             return Err(ApiError::invalid(
                 "collect.pm_metrics",
@@ -152,11 +195,50 @@ impl Collect {
         if c.pm_metrics.iter().any(|m| m.trim().is_empty()) {
             return Err(ApiError::invalid("collect.pm_metrics", "a metric name is empty"));
         }
+        let pc_options = [
+            ("collect.pc_sampling_period_log2", p != 0),
+            ("collect.pc_stall_reasons", !c.pc_stall_reasons.is_empty()),
+            ("collect.pc_flush_interval_ms", c.pc_flush_interval_ms != 0),
+            ("collect.pc_hw_buffer_mib", c.pc_hw_buffer_mib != 0),
+            ("collect.pc_scratch_buffer_mib", c.pc_scratch_buffer_mib != 0),
+        ];
+        if !c.pc_sampling
+            && let Some((field, _)) = pc_options.iter().find(|(_, set)| *set)
+        {
+            return Err(ApiError::invalid(field, "is a PC sampling option: set collect.pc_sampling too"));
+        }
+        let flush = c.pc_flush_interval_ms;
+        if flush != 0 && !(100..=60_000).contains(&flush) {
+            return Err(ApiError::invalid(
+                "collect.pc_flush_interval_ms",
+                format!("{flush} ms is outside 100..60000 (0: 1000)"),
+            ));
+        }
+        if c.pc_hw_buffer_mib > MAX_PC_HW_BUFFER_MIB {
+            return Err(ApiError::invalid(
+                "collect.pc_hw_buffer_mib",
+                format!(
+                    "{} MiB is above the maximum of {MAX_PC_HW_BUFFER_MIB} (0: CUPTI's default, 512)",
+                    c.pc_hw_buffer_mib
+                ),
+            ));
+        }
+        if c.pc_scratch_buffer_mib > MAX_PC_SCRATCH_MIB {
+            return Err(ApiError::invalid(
+                "collect.pc_scratch_buffer_mib",
+                format!("{} MiB is above the maximum of {MAX_PC_SCRATCH_MIB} (0: 4)", c.pc_scratch_buffer_mib),
+            ));
+        }
+        let pc_stall_reasons = stall_reasons(&c.pc_stall_reasons)?;
         Ok(Collect {
             preset,
             pc_sampling: c.pc_sampling,
             pc_sampling_period_log2: if p == 0 && c.pc_sampling { 10 } else { p },
             pm_metrics: c.pm_metrics,
+            pc_stall_reasons,
+            pc_flush_interval_ms: if flush == 0 && c.pc_sampling { 1000 } else { flush },
+            pc_hw_buffer_mib: c.pc_hw_buffer_mib,
+            pc_scratch_buffer_mib: c.pc_scratch_buffer_mib,
         })
     }
 
@@ -166,7 +248,10 @@ impl Collect {
             pc_sampling: self.pc_sampling,
             pc_sampling_period_log2: self.pc_sampling_period_log2,
             pm_metrics: self.pm_metrics.clone(),
-            ..Default::default()
+            pc_stall_reasons: self.pc_stall_reasons.clone(),
+            pc_flush_interval_ms: self.pc_flush_interval_ms,
+            pc_hw_buffer_mib: self.pc_hw_buffer_mib,
+            pc_scratch_buffer_mib: self.pc_scratch_buffer_mib,
         }
     }
 
@@ -224,6 +309,7 @@ mod tests {
             placement: crate::cgroup::parse_path(cgroup).into(),
             cupti_version: 0,
             sampler_device: 0,
+            devices: Vec::new(),
             connected_at_ns: 0,
             last_seen_ns: 0.into(),
             trace_state: std::sync::Mutex::new("idle".into()),
@@ -282,9 +368,54 @@ mod tests {
     }
 
     #[test]
+    fn pc_sampling_options() {
+        let o = |f: &dyn Fn(&mut pb::CollectOptions)| {
+            let mut c = pb::CollectOptions { pc_sampling: true, ..Default::default() };
+            f(&mut c);
+            Collect::from_pb(Some(&c)).map_err(|e| e.to_string())
+        };
+        let c = o(&|c| {
+            c.pc_stall_reasons = vec![
+                "smsp__pcsamp_warps_issue_stalled_long_scoreboard".into(),
+                "Stalled_Barrier ".into(),
+                "stalled_long_scoreboard".into(),
+            ];
+            c.pc_sampling_period_log2 = 5;
+            c.pc_flush_interval_ms = 100;
+        })
+        .unwrap();
+        assert_eq!(c.pc_stall_reasons, ["stalled_long_scoreboard", "stalled_barrier"]);
+        assert_eq!(Collect::from_pb(Some(&c.to_pb())).unwrap(), c, "stored options read back the same");
+        for (bad, field) in [
+            (
+                &(|c: &mut pb::CollectOptions| c.pc_sampling_period_log2 = 4) as &dyn Fn(&mut pb::CollectOptions),
+                "period_log2",
+            ),
+            (&|c| c.pc_sampling_period_log2 = 32, "period_log2"),
+            (&|c| c.pc_flush_interval_ms = 99, "pc_flush_interval_ms"),
+            (&|c| c.pc_flush_interval_ms = 60_001, "pc_flush_interval_ms"),
+            (&|c| c.pc_hw_buffer_mib = 4097, "pc_hw_buffer_mib"),
+            (&|c| c.pc_scratch_buffer_mib = 1025, "pc_scratch_buffer_mib"),
+            (&|c| c.pc_stall_reasons = vec!["long scoreboard".into()], "pc_stall_reasons"),
+            (&|c| c.pc_stall_reasons = vec![String::new()], "pc_stall_reasons"),
+            (
+                &|c| {
+                    c.pc_sampling = false;
+                    c.pc_flush_interval_ms = 500;
+                },
+                "set collect.pc_sampling too",
+            ),
+        ] {
+            let e = o(bad).unwrap_err();
+            assert!(e.contains(field), "{e}");
+        }
+    }
+
+    #[test]
     fn presets() {
         assert!(Collect::from_pb(Some(&pb::CollectOptions { preset: "bogus".into(), ..Default::default() })).is_err());
-        assert!(Collect::from_pb(Some(&pb::CollectOptions { pc_sampling: true, ..Default::default() })).is_err());
+        let pc = Collect::from_pb(Some(&pb::CollectOptions { pc_sampling: true, ..Default::default() })).unwrap();
+        assert_eq!((pc.pc_sampling_period_log2, pc.pc_flush_interval_ms), (10, 1000));
         let pm = pb::CollectOptions { pm_metrics: vec!["sm__cycles_active.avg".into()], ..Default::default() };
         assert!(Collect::from_pb(Some(&pm)).is_err());
         let c = Collect::from_pb(None).unwrap();

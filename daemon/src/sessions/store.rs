@@ -37,6 +37,14 @@ pub(super) enum Op {
         detail: String,
         left_ns: Option<u64>,
     },
+    /// The last PC-sampling state of a process's device in the session.
+    PcState {
+        session: u64,
+        proc: u64,
+        device: u32,
+        state: String,
+        heals: u32,
+    },
     /// The session reached a final state: forget it in memory once written, then wake waiters.
     Finished {
         id: u64,
@@ -173,6 +181,9 @@ pub(super) fn fill_counts_from(c: &Connection, sessions: &mut [pb::Session]) -> 
         let drops = session_drops(c, s.id, &procs)?;
         let mut placement =
             c.prepare_cached("SELECT container_id, pod_uid, pod_name, pod_namespace FROM processes WHERE id = ?1")?;
+        let mut pc = c.prepare_cached(
+            "SELECT device, state, samples, dropped, heals FROM pc_sampling WHERE session = ?1 AND proc = ?2 ORDER BY device",
+        )?;
         for p in &mut s.processes {
             p.records = records.get(&p.process_id).copied().unwrap_or(0);
             p.dropped = drops.get(&p.process_id).copied().unwrap_or(0);
@@ -182,6 +193,17 @@ pub(super) fn fill_counts_from(c: &Connection, sessions: &mut [pb::Session]) -> 
             {
                 (p.container_id, p.pod_uid, p.pod_name, p.pod_namespace) = (cid, uid, name, ns);
             }
+            p.pc_sampling = pc
+                .query_map(params![s.id as i64, p.process_id as i64], |r| {
+                    Ok(pb::PcSamplingDevice {
+                        device: r.get(0)?,
+                        state: r.get(1)?,
+                        samples: r.get::<_, i64>(2)? as u64,
+                        dropped: r.get::<_, i64>(3)? as u64,
+                        heals: r.get(4)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
         }
         s.records = records.values().sum();
     }
@@ -293,6 +315,13 @@ fn apply(c: &mut Connection, ops: Vec<Op>) -> rusqlite::Result<()> {
                          ELSE coalesce(drops_at_leave, (SELECT coalesce(sum(dropped), 0) FROM drops WHERE proc = ?2)) END
                      WHERE session = ?1 AND proc = ?2",
                     params![session as i64, proc as i64, state, detail, left_ns.map(|v| v as i64)],
+                )?;
+            }
+            Op::PcState { session, proc, device, state, heals } => {
+                tx.execute(
+                    "INSERT INTO pc_sampling(session, proc, device, state, heals) VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT(session, proc, device) DO UPDATE SET state = excluded.state, heals = excluded.heals",
+                    params![session as i64, proc as i64, device, state, heals],
                 )?;
             }
             Op::Finished { .. } | Op::Barrier(_) => {}

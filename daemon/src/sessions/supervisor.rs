@@ -58,6 +58,7 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
     let sent = a.send(start_trace(id, &l.collect));
     let (state, detail) = l.join(a.id, a.pid, &a.exe, now, sent);
     if state == "starting" {
+        super::pc::request(d, id, &l.collect, a);
         g.busy.insert(a.id, id);
     }
     tracing::info!(session = id, process = a.id, pid = a.pid, state, "process joined session");
@@ -97,6 +98,7 @@ pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
             m.settled = true;
         }
     }
+    super::pc::stop(d, id);
     tracing::info!(session = id, reason, "session stopping");
     publish_hint(d, g);
     maybe_finish(d, g, id);
@@ -136,6 +138,7 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
         stopped_ns: Some(now),
         reason: Some(l.stop_reason.clone()),
     });
+    super::pc::finish(d, id);
     let waiters = std::mem::take(&mut l.waiters);
     d.sessions.op(Op::Finished { id, waiters });
     d.session_records.remove(&id);
@@ -244,6 +247,7 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
             for s in sessions {
                 if let Some(m) = g.open.get_mut(&s).and_then(|l| l.procs.get_mut(&id)) {
                     m.leave(&reason);
+                    super::pc::left(d, s, id);
                     d.sessions.op(Op::Member {
                         session: s,
                         proc: id,

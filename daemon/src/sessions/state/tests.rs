@@ -86,6 +86,7 @@ fn agent(id: u64) -> Agent {
         placement: Default::default(),
         cupti_version: 0,
         sampler_device: 0,
+        devices: Vec::new(),
         connected_at_ns: 0,
         last_seen_ns: 0.into(),
         trace_state: std::sync::Mutex::new("idle".into()),

@@ -1,0 +1,226 @@
+//! A session's PC samples: read once from `pc_sample` (rows aggregated per process, function,
+//! PC and stall reason, so a session has thousands, not millions) and grouped here for
+//! `QueryPcSamples` and the pprof export.
+
+use std::collections::HashMap;
+
+use gpuprof_proto::api as pb;
+use rusqlite::Connection;
+
+use crate::Daemon;
+use crate::access::Caller;
+use crate::error::{ApiError, ApiResult};
+
+/// Largest `limit` accepted by QueryPcSamples.
+pub const MAX_PC_ROWS: u32 = 10_000;
+
+/// One (function, PC, stall reason) of a session, summed over its processes.
+#[derive(Debug, Clone)]
+pub struct PcRow {
+    /// strings.id of the function name.
+    pub function: i64,
+    /// Demangled (or as reported when not a mangled symbol).
+    pub name: String,
+    /// As CUPTI reported it.
+    pub mangled: String,
+    pub pc: u64,
+    /// As CUPTI reported it.
+    pub stall: String,
+    pub count: u64,
+    pub file: String,
+    pub line: u32,
+}
+
+/// The PC sample rows of `session` whose function matches `kernel` (a glob on the demangled
+/// or the reported name; empty: all), summed over processes.
+pub fn pc_rows(c: &Connection, session: u64, kernel: &str) -> rusqlite::Result<Vec<PcRow>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT p.function, COALESCE(f.demangled, f.value, ''), COALESCE(f.value, ''), p.pc,
+                COALESCE(s.value, ''), sum(p.count), COALESCE(fl.value, ''), max(p.line)
+         FROM pc_sample p
+         LEFT JOIN strings f ON f.id = p.function
+         LEFT JOIN strings s ON s.id = p.stall
+         LEFT JOIN strings fl ON fl.id = p.file
+         WHERE p.session = ?1
+         GROUP BY p.function, p.pc, p.stall",
+    )?;
+    let rows = stmt.query_map([session as i64], |r| {
+        Ok(PcRow {
+            function: r.get(0)?,
+            name: r.get(1)?,
+            mangled: r.get(2)?,
+            pc: r.get::<_, i64>(3)? as u64,
+            stall: r.get(4)?,
+            count: r.get::<_, i64>(5)? as u64,
+            file: r.get(6)?,
+            line: r.get::<_, i64>(7)? as u32,
+        })
+    })?;
+    let mut out = Vec::new();
+    for r in rows {
+        let r = r?;
+        if kernel.is_empty()
+            || gpuprof_proto::glob::matches(kernel, &r.name)
+            || gpuprof_proto::glob::matches(kernel, &r.mangled)
+        {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Samples the session's processes lost (hardware buffer full).
+pub fn pc_dropped(c: &Connection, session: u64) -> rusqlite::Result<u64> {
+    let n: i64 =
+        c.query_row("SELECT coalesce(sum(dropped), 0) FROM pc_sampling WHERE session = ?1", [session as i64], |r| {
+            r.get(0)
+        })?;
+    Ok(n.max(0) as u64)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Group {
+    Function(i64),
+    Line(i64, String, u32),
+    Stall(String),
+    Pc(i64, u64),
+}
+
+/// Groups rows (already filtered) into at most `limit` rows, hottest first; returns the rows
+/// and how many there were without the limit.
+pub fn group(rows: &[PcRow], by: pb::PcGroupBy, limit: usize) -> (Vec<pb::PcProfileRow>, u64) {
+    let mut groups: HashMap<Group, (pb::PcProfileRow, HashMap<&str, u64>)> = HashMap::new();
+    for r in rows {
+        let key = match by {
+            pb::PcGroupBy::Unspecified | pb::PcGroupBy::Function => Group::Function(r.function),
+            pb::PcGroupBy::Line => Group::Line(r.function, r.file.clone(), r.line),
+            pb::PcGroupBy::Stall => Group::Stall(r.stall.clone()),
+            pb::PcGroupBy::Pc => Group::Pc(r.function, r.pc),
+        };
+        let e = groups.entry(key.clone()).or_insert_with(|| {
+            let mut row = pb::PcProfileRow::default();
+            match &key {
+                Group::Stall(s) => row.stall_reason = s.clone(),
+                _ => {
+                    row.function_name = r.name.clone();
+                    row.mangled_name = r.mangled.clone();
+                }
+            }
+            if matches!(key, Group::Line(..) | Group::Pc(..)) {
+                row.file = r.file.clone();
+                row.line = r.line;
+            }
+            if matches!(key, Group::Pc(..)) {
+                row.pc_offset = r.pc;
+            }
+            (row, HashMap::new())
+        });
+        e.0.samples += r.count;
+        *e.1.entry(r.stall.as_str()).or_default() += r.count;
+    }
+    let total_rows = groups.len() as u64;
+    let mut out: Vec<pb::PcProfileRow> = groups
+        .into_values()
+        .map(|(mut row, stalls)| {
+            let mut s: Vec<pb::StallCount> = stalls
+                .into_iter()
+                .map(|(reason, count)| pb::StallCount { reason: reason.to_string(), count })
+                .collect();
+            s.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+            row.stalls = s;
+            row
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.samples
+            .cmp(&a.samples)
+            .then_with(|| a.function_name.cmp(&b.function_name))
+            .then_with(|| a.file.cmp(&b.file))
+            .then_with(|| a.line.cmp(&b.line))
+            .then_with(|| a.pc_offset.cmp(&b.pc_offset))
+            .then_with(|| a.stall_reason.cmp(&b.stall_reason))
+    });
+    out.truncate(limit);
+    (out, total_rows)
+}
+
+/// QueryPcSamples.
+pub async fn query_pc_samples(
+    d: &Daemon,
+    caller: &Caller,
+    req: pb::QueryPcSamplesRequest,
+) -> ApiResult<pb::QueryPcSamplesResponse> {
+    let limit = match req.limit {
+        0 => 20,
+        n if n > MAX_PC_ROWS => {
+            return Err(ApiError::invalid("limit", format!("{n} is above the maximum of {MAX_PC_ROWS}")));
+        }
+        n => n,
+    } as usize;
+    let by = pb::PcGroupBy::try_from(req.group_by).map_err(|_| {
+        ApiError::invalid("group_by", format!("{} is not a grouping (function, line, stall, pc)", req.group_by))
+    })?;
+    if !req.kernel.is_empty()
+        && let Err(e) = gpuprof_proto::glob::check(&req.kernel)
+    {
+        return Err(ApiError::invalid("kernel", format!("{:?}: {e}", req.kernel)));
+    }
+    crate::access::authorize_session(d, caller, req.session_id).await?;
+    let path = d.db_path.clone();
+    tokio::task::spawn_blocking(move || -> ApiResult<pb::QueryPcSamplesResponse> {
+        let c = crate::store::open_reader(&path)?;
+        let rows = pc_rows(&c, req.session_id, &req.kernel)?;
+        let total_samples = rows.iter().map(|r| r.count).sum();
+        let (rows, total_rows) = group(&rows, by, limit);
+        Ok(pb::QueryPcSamplesResponse {
+            rows,
+            total_samples,
+            dropped_samples: pc_dropped(&c, req.session_id)?,
+            total_rows,
+        })
+    })
+    .await?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(function: i64, pc: u64, stall: &str, count: u64, line: u32) -> PcRow {
+        PcRow {
+            function,
+            name: format!("k{function}"),
+            mangled: format!("_Z2k{function}v"),
+            pc,
+            stall: stall.into(),
+            count,
+            file: if line > 0 { "k.cu".into() } else { String::new() },
+            line,
+        }
+    }
+
+    #[test]
+    fn grouping_sums_and_orders_hottest_first() {
+        let rows = [
+            row(1, 0x10, "stalled_barrier", 5, 7),
+            row(1, 0x10, "stalled_long_scoreboard", 20, 7),
+            row(1, 0x20, "stalled_long_scoreboard", 1, 9),
+            row(2, 0x10, "selected", 30, 0),
+        ];
+        let (f, n) = group(&rows, pb::PcGroupBy::Function, 10);
+        assert_eq!(n, 2);
+        assert_eq!((f[0].function_name.as_str(), f[0].samples), ("k2", 30));
+        assert_eq!((f[1].function_name.as_str(), f[1].samples), ("k1", 26));
+        assert_eq!(f[1].stalls[0], pb::StallCount { reason: "stalled_long_scoreboard".into(), count: 21 });
+        let (l, _) = group(&rows, pb::PcGroupBy::Line, 10);
+        assert_eq!(l.iter().map(|r| (r.line, r.samples)).collect::<Vec<_>>(), [(0, 30), (7, 25), (9, 1)]);
+        let (s, _) = group(&rows, pb::PcGroupBy::Stall, 10);
+        assert_eq!(s[0].stall_reason, "selected");
+        assert_eq!((s[1].stall_reason.as_str(), s[1].samples), ("stalled_long_scoreboard", 21));
+        assert!(s[1].function_name.is_empty());
+        let (p, n) = group(&rows, pb::PcGroupBy::Pc, 2);
+        assert_eq!(n, 3);
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[1].pc_offset, p[1].samples, p[1].file.as_str()), (0x10, 25, "k.cu"));
+    }
+}

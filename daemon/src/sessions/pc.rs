@@ -1,0 +1,104 @@
+//! PC sampling of a session's processes: a performance-monitor lease per device each process
+//! reported in its Hello, asked for when the process joins and handed back when the session
+//! stops, the process leaves or sampling fails; the states go to [`crate::pcsamp::PcHub`]
+//! while the session is open and to `pc_sampling` rows when it ends.
+
+use gpuprof_proto::agent as wire;
+use gpuprof_proto::api as pb;
+
+use super::spec::Collect;
+use super::store::Op;
+use crate::Daemon;
+use crate::arbiter::core::Holder;
+use crate::pcsamp::Release;
+use crate::registry::Agent;
+
+/// The daemon's GPU index of a device a process reported, or why it has none.
+fn gpu_of(d: &Daemon, dev: &wire::Device) -> Result<u32, String> {
+    let managed = d.arbiter.devices();
+    if managed.is_empty() {
+        return Err("this gpuprofd manages no GPU: no NVIDIA driver found, or [sampler] disabled".into());
+    }
+    let found = &d.gpus.found;
+    let by_id = found.iter().find(|g| {
+        (!dev.uuid.is_empty() && g.uuid.eq_ignore_ascii_case(&dev.uuid))
+            || (!dev.pci_bus_id.is_empty() && g.pci_bus_id.eq_ignore_ascii_case(&dev.pci_bus_id))
+    });
+    let index = match by_id {
+        Some(g) => g.index,
+        // No driver list to match against (devices from [sampler] devices): CUDA's ordinal.
+        None if found.is_empty() => dev.id,
+        None => return Err(format!("{} is not a GPU this gpuprofd found", dev.uuid)),
+    };
+    if managed.contains(&index) {
+        Ok(index)
+    } else {
+        Err(format!("GPU {index} is not managed by this gpuprofd (managed: {managed:?})"))
+    }
+}
+
+/// Asks for the PC-sampling lease of every device of `a`, which just joined `session`.
+pub(super) fn request(d: &Daemon, session: u64, collect: &Collect, a: &Agent) {
+    if !collect.pc_sampling {
+        return;
+    }
+    for dev in &a.devices {
+        let start = wire::StartPcSampling {
+            session_id: session,
+            device_id: dev.id,
+            period_log2: collect.pc_sampling_period_log2,
+            stall_reasons: collect.pc_stall_reasons.clone(),
+            flush_interval_ms: collect.pc_flush_interval_ms,
+            hw_buffer_mib: collect.pc_hw_buffer_mib,
+            scratch_buffer_mib: collect.pc_scratch_buffer_mib,
+        };
+        d.pc.request((session, a.id, dev.id), start, || {
+            let gpu = gpu_of(d, dev)?;
+            let holder = Holder::PcSampling {
+                session,
+                proc: a.id,
+                pid: a.pid,
+                agent_device: dev.id,
+                period_log2: collect.pc_sampling_period_log2,
+            };
+            d.arbiter
+                .request_pc_sampling(gpu, holder, format!("PC sampling for session {session}"), None)
+                .map_err(|e| e.to_string())
+        });
+    }
+}
+
+fn release(d: &Daemon, leases: Vec<Release>) {
+    for r in leases {
+        // Already gone (its connection closed first) is fine.
+        let _ = d.arbiter.release(r.lease, "gpuprofd", &r.reason);
+    }
+}
+
+/// The session stops: every lease goes back (StopPcSampling to the holders).
+pub(super) fn stop(d: &Daemon, session: u64) {
+    release(d, d.pc.stop(session, None, "stopped"));
+}
+
+/// Process `proc` left the session.
+pub(super) fn left(d: &Daemon, session: u64, proc: u64) {
+    release(d, d.pc.stop(session, Some(proc), "stopped (process left)"));
+}
+
+/// The session ended: the last leases go back and the final states are queued for storage.
+pub(super) fn finish(d: &Daemon, session: u64) {
+    stop(d, session);
+    for ((session, proc, device), s) in d.pc.finish(session) {
+        d.sessions.op(Op::PcState { session, proc, device, state: s.state, heals: s.heals });
+    }
+}
+
+/// Overlays the live PC-sampling states of open sessions on their processes.
+pub(super) fn overlay(d: &Daemon, s: &mut pb::Session) {
+    let snap = d.pc.snapshot(s.id);
+    for p in &mut s.processes {
+        if let Some(devs) = snap.get(&p.process_id) {
+            p.pc_sampling = devs.clone();
+        }
+    }
+}
