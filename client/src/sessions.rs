@@ -86,7 +86,7 @@ pub struct CollectArgs {
     /// performance monitor: a pause or an outside profiler holds it back).
     #[arg(long)]
     pub pc_sampling: bool,
-    /// PC sampling period, a power of two of SM cycles (5..31; default 10).
+    /// PC sampling period, a power of two of SM cycles (5..31; default 15).
     #[arg(long, value_name = "LOG2", requires = "pc_sampling")]
     pub pc_period: Option<u32>,
     /// Only these stall reasons (comma-separated CUPTI names, with or without the

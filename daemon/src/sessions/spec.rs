@@ -129,6 +129,9 @@ pub struct Collect {
     pub pc_scratch_buffer_mib: u32,
 }
 
+/// The PC sampling period when a session names none: 2^15 cycles (at 2^10 and 2^13 a busy H100
+/// filled CUPTI's hardware buffer within seconds; see the injector's PC sampler).
+pub const DEFAULT_PC_PERIOD_LOG2: u32 = 15;
 /// Largest CUPTI PC-sampling hardware buffer accepted, MiB.
 const MAX_PC_HW_BUFFER_MIB: u32 = 4096;
 /// Largest CUPTI PC-sampling scratch buffer accepted, MiB.
@@ -190,7 +193,7 @@ impl Collect {
         }
         let p = c.pc_sampling_period_log2;
         if p != 0 && !(5..=31).contains(&p) {
-            return Err(ApiError::invalid("collect.pc_sampling_period_log2", format!("{p} is outside 5..31 (0: 10)")));
+            return Err(ApiError::invalid("collect.pc_sampling_period_log2", format!("{p} is outside 5..31 (0: 15)")));
         }
         if c.pm_metrics.iter().any(|m| m.trim().is_empty()) {
             return Err(ApiError::invalid("collect.pm_metrics", "a metric name is empty"));
@@ -233,7 +236,7 @@ impl Collect {
         Ok(Collect {
             preset,
             pc_sampling: c.pc_sampling,
-            pc_sampling_period_log2: if p == 0 && c.pc_sampling { 10 } else { p },
+            pc_sampling_period_log2: if p == 0 && c.pc_sampling { DEFAULT_PC_PERIOD_LOG2 } else { p },
             pm_metrics: c.pm_metrics,
             pc_stall_reasons,
             pc_flush_interval_ms: if flush == 0 && c.pc_sampling { 1000 } else { flush },
@@ -415,7 +418,7 @@ mod tests {
     fn presets() {
         assert!(Collect::from_pb(Some(&pb::CollectOptions { preset: "bogus".into(), ..Default::default() })).is_err());
         let pc = Collect::from_pb(Some(&pb::CollectOptions { pc_sampling: true, ..Default::default() })).unwrap();
-        assert_eq!((pc.pc_sampling_period_log2, pc.pc_flush_interval_ms), (10, 1000));
+        assert_eq!((pc.pc_sampling_period_log2, pc.pc_flush_interval_ms), (15, 1000));
         let pm = pb::CollectOptions { pm_metrics: vec!["sm__cycles_active.avg".into()], ..Default::default() };
         assert!(Collect::from_pb(Some(&pm)).is_err());
         let c = Collect::from_pb(None).unwrap();
