@@ -353,7 +353,7 @@ pub fn print_session_pc(s: &pb::Session) {
     }
     println!();
     println!("PC sampling");
-    table(&[">ID", ">PID", ">GPU", ">SAMPLES", ">LOST", ">HEALS", "STATE"], &rows);
+    table(&[">ID", ">PID", ">DEVICE", ">SAMPLES", ">LOST", ">HEALS", "STATE"], &rows);
 }
 
 #[cfg(test)]

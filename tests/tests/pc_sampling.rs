@@ -179,6 +179,14 @@ fn a_gpu_this_daemon_does_not_manage_gets_no_lease() -> Result<()> {
     assert_eq!(s, "no lease (GPU 1 is not managed by this gpuprofd (managed: [0]))");
     assert!(a.try_command(Duration::from_millis(300)).is_none(), "nothing for GPU 1");
     wait_pc_state(&d, id, a.process_id, 0, |s| s == "sampling");
+    // A process that turns out not traceable (another profiler holds CUPTI) gives the GPU back.
+    a.raw(Msg::TraceState(gpuprof_proto::agent::TraceState {
+        status: gpuprof_proto::agent::TraceStatus::Displaced as i32,
+        session_id: id,
+        detail: "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED".into(),
+    }))?;
+    assert_eq!(stop_cmd(a.command(Duration::from_secs(5))?).device_id, 0);
+    assert_eq!(wait_pc_state(&d, id, a.process_id, 0, |s| s != "sampling"), "stopped (process displaced)");
     a.goodbye()?;
     assert_eq!(d.terminate()?, 0);
     Ok(())
