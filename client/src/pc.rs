@@ -139,7 +139,8 @@ pub fn top_text(r: &pb::QueryPcSamplesResponse, by: By, width: usize) -> String 
     match by {
         By::Stall => table_text(&[">SAMPLES", ">%", "STALL REASON"], &rows),
         By::Pc => table_text(&[">SAMPLES", ">%", ">PC", "FUNCTION", "FILE:LINE", "TOP STALLS"], &rows),
-        By::Function | By::Line => table_text(&[">SAMPLES", ">%", "FUNCTION", "FILE:LINE", "TOP STALLS"], &rows),
+        By::Function => table_text(&[">SAMPLES", ">%", "FUNCTION", "HOTTEST LINE", "TOP STALLS"], &rows),
+        By::Line => table_text(&[">SAMPLES", ">%", "FUNCTION", "FILE:LINE", "TOP STALLS"], &rows),
     }
 }
 
@@ -353,7 +354,7 @@ pub fn print_session_pc(s: &pb::Session) {
     }
     println!();
     println!("PC sampling");
-    table(&[">ID", ">PID", ">GPU", ">SAMPLES", ">LOST", ">HEALS", "STATE"], &rows);
+    table(&[">ID", ">PID", ">DEVICE", ">SAMPLES", ">LOST", ">HEALS", "STATE"], &rows);
 }
 
 #[cfg(test)]

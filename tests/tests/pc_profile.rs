@@ -151,6 +151,7 @@ fn batches_are_pushed_queried_shown_and_exported_as_pprof() -> Result<()> {
     assert!(out.contains("1400 PC samples, 7 lost"), "{out}");
     assert!(out.contains("/src/gemm.cu:42") && out.contains("stalled_long_scoreboard 91%"), "{out}");
     assert!(!out.contains("smsp__pcsamp"), "stall reasons are shortened: {out}");
+    eprintln!("gpuprofctl pc top {id} --by line:\n{out}");
     let j: serde_json::Value = serde_json::from_str(&ctl_ok(&d, &["--json", "pc", "top", &id.to_string()]))?;
     assert_eq!(j["total_samples"], 1400);
     assert_eq!(j["rows"][0]["function"], "void gemm_tile<128>(float const*, float const*, float*, int)");
@@ -281,6 +282,7 @@ fn trace_ends_with_a_pc_top_and_pc_watch_prints_each_batch() -> Result<()> {
     assert!(traced.status.success(), "{text}{}", String::from_utf8_lossy(&traced.stderr));
     assert!(text.contains("PC samples") && text.contains("gemm_tile<128>"), "{text}");
     assert!(text.contains("stalled_long_scoreboard"), "{text}");
+    eprintln!("gpuprofctl trace --pc-sampling:\n{text}");
     assert!(watch.wait()?.success());
     let rest: Vec<String> = lines.try_iter().collect();
     assert!(rest.iter().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "{rest:?}");

@@ -169,7 +169,7 @@ fn a_pause_at_start_makes_the_lease_wait_and_a_disconnect_hands_it_back() -> Res
 }
 
 #[test]
-fn a_gpu_this_daemon_does_not_manage_gets_no_lease() -> Result<()> {
+fn an_unmanaged_gpu_gets_no_lease_and_a_displaced_process_gives_its_lease_back() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let d = start_daemon_managing(dir.path(), "0")?;
     let a = PcAgent::connect(&d.agent_socket, "/usr/bin/pcapp", 2)?;
@@ -179,6 +179,14 @@ fn a_gpu_this_daemon_does_not_manage_gets_no_lease() -> Result<()> {
     assert_eq!(s, "no lease (GPU 1 is not managed by this gpuprofd (managed: [0]))");
     assert!(a.try_command(Duration::from_millis(300)).is_none(), "nothing for GPU 1");
     wait_pc_state(&d, id, a.process_id, 0, |s| s == "sampling");
+    // A process that turns out not traceable (another profiler holds CUPTI) gives the GPU back.
+    a.raw(Msg::TraceState(gpuprof_proto::agent::TraceState {
+        status: gpuprof_proto::agent::TraceStatus::Displaced as i32,
+        session_id: id,
+        detail: "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED".into(),
+    }))?;
+    assert_eq!(stop_cmd(a.command(Duration::from_secs(5))?).device_id, 0);
+    assert_eq!(wait_pc_state(&d, id, a.process_id, 0, |s| s != "sampling"), "stopped (process displaced)");
     a.goodbye()?;
     assert_eq!(d.terminate()?, 0);
     Ok(())
@@ -221,6 +229,13 @@ fn cubins_are_stored_once_and_a_bad_piece_closes_only_its_connection() -> Result
         piece("00ff00ff", 4, 0, b"abcd"),
         piece("1111111111111111", 4, 2, b"abcd"),
         piece("2222222222222222", (256 << 20) + 1, 0, b"abcd"),
+        // Other PC-sampling messages that break the rules close the connection the same way.
+        Msg::PcSamples(gpuprof_proto::agent::PcSampleBatch {
+            session_id: 1,
+            samples: vec![gpuprof_proto::agent::PcSample { file_id: 999, count: 1, ..Default::default() }],
+            ..Default::default()
+        }),
+        Msg::PcSamplingState(gpuprof_proto::agent::PcSamplingState { session_id: 1, status: 99, ..Default::default() }),
     ];
     for (i, m) in bad.into_iter().enumerate() {
         let b = PcAgent::connect(&d.agent_socket, "/usr/bin/bad", 1)?;
@@ -229,7 +244,9 @@ fn cubins_are_stored_once_and_a_bad_piece_closes_only_its_connection() -> Result
         d.wait_status("protocol error counted", |s| s["protocol_errors"] == i as u64 + 1);
     }
     assert!(!a1.is_closed() && !a2.is_closed(), "other connections are unaffected");
-    assert!(d.log_text().contains("is not 16 hex digits"));
+    let log = d.log_text();
+    assert!(log.contains("is not 16 hex digits") && log.contains("goes past its size"), "{log}");
+    assert!(log.contains("string id 999, which was never defined") && log.contains("unknown PC sampling status 99"));
     assert_eq!(cubins(&d).len(), 2);
     assert_eq!(d.terminate()?, 0);
     Ok(())

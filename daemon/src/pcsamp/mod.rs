@@ -45,6 +45,8 @@ pub struct DevState {
     reported_heals: u32,
     /// The lease while it is requested or held.
     pub lease: Option<u64>,
+    /// The lease holds the device now (granted, not preempted since).
+    granted: bool,
     /// What `StartPcSampling` carries for this device.
     start: wire::StartPcSampling,
 }
@@ -148,6 +150,7 @@ impl PcHub {
         {
             s.state = "sampling".into();
             s.reported_heals = 0;
+            s.granted = true;
         }
     }
 
@@ -161,12 +164,14 @@ impl PcHub {
         self.set_by_lease(lease, format!("preempted ({why})"));
     }
 
+    /// A state of a lease that does not hold the device.
     fn set_by_lease(&self, lease: u64, state: String) {
         let mut g = self.lock();
         if let Some(key) = self.by_lease(&mut g, lease)
             && let Some(s) = g.devices.get_mut(&key)
         {
             s.state = state;
+            s.granted = false;
         }
     }
 
@@ -194,7 +199,8 @@ impl PcHub {
         use wire::PcSamplingStatus as S;
         let release = match status {
             S::Sampling | S::Healed => {
-                if s.lease.is_some() {
+                // A report that crossed a preemption on the way keeps the preemption shown.
+                if s.granted {
                     s.state = "sampling".into();
                 }
                 None
@@ -207,6 +213,7 @@ impl PcHub {
                 None
             }
             S::Failed => {
+                s.granted = false;
                 s.state = format!("failed{detail}");
                 s.lease.take().map(|l| Release { lease: l, reason: format!("PC sampling failed{detail}") })
             }
@@ -216,6 +223,7 @@ impl PcHub {
                 } else {
                     m.detail.clone()
                 };
+                s.granted = false;
                 s.state = format!("hardware busy ({who})");
                 s.lease.take().map(|l| Release { lease: l, reason: format!("hardware busy: {who}") })
             }
@@ -246,6 +254,7 @@ impl PcHub {
             g.devices.keys().filter(|k| k.0 == session && proc.is_none_or(|p| k.1 == p)).copied().collect();
         for key in keys {
             let Some(s) = g.devices.get_mut(&key) else { continue };
+            s.granted = false;
             if let Some(l) = s.lease.take() {
                 out.push(Release { lease: l, reason: state.to_string() });
                 g.leases.remove(&l);
@@ -368,7 +377,9 @@ mod tests {
         assert_eq!(snap(0), "sampling");
         hub.revoked(42, "pause by uid 0: ncu");
         assert_eq!(snap(0), "preempted (pause by uid 0: ncu)");
-        // The agent's STOPPED after our StopPcSampling keeps our reason.
+        // The agent's STOPPED after our StopPcSampling keeps our reason, and so does a SAMPLING
+        // that crossed the preemption.
+        assert_eq!(hub.agent_state(7, &state(wire::PcSamplingStatus::Sampling, "", 0)), Ok(None));
         assert_eq!(hub.agent_state(7, &state(wire::PcSamplingStatus::Stopped, "revoked", 0)), Ok(None));
         assert_eq!(snap(0), "preempted (pause by uid 0: ncu)");
         hub.granted(42);

@@ -86,10 +86,14 @@ enum Group {
     Pc(i64, u64),
 }
 
+/// A group under construction: its row, samples per stall reason, per source line.
+type Acc<'a> = (pb::PcProfileRow, HashMap<&'a str, u64>, HashMap<(&'a str, u32), u64>);
+
 /// Groups rows (already filtered) into at most `limit` rows, hottest first; returns the rows
-/// and how many there were without the limit.
+/// and how many there were without the limit. Function rows carry the function's hottest
+/// source line.
 pub fn group(rows: &[PcRow], by: pb::PcGroupBy, limit: usize) -> (Vec<pb::PcProfileRow>, u64) {
-    let mut groups: HashMap<Group, (pb::PcProfileRow, HashMap<&str, u64>)> = HashMap::new();
+    let mut groups: HashMap<Group, Acc<'_>> = HashMap::new();
     for r in rows {
         let key = match by {
             pb::PcGroupBy::Unspecified | pb::PcGroupBy::Function => Group::Function(r.function),
@@ -113,15 +117,21 @@ pub fn group(rows: &[PcRow], by: pb::PcGroupBy, limit: usize) -> (Vec<pb::PcProf
             if matches!(key, Group::Pc(..)) {
                 row.pc_offset = r.pc;
             }
-            (row, HashMap::new())
+            (row, HashMap::new(), HashMap::new())
         });
         e.0.samples += r.count;
         *e.1.entry(r.stall.as_str()).or_default() += r.count;
+        if matches!(key, Group::Function(_)) && !r.file.is_empty() {
+            *e.2.entry((r.file.as_str(), r.line)).or_default() += r.count;
+        }
     }
     let total_rows = groups.len() as u64;
     let mut out: Vec<pb::PcProfileRow> = groups
         .into_values()
-        .map(|(mut row, stalls)| {
+        .map(|(mut row, stalls, lines)| {
+            if let Some(((file, line), _)) = lines.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))) {
+                (row.file, row.line) = (file.to_string(), line);
+            }
             let mut s: Vec<pb::StallCount> = stalls
                 .into_iter()
                 .map(|(reason, count)| pb::StallCount { reason: reason.to_string(), count })
@@ -212,6 +222,8 @@ mod tests {
         assert_eq!((f[0].function_name.as_str(), f[0].samples), ("k2", 30));
         assert_eq!((f[1].function_name.as_str(), f[1].samples), ("k1", 26));
         assert_eq!(f[1].stalls[0], pb::StallCount { reason: "stalled_long_scoreboard".into(), count: 21 });
+        assert_eq!((f[1].file.as_str(), f[1].line), ("k.cu", 7), "the function's hottest line");
+        assert_eq!((f[0].file.as_str(), f[0].line), ("", 0));
         let (l, _) = group(&rows, pb::PcGroupBy::Line, 10);
         assert_eq!(l.iter().map(|r| (r.line, r.samples)).collect::<Vec<_>>(), [(0, 30), (7, 25), (9, 1)]);
         let (s, _) = group(&rows, pb::PcGroupBy::Stall, 10);

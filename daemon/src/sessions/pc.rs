@@ -80,9 +80,9 @@ pub(super) fn stop(d: &Daemon, session: u64) {
     release(d, d.pc.stop(session, None, "stopped"));
 }
 
-/// Process `proc` left the session.
-pub(super) fn left(d: &Daemon, session: u64, proc: u64) {
-    release(d, d.pc.stop(session, Some(proc), "stopped (process left)"));
+/// Process `proc` left the session, or cannot be traced in it (`why`: "stopped (...)").
+pub(super) fn left(d: &Daemon, session: u64, proc: u64, why: &str) {
+    release(d, d.pc.stop(session, Some(proc), why));
 }
 
 /// The session ended: the last leases go back and the final states are queued for storage.

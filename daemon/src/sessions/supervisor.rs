@@ -247,7 +247,7 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
             for s in sessions {
                 if let Some(m) = g.open.get_mut(&s).and_then(|l| l.procs.get_mut(&id)) {
                     m.leave(&reason);
-                    super::pc::left(d, s, id);
+                    super::pc::left(d, s, id, "stopped (process left)");
                     d.sessions.op(Op::Member {
                         session: s,
                         proc: id,
@@ -267,6 +267,11 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
             let Some(m) = l.procs.get_mut(&id) else { return };
             let Some(changed) = m.on_trace_status(status, stopping, &detail) else { return };
             if changed {
+                // A process that cannot be traced (CUPTI held by another profiler, or failing)
+                // gives its PC-sampling leases back.
+                if m.state == "displaced" || m.state == "failed" {
+                    super::pc::left(d, sid, id, &format!("stopped (process {})", m.state));
+                }
                 d.sessions.op(Op::Member { session: sid, proc: id, state: m.state.clone(), detail, left_ns: None });
             }
             maybe_finish(d, &mut g, sid);
