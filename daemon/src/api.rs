@@ -339,6 +339,10 @@ impl Gpuprof for Api {
         &self,
         req: Request<pb::StreamPmSamplesRequest>,
     ) -> Result<Response<Self::StreamPmSamplesStream>, Status> {
+        if req.get_ref().cupti_rate_hz > 0 {
+            // CUPTI PM sampling takes the GPU's performance monitor from everyone else.
+            crate::access::require_operator(&self.caller(&req), "start CUPTI PM sampling")?;
+        }
         let s = crate::pmstream::subscribe(&self.d, req.into_inner())?;
         Ok(Response::new(Box::pin(s)))
     }

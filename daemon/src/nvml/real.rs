@@ -99,6 +99,7 @@ fn inventory(lib: &'static Lib) -> Result<Inventory, NvmlError> {
     for index in 0..n {
         let d = lib.device_by_index(index)?;
         let cc = d.cuda_compute_capability().ok();
+        let (major, minor) = cc.map_or((0, 0), |c| (c.major.max(0) as u32, c.minor.max(0) as u32));
         devices.push(DeviceInfo {
             index,
             uuid: d.uuid().unwrap_or_default(),
@@ -111,8 +112,8 @@ fn inventory(lib: &'static Lib) -> Result<Inventory, NvmlError> {
                 Err(_) => String::new(),
             },
             power_limit_watts: d.enforced_power_limit().map(|mw| f64::from(mw) / 1000.0).unwrap_or(0.0),
-            compute_major: cc.map_or(0, |c| c.major.max(0) as u32),
-            compute_minor: cc.map_or(0, |c| c.minor.max(0) as u32),
+            compute_major: major,
+            compute_minor: minor,
             gpm_supported: d.gpm_support().unwrap_or(false),
         });
     }
@@ -124,28 +125,26 @@ fn inventory(lib: &'static Lib) -> Result<Inventory, NvmlError> {
 }
 
 fn nvml_values(d: &Device<'_>, out: &mut Vec<(&'static str, f64)>) {
-    let mut put = |name: &'static str, v: Result<f64, NvmlError>| {
-        if let Ok(v) = v {
+    let mut put = |name: &'static str, v: Option<f64>| {
+        if let Some(v) = v {
             out.push((name, v));
         }
     };
-    let util = d.utilization_rates();
-    put("gpu_utilization_percent", util.as_ref().map(|u| f64::from(u.gpu)).map_err(Clone::clone));
-    put("memory_copy_utilization_percent", util.map(|u| f64::from(u.memory)));
-    let mem = d.memory_info();
-    put("memory_used_bytes", mem.as_ref().map(|m| m.used as f64).map_err(Clone::clone));
-    put("memory_total_bytes", mem.map(|m| m.total as f64));
-    put("power_usage_watts", d.power_usage().map(|mw| f64::from(mw) / 1000.0));
-    put("power_limit_watts", d.enforced_power_limit().map(|mw| f64::from(mw) / 1000.0));
-    put("sm_clock_hertz", d.clock_info(Clock::SM).map(|mhz| f64::from(mhz) * 1e6));
-    put("memory_clock_hertz", d.clock_info(Clock::Memory).map(|mhz| f64::from(mhz) * 1e6));
-    put("temperature_celsius", d.temperature(TemperatureSensor::Gpu).map(f64::from));
-    put("clocks_event_reasons", d.current_throttle_reasons().map(|r| r.bits() as f64));
-    put("ecc_errors_corrected_total", d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile).map(|n| n as f64));
-    put(
-        "ecc_errors_uncorrected_total",
-        d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).map(|n| n as f64),
-    );
+    let util = d.utilization_rates().ok();
+    put("gpu_utilization_percent", util.as_ref().map(|u| f64::from(u.gpu)));
+    put("memory_copy_utilization_percent", util.as_ref().map(|u| f64::from(u.memory)));
+    let mem = d.memory_info().ok();
+    put("memory_used_bytes", mem.as_ref().map(|m| m.used as f64));
+    put("memory_total_bytes", mem.as_ref().map(|m| m.total as f64));
+    put("power_usage_watts", d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0));
+    put("power_limit_watts", d.enforced_power_limit().ok().map(|mw| f64::from(mw) / 1000.0));
+    put("sm_clock_hertz", d.clock_info(Clock::SM).ok().map(|mhz| f64::from(mhz) * 1e6));
+    put("memory_clock_hertz", d.clock_info(Clock::Memory).ok().map(|mhz| f64::from(mhz) * 1e6));
+    put("temperature_celsius", d.temperature(TemperatureSensor::Gpu).ok().map(f64::from));
+    put("clocks_event_reasons", d.current_throttle_reasons().ok().map(|r| r.bits() as f64));
+    let ecc = |t| d.total_ecc_errors(t, EccCounter::Volatile).ok().map(|n| n as f64);
+    put("ecc_errors_corrected_total", ecc(MemoryError::Corrected));
+    put("ecc_errors_uncorrected_total", ecc(MemoryError::Uncorrected));
 }
 
 impl super::Nvml for Real {
