@@ -133,7 +133,8 @@ fn on_agent_event(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentE
             }
             let link = links.entry(device).or_default();
             link.conn = Some(a.id);
-            link.sent = None;
+            // A sampler connects idle: it needs a command only to start.
+            link.sent = Some(false);
             d.gpus.set_connected(device, true);
             sync(d, device, link);
         }
@@ -188,18 +189,23 @@ fn sync_all(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
 
 /// Brings a device's sampler and stream marker in line with the arbiter's state.
 fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
-    let (want, marker) = {
+    let (want, free, marker) = {
         let core = d.arbiter.lock();
         let Some(s) = core.device(device) else {
             return;
         };
-        (s.holder.as_ref().is_some_and(|l| l.holder == Holder::Sampler), paused_marker(device, s))
+        (s.holder.as_ref().is_some_and(|l| l.holder == Holder::Sampler), s.holder.is_none(), paused_marker(device, s))
+    };
+    let why = if free {
+        "no one needs CUPTI PM sampling now (it runs on demand)"
+    } else {
+        "performance monitor lease revoked"
     };
     let interval = sampler_interval(d, device);
     let rate_changed = want && link.sent == Some(true) && link.sent_interval != interval;
     if (link.sent != Some(want) || rate_changed)
         && let Some(conn) = link.conn
-        && send_sampler(d, conn, want, interval, "performance monitor lease revoked")
+        && send_sampler(d, conn, want, interval, why)
     {
         link.sent = Some(want);
         link.sent_interval = interval;
