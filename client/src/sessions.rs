@@ -215,7 +215,10 @@ pub async fn devices(c: &mut Client, json: bool) -> Result<()> {
             ]
         })
         .collect();
-    table(&[">INDEX", "NAME", ">CC", ">SMS", ">MEMORY", "UUID", "PCI BUS", "MIG", ">POWER LIMIT", "GPM", "MONITOR"], &rows);
+    table(
+        &[">INDEX", "NAME", ">CC", ">SMS", ">MEMORY", "UUID", "PCI BUS", "MIG", ">POWER LIMIT", "GPM", "MONITOR"],
+        &rows,
+    );
     Ok(())
 }
 

@@ -445,10 +445,17 @@ impl Config {
         }
         let m = &self.metrics;
         if m.interval.0 < Duration::from_millis(100) || m.interval.0 > Duration::from_secs(3600) {
-            bail!("metrics.interval must be between 100ms and 1h (GPM reads less than 100ms apart are not reliable), got {:?}", m.interval.0);
+            bail!(
+                "metrics.interval must be between 100ms and 1h (GPM reads less than 100ms apart are not reliable), got {:?}",
+                m.interval.0
+            );
         }
         if m.store_interval.0 < m.interval.0 {
-            bail!("metrics.store_interval ({:?}) must be at least metrics.interval ({:?})", m.store_interval.0, m.interval.0);
+            bail!(
+                "metrics.store_interval ({:?}) must be at least metrics.interval ({:?})",
+                m.store_interval.0,
+                m.interval.0
+            );
         }
         let a = &self.arbiter;
         if a.default_pause.0.is_zero() || a.default_pause.0 > a.max_pause.0 {

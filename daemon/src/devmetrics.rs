@@ -125,7 +125,12 @@ async fn store(d: &Daemon, index: u32, b: PmSampleBatch) {
     let Some(dev) = d.nvml.device(index) else { return };
     let n = (b.samples.len() * b.metrics.len()) as u64;
     d.stats.queued_records.fetch_add(n, Relaxed);
-    let msg = WriterMsg::DevicePm { uuid: dev.uuid.clone(), name: dev.name.clone(), pci_bus_id: dev.pci_bus_id.clone(), batch: b };
+    let msg = WriterMsg::DevicePm {
+        uuid: dev.uuid.clone(),
+        name: dev.name.clone(),
+        pci_bus_id: dev.pci_bus_id.clone(),
+        batch: b,
+    };
     if d.writer.send(msg).await.is_err() {
         tracing::debug!("writer gone; device metrics not stored");
     }

@@ -338,7 +338,11 @@ fn cupti_leases(d: &Arc<Daemon>, devices: &[u32], rate_hz: u32) -> Result<Vec<cr
         return Ok(Vec::new());
     }
     if rate_hz > 10_000 {
-        return Err(ApiError::invalid("cupti_rate_hz", format!("{rate_hz} Hz is above the maximum of 10000 Hz (100 us)")).into());
+        return Err(ApiError::invalid(
+            "cupti_rate_hz",
+            format!("{rate_hz} Hz is above the maximum of 10000 Hz (100 us)"),
+        )
+        .into());
     }
     if !d.config.sampler.enabled {
         return Err(ApiError::FailedPrecondition(
@@ -349,7 +353,10 @@ fn cupti_leases(d: &Arc<Daemon>, devices: &[u32], rate_hz: u32) -> Result<Vec<cr
     let managed = d.arbiter.devices();
     let wanted = if devices.is_empty() { managed.clone() } else { devices.to_vec() };
     if let Some(x) = wanted.iter().find(|x| !managed.contains(x)) {
-        return Err(ApiError::NotFound(format!("devices: GPU {x} has no CUPTI PM sampler here (managed: {managed:?})")).into());
+        return Err(ApiError::NotFound(format!(
+            "devices: GPU {x} has no CUPTI PM sampler here (managed: {managed:?})"
+        ))
+        .into());
     }
     let interval = 1_000_000_000 / u64::from(rate_hz);
     let ttl = d.config.sampler.lease_ttl.0;

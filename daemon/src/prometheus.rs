@@ -47,10 +47,7 @@ async fn not_found() -> Response {
 
 /// Serves until shutdown.
 pub async fn serve(listener: TcpListener, d: Arc<Daemon>, shutdown: CancellationToken) {
-    let app = axum::Router::new()
-        .route("/metrics", axum::routing::get(metrics))
-        .fallback(not_found)
-        .with_state(d);
+    let app = axum::Router::new().route("/metrics", axum::routing::get(metrics)).fallback(not_found).with_state(d);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::warn!(error = %e, "the Prometheus endpoint stopped");
     }
@@ -131,7 +128,12 @@ pub fn render(d: &Daemon) -> String {
     }
     let cupti: Vec<_> = latest.iter().filter(|(_, l)| l.samples > 0).collect();
     if !cupti.is_empty() {
-        family(&mut o, "gpuprof_pm_last_sample_seconds", "gauge", "End time of the latest CUPTI PM sample (Unix seconds).");
+        family(
+            &mut o,
+            "gpuprof_pm_last_sample_seconds",
+            "gauge",
+            "End time of the latest CUPTI PM sample (Unix seconds).",
+        );
         for (dev, l) in &cupti {
             let _ = writeln!(o, "gpuprof_pm_last_sample_seconds{{{}}} {:.6}", labels(**dev), l.end_ns as f64 / 1e9);
         }
@@ -155,7 +157,12 @@ pub fn render(d: &Daemon) -> String {
     for r in &res {
         let _ = writeln!(o, "gpuprof_gpu_held_externally{{{}}} {}", labels(r.device), u8::from(r.held_externally));
     }
-    family(&mut o, "gpuprof_gpu_cupti_sampling", "gauge", "1 while gpuprof's CUPTI PM sampler holds the GPU's performance monitor.");
+    family(
+        &mut o,
+        "gpuprof_gpu_cupti_sampling",
+        "gauge",
+        "1 while gpuprof's CUPTI PM sampler holds the GPU's performance monitor.",
+    );
     for r in &res {
         let on = r.holder.as_ref().is_some_and(|h| h.holder_kind == "sampler") && !r.held_externally;
         let _ = writeln!(o, "gpuprof_gpu_cupti_sampling{{{}}} {}", labels(r.device), u8::from(on));

@@ -15,8 +15,8 @@ use crate::config::Config;
 use crate::registry::Registry;
 use crate::stats::Stats;
 use crate::{
-    Daemon, agent, api, arbiter, devmetrics, ingest, kubelet, nvml, otlp, pmstream, prometheus, reload, retention, rollup, sampler,
-    sessions, store, systemd,
+    Daemon, agent, api, arbiter, devmetrics, ingest, kubelet, nvml, otlp, pmstream, prometheus, reload, retention,
+    rollup, sampler, sessions, store, systemd,
 };
 
 /// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves

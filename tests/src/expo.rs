@@ -74,7 +74,10 @@ pub fn check(text: &str) -> Result<(), String> {
             return Err(format!("bad metric name {name:?}"));
         }
         if name != current {
-            return Err(format!("sample of {name} outside its family's block (current {current:?}, seen before: {})", done.contains(name)));
+            return Err(format!(
+                "sample of {name} outside its family's block (current {current:?}, seen before: {})",
+                done.contains(name)
+            ));
         }
         if !helps.contains(name) {
             return Err(format!("{name} has no HELP"));

@@ -2,11 +2,13 @@
 //! (`metrics.fake_nvml`): inventory, streams with their source, storage averaged over
 //! `metrics.store_interval`, configuration limits, the daemon without a driver, and the
 //! Prometheus exposition.
+// A test fails by panicking: an unwrap is a failed test with its cause printed.
+#![allow(clippy::unwrap_used)]
 
-#[path = "../src/fake_sampler.rs"]
-mod fake_sampler;
 #[path = "../src/expo.rs"]
 mod expo;
+#[path = "../src/fake_sampler.rs"]
+mod fake_sampler;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -177,7 +179,10 @@ fn without_a_driver_the_daemon_runs_and_gpu_commands_fail_at_once() -> Result<()
         let script = dir.path().join("missing.json");
         std::fs::write(&script, r#"{"missing": "test: no driver"}"#)?;
         let cfg = dir.path().join("c.toml");
-        std::fs::write(&cfg, format!("[sampler]\nspawn = false\n{}", extra.replace("SCRIPT", script.to_str().unwrap())))?;
+        std::fs::write(
+            &cfg,
+            format!("[sampler]\nspawn = false\n{}", extra.replace("SCRIPT", script.to_str().unwrap())),
+        )?;
         let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap()])?;
         assert!(d.log_text().contains("no NVIDIA driver found"), "{name}: {}", d.log_text());
         if !Path::new("/proc/driver/nvidia/gpus").exists() {

@@ -2,11 +2,13 @@
 //! samples only while a `pm watch --source cupti` holds a lease, at the fastest rate asked
 //! for; a pause preempts it; the last watcher leaving stops it. A fake sampler on the real
 //! agent protocol stands in for `gpuprof-sampler`.
+// A test fails by panicking: an unwrap is a failed test with its cause printed.
+#![allow(clippy::unwrap_used)]
 
 #[path = "../src/fake_sampler.rs"]
 mod fake_sampler;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command as Proc, Stdio};
 use std::time::Duration;
 
@@ -14,16 +16,27 @@ use anyhow::Result;
 use fake_sampler::{Command, FakeSampler};
 use gpuprof_testkit::{TestDaemon, bin_path};
 
-fn watch(d: &TestDaemon, args: &[&str]) -> Child {
-    Proc::new(bin_path("gpuprofctl"))
+/// A `gpuprofctl pm watch` child, killed and reaped when dropped.
+struct Watch(Child);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn watch(d: &TestDaemon, args: &[&str]) -> Watch {
+    let child = Proc::new(bin_path("gpuprofctl"))
         .arg("--socket")
         .arg(&d.api_socket)
         .args(["--json", "pm", "watch", "--gpu", "0", "--downsample", "0"])
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
-        .unwrap()
+        .unwrap();
+    Watch(child)
 }
 
 fn next_start(s: &FakeSampler) -> u64 {
@@ -58,14 +71,14 @@ fn pm_watch_source_cupti_holds_the_sampler_while_it_runs() -> Result<()> {
     assert!(v[0]["holder"].is_null(), "{v}");
 
     // A bounded watch at 1 kHz: start, samples with their source, stop when it exits.
-    let w = watch(&d, &["--source", "cupti", "--rate", "1khz", "--count", "5"]);
+    let mut w = watch(&d, &["--source", "cupti", "--rate", "1khz", "--count", "5"]);
     assert_eq!(next_start(&s), 1_000_000);
     s.wait_sampling(true, Duration::from_secs(2))?;
     s.send_samples(5)?;
-    let out = w.wait_with_output()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut text = String::new();
+    w.0.stdout.take().unwrap().read_to_string(&mut text)?;
+    assert!(w.0.wait()?.success());
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 5);
     assert!(lines.iter().all(|l| l["source"] == "cupti_pm"), "{lines:?}");
     let why = next_stop(&s);
@@ -74,7 +87,7 @@ fn pm_watch_source_cupti_holds_the_sampler_while_it_runs() -> Result<()> {
 
     // Two watchers: the faster rate wins; a pause preempts; the lease outlives its TTL while
     // they stay (renewed); the rate falls back when the fast one leaves; the last one stops it.
-    let mut fast = watch(&d, &["--source", "cupti", "--rate", "10khz"]);
+    let fast = watch(&d, &["--source", "cupti", "--rate", "10khz"]);
     assert_eq!(next_start(&s), 100_000);
     let mut slow = watch(&d, &["--source", "cupti", "--rate", "1khz"]);
     assert_eq!(s.commands_within(Duration::from_millis(500)), vec![], "the faster rate stays");
@@ -82,16 +95,14 @@ fn pm_watch_source_cupti_holds_the_sampler_while_it_runs() -> Result<()> {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     next_stop(&s);
     let mut marker = String::new();
-    BufReader::new(slow.stdout.as_mut().unwrap()).read_line(&mut marker)?;
+    BufReader::new(slow.0.stdout.as_mut().unwrap()).read_line(&mut marker)?;
     assert!(marker.contains("\"paused\":true") && marker.contains("ncu"), "{marker}");
     std::thread::sleep(Duration::from_secs(3)); // longer than lease_ttl
     assert!(d.ctl(&["profile", "--resume", "--gpu", "0"]).status.success());
     assert_eq!(next_start(&s), 100_000, "the lease was renewed while paused");
-    fast.kill()?;
-    fast.wait()?;
+    drop(fast);
     assert_eq!(next_start(&s), 1_000_000, "back to the remaining watcher's rate");
-    slow.kill()?;
-    slow.wait()?;
+    drop(slow);
     next_stop(&s);
 
     // Limits.

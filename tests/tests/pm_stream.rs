@@ -91,7 +91,12 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
             let mut c = gpuprofctl::connect(&sock).await?;
             let metrics = if i % 2 == 0 { vec![] } else { vec![METRICS[1].to_string()] };
             let mut stream = c
-                .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics, downsample_ms: 0, ..Default::default() })
+                .stream_pm_samples(pb::StreamPmSamplesRequest {
+                    devices: vec![0],
+                    metrics,
+                    downsample_ms: 0,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             readers.push(tokio::spawn(async move {
@@ -115,7 +120,12 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
         // The slow one never reads.
         let mut c = connect_small_window(&sock).await?;
         let slow = c
-            .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![], metrics: vec![], downsample_ms: 0, ..Default::default() })
+            .stream_pm_samples(pb::StreamPmSamplesRequest {
+                devices: vec![],
+                metrics: vec![],
+                downsample_ms: 0,
+                ..Default::default()
+            })
             .await?
             .into_inner();
         Ok::<_, anyhow::Error>((readers, (c, slow)))
@@ -175,7 +185,12 @@ fn pause_resume_expiry_markers_and_persistence() -> Result<()> {
     let mut sub = rt.block_on(async {
         let mut c = gpuprofctl::connect(&sock).await?;
         let s = c
-            .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics: vec![], downsample_ms: 0, ..Default::default() })
+            .stream_pm_samples(pb::StreamPmSamplesRequest {
+                devices: vec![0],
+                metrics: vec![],
+                downsample_ms: 0,
+                ..Default::default()
+            })
             .await?
             .into_inner();
         Ok::<_, anyhow::Error>((c, s))

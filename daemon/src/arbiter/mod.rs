@@ -18,8 +18,8 @@ mod driver;
 mod ondemand;
 pub mod persist;
 
-pub use ondemand::SamplerUse;
 pub use driver::run;
+pub use ondemand::SamplerUse;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

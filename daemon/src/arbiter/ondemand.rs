@@ -61,10 +61,9 @@ impl Arbiter {
             u.by_device.entry(device).or_default().insert(id, interval_ns);
             id
         };
-        let s = SamplerUse { arb: self.clone(), device, user, ttl: ttl.as_nanos() as Nanos, reason: reason.to_string() };
-        s.renew().map_err(|e| {
-            ApiError::NotFound(format!("devices: {e} (managed: {:?})", self.devices()))
-        })?;
+        let s =
+            SamplerUse { arb: self.clone(), device, user, ttl: ttl.as_nanos() as Nanos, reason: reason.to_string() };
+        s.renew().map_err(|e| ApiError::NotFound(format!("devices: {e} (managed: {:?})", self.devices())))?;
         Ok(s)
     }
 }

@@ -97,7 +97,12 @@ impl Gpus {
             .inventory
             .devices
             .iter()
-            .map(|x| GpuInfo { index: x.index, pci_bus_id: x.pci_bus_id.clone(), model: x.name.clone(), uuid: x.uuid.clone() })
+            .map(|x| GpuInfo {
+                index: x.index,
+                pci_bus_id: x.pci_bus_id.clone(),
+                model: x.name.clone(),
+                uuid: x.uuid.clone(),
+            })
             .collect();
         Self::from_found(cfg, found, "NVML")
     }

@@ -58,7 +58,12 @@ fn run_phase(d: &TestDaemon, s: &FakeSampler, rt: &tokio::runtime::Runtime, args
         for c in &counts {
             let mut client = gpuprofctl::connect(&sock).await?;
             let mut stream = client
-                .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics: vec![], downsample_ms: 0, ..Default::default() })
+                .stream_pm_samples(pb::StreamPmSamplesRequest {
+                    devices: vec![0],
+                    metrics: vec![],
+                    downsample_ms: 0,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             let c = c.clone();
