@@ -124,6 +124,7 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         ("[storage] (except max_database_mib)", format!("{storage_old:?}"), format!("{storage_new:?}")),
         ("[api] (except token_file)", format!("{api_old:?}"), format!("{api_new:?}")),
         ("[sampler]", format!("{:?}", old.sampler), format!("{:?}", new.sampler)),
+        ("[metrics]", format!("{:?}", old.metrics), format!("{:?}", new.metrics)),
         ("[arbiter]", format!("{:?}", old.arbiter), format!("{:?}", new.arbiter)),
         ("[prometheus]", format!("{:?}", old.prometheus), format!("{:?}", new.prometheus)),
     ];
