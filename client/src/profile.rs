@@ -223,7 +223,8 @@ pub async fn pm(client: &mut gpuprofctl::Client, cmd: PmCmd, json: bool) -> Resu
         .await?
         .into_inner();
     let mut seen = 0u64;
-    let mut header: Option<(String, Vec<String>)> = None;
+    // A header for each source and metric list, printed when it first appears (sources interleave).
+    let mut headers: std::collections::HashSet<(String, Vec<String>)> = std::collections::HashSet::new();
     while let Some(m) = stream.message().await? {
         match m.event {
             Some(pb::stream_pm_samples_response::Event::Sample(s)) => {
@@ -238,9 +239,9 @@ pub async fn pm(client: &mut gpuprofctl::Client, cmd: PmCmd, json: bool) -> Resu
                 } else {
                     let names: Vec<String> = s.values.iter().map(|v| v.metric.clone()).collect();
                     let head = (s.source.clone(), names);
-                    if header.as_ref() != Some(&head) {
+                    if !headers.contains(&head) {
                         println!("{:<24} {:>3} {:<8}  {}", "TIME", "GPU", "SOURCE", head.1.join("  "));
-                        header = Some(head);
+                        headers.insert(head);
                     }
                     let vals: Vec<String> =
                         s.values.iter().map(|v| format!("{:>w$.2}", v.value, w = v.metric.len())).collect();
