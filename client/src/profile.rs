@@ -58,6 +58,31 @@ pub struct WatchArgs {
     /// Stop after this many samples (0: run until interrupted).
     #[arg(long, default_value_t = 0)]
     pub count: u64,
+    /// Sources (repeat or comma separate): nvml, gpm (always on; they never take the
+    /// performance monitor), cupti (CUPTI PM sampling, started for as long as this runs);
+    /// default: what is running.
+    #[arg(long = "source", value_name = "SOURCE", value_delimiter = ',', value_parser = ["nvml", "gpm", "cupti", "cupti_pm"])]
+    pub sources: Vec<String>,
+    /// CUPTI PM sampling rate while this runs, e.g. "1khz", "100hz", "10khz" (at most 10 kHz;
+    /// default with --source cupti: 1khz). Needs operator rights: it takes the performance monitor.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate: Option<u32>,
+}
+
+/// "1khz", "1k", "500hz", "500" → Hz.
+pub fn parse_rate(s: &str) -> Result<u32, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix("hz").unwrap_or(&t);
+    let (num, mult) = match t.strip_suffix('k') {
+        Some(n) => (n, 1000.0),
+        None => (t, 1.0),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a rate like \"1khz\" or \"200hz\""))?;
+    let hz = v * mult;
+    if !(1.0..=10_000.0).contains(&hz) {
+        return Err(format!("{s:?}: the rate must be between 1 Hz and 10 kHz"));
+    }
+    Ok(hz.round() as u32)
 }
 
 fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
@@ -182,16 +207,24 @@ pub async fn pm(client: &mut gpuprofctl::Client, cmd: PmCmd, json: bool) -> Resu
     if ms > u128::from(u32::MAX) {
         bail!("--downsample is too long");
     }
+    let cupti = a.sources.iter().any(|s| s.starts_with("cupti"));
+    if a.rate.is_some() && !cupti && !a.sources.is_empty() {
+        bail!("--rate sets the CUPTI PM sampling rate: add --source cupti");
+    }
+    let rate = if cupti || a.rate.is_some() { a.rate.unwrap_or(1000) } else { 0 };
     let mut stream = client
         .stream_pm_samples(pb::StreamPmSamplesRequest {
             devices: a.gpus.clone(),
             metrics: a.metrics.clone(),
             downsample_ms: ms as u32,
+            sources: a.sources.iter().map(|s| if s == "cupti" { "cupti_pm".to_string() } else { s.clone() }).collect(),
+            cupti_rate_hz: rate,
         })
         .await?
         .into_inner();
     let mut seen = 0u64;
-    let mut header: Option<Vec<String>> = None;
+    // A header for each source and metric list, printed when it first appears (sources interleave).
+    let mut headers: std::collections::HashSet<(String, Vec<String>)> = std::collections::HashSet::new();
     while let Some(m) = stream.message().await? {
         match m.event {
             Some(pb::stream_pm_samples_response::Event::Sample(s)) => {
@@ -201,17 +234,18 @@ pub async fn pm(client: &mut gpuprofctl::Client, cmd: PmCmd, json: bool) -> Resu
                         s.values.iter().map(|v| (v.metric.clone(), serde_json::json!(v.value))).collect();
                     println!(
                         "{}",
-                        serde_json::json!({"device": s.device, "start_ns": s.start_ns, "end_ns": s.end_ns, "values": values})
+                        serde_json::json!({"device": s.device, "source": s.source, "start_ns": s.start_ns, "end_ns": s.end_ns, "values": values})
                     );
                 } else {
                     let names: Vec<String> = s.values.iter().map(|v| v.metric.clone()).collect();
-                    if header.as_ref() != Some(&names) {
-                        println!("{:<24} {:>3}  {}", "TIME", "GPU", names.join("  "));
-                        header = Some(names);
+                    let head = (s.source.clone(), names);
+                    if !headers.contains(&head) {
+                        println!("{:<24} {:>3} {:<8}  {}", "TIME", "GPU", "SOURCE", head.1.join("  "));
+                        headers.insert(head);
                     }
                     let vals: Vec<String> =
                         s.values.iter().map(|v| format!("{:>w$.2}", v.value, w = v.metric.len())).collect();
-                    println!("{:<24} {:>3}  {}", time_of(s.end_ns), s.device, vals.join("  "));
+                    println!("{:<24} {:>3} {:<8}  {}", time_of(s.end_ns), s.device, s.source, vals.join("  "));
                 }
                 if a.count > 0 && seen >= a.count {
                     break;

@@ -196,7 +196,9 @@ pub async fn devices(c: &mut Client, json: bool) -> Result<()> {
                     "index": d.index, "uuid": d.uuid, "name": d.name,
                     "compute_capability": format!("{}.{}", d.compute_major, d.compute_minor),
                     "sm_count": d.sm_count, "global_memory_bytes": d.global_memory_bytes,
-                    "monitor_state": d.monitor_state,
+                    "monitor_state": d.monitor_state, "pci_bus_id": d.pci_bus_id, "mig_mode": d.mig_mode,
+                    "power_limit_watts": d.power_limit_watts, "gpm_supported": d.gpm_supported,
+                    "driver_version": d.driver_version, "cuda_version": d.cuda_version, "origin": d.origin,
                 })
             })
             .collect();
@@ -204,8 +206,16 @@ pub async fn devices(c: &mut Client, json: bool) -> Result<()> {
         return Ok(());
     }
     if r.devices.is_empty() {
-        println!("no GPUs reported yet (they appear once a sampler or an injected process connects)");
+        let note = c.get_status(pb::GetStatusRequest {}).await.map(|s| s.into_inner().gpu_note).unwrap_or_default();
+        if note.is_empty() {
+            println!("no GPUs reported yet (they appear once a sampler or an injected process connects)");
+        } else {
+            println!("no GPUs: {note}");
+        }
         return Ok(());
+    }
+    if let Some(d) = r.devices.iter().find(|d| !d.driver_version.is_empty()) {
+        println!("driver {}, CUDA {}", d.driver_version, d.cuda_version);
     }
     let rows: Vec<Vec<String>> = r
         .devices
@@ -218,11 +228,18 @@ pub async fn devices(c: &mut Client, json: bool) -> Result<()> {
                 d.sm_count.to_string(),
                 human_bytes(d.global_memory_bytes),
                 d.uuid.clone(),
+                if d.pci_bus_id.is_empty() { "-".into() } else { d.pci_bus_id.clone() },
+                if d.mig_mode.is_empty() { "-".into() } else { d.mig_mode.clone() },
+                if d.power_limit_watts > 0.0 { format!("{:.0} W", d.power_limit_watts) } else { "-".into() },
+                if d.gpm_supported { "yes".into() } else { "no".into() },
                 if d.monitor_state.is_empty() { "-".into() } else { d.monitor_state.clone() },
             ]
         })
         .collect();
-    table(&[">INDEX", "NAME", ">CC", ">SMS", ">MEMORY", "UUID", "MONITOR"], &rows);
+    table(
+        &[">INDEX", "NAME", ">CC", ">SMS", ">MEMORY", "UUID", "PCI BUS", "MIG", ">POWER LIMIT", "GPM", "MONITOR"],
+        &rows,
+    );
     Ok(())
 }
 

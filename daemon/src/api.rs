@@ -227,6 +227,16 @@ impl Api {
     fn caller<T>(&self, req: &Request<T>) -> crate::access::Caller {
         crate::access::Caller::of(req, &self.d.config.api.admin_group)
     }
+
+    /// GPU commands fail at once, with the reason, where there is no GPU to act on.
+    fn gpu_precondition(&self) -> Result<(), Status> {
+        match self.d.no_gpu_reason() {
+            Some(why) if self.d.arbiter.devices().is_empty() => {
+                Err(crate::error::ApiError::FailedPrecondition(format!("this gpuprofd manages no GPU: {why}")).into())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
@@ -339,6 +349,10 @@ impl Gpuprof for Api {
         &self,
         req: Request<pb::StreamPmSamplesRequest>,
     ) -> Result<Response<Self::StreamPmSamplesStream>, Status> {
+        if req.get_ref().cupti_rate_hz > 0 {
+            // CUPTI PM sampling takes the GPU's performance monitor from everyone else.
+            crate::access::require_operator(&self.caller(&req), "start CUPTI PM sampling")?;
+        }
         let s = crate::pmstream::subscribe(&self.d, req.into_inner())?;
         Ok(Response::new(Box::pin(s)))
     }
@@ -363,6 +377,7 @@ impl Gpuprof for Api {
 
     async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {
         let uid = crate::access::require_operator(&self.caller(&req), "pause GPUs")?;
+        self.gpu_precondition()?;
         let r = req.into_inner();
         let ttl = (r.duration_seconds > 0).then(|| std::time::Duration::from_secs(r.duration_seconds));
         let reservations = self.d.arbiter.pause(&r.devices, r.all, uid, &r.reason, ttl)?;
@@ -371,6 +386,7 @@ impl Gpuprof for Api {
 
     async fn resume(&self, req: Request<pb::ResumeRequest>) -> Result<Response<pb::ResumeResponse>, Status> {
         let uid = crate::access::require_operator(&self.caller(&req), "resume GPUs")?;
+        self.gpu_precondition()?;
         let r = req.into_inner();
         let devices = self.d.arbiter.resume(&r.devices, r.all, uid)?;
         Ok(Response::new(pb::ResumeResponse { devices }))

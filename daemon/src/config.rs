@@ -28,6 +28,7 @@ pub struct Config {
     pub storage: StorageConfig,
     pub api: ApiConfig,
     pub sampler: SamplerConfig,
+    pub metrics: MetricsConfig,
     pub arbiter: ArbiterConfig,
     pub retention: RetentionConfig,
     pub prometheus: PrometheusConfig,
@@ -54,6 +55,11 @@ impl<'de> Deserialize<'de> for Dur {
 pub struct SamplerConfig {
     pub enabled: bool,
     pub spawn: bool,
+    /// Sample all the time (the monitor held whenever nothing outranks the sampler) instead of
+    /// only while a lease asks for it (`pm watch --source cupti`).
+    pub always_on: bool,
+    /// An on-demand lease ends this long after its last renewal.
+    pub lease_ttl: Dur,
     pub devices: Vec<u32>,
     pub metrics: Vec<String>,
     pub interval: Dur,
@@ -62,6 +68,23 @@ pub struct SamplerConfig {
     pub hardware_buffer_mib: u32,
     pub restart_backoff_max: Dur,
     pub stream_queue: usize,
+}
+
+/// Always-on device metrics from NVML and GPM (`[metrics]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    pub enabled: bool,
+    /// How often each GPU is read (100ms to 1h).
+    pub interval: Dur,
+    /// Samples are averaged over this window before they are stored (at least `interval`).
+    pub store_interval: Dur,
+    /// Read GPM metrics where the GPU supports them.
+    pub gpm: bool,
+    /// libnvidia-ml to load; empty: libnvidia-ml.so.1 from the loader's search path.
+    pub nvml_library: String,
+    /// A JSON script of devices and values played instead of NVML (tests).
+    pub fake_nvml: String,
 }
 
 /// The performance-monitor arbiter.
@@ -416,6 +439,23 @@ impl Config {
         }
         if s.restart_backoff_max.0 < Duration::from_secs(1) {
             bail!("sampler.restart_backoff_max must be at least 1s");
+        }
+        if s.lease_ttl.0 < Duration::from_secs(1) {
+            bail!("sampler.lease_ttl must be at least 1s, got {:?}", s.lease_ttl.0);
+        }
+        let m = &self.metrics;
+        if m.interval.0 < Duration::from_millis(100) || m.interval.0 > Duration::from_secs(3600) {
+            bail!(
+                "metrics.interval must be between 100ms and 1h (GPM reads less than 100ms apart are not reliable), got {:?}",
+                m.interval.0
+            );
+        }
+        if m.store_interval.0 < m.interval.0 {
+            bail!(
+                "metrics.store_interval ({:?}) must be at least metrics.interval ({:?})",
+                m.store_interval.0,
+                m.interval.0
+            );
         }
         let a = &self.arbiter;
         if a.default_pause.0.is_zero() || a.default_pause.0 > a.max_pause.0 {

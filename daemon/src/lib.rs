@@ -16,10 +16,12 @@ pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod demangle;
+pub mod devmetrics;
 pub mod error;
 pub mod export;
 pub mod ingest;
 pub mod kubelet;
+pub mod nvml;
 pub mod otlp;
 pub mod pcsamp;
 pub mod pmstream;
@@ -53,6 +55,31 @@ use crate::ingest::WriterHandle;
 use crate::registry::Registry;
 use crate::stats::Stats;
 
+/// One batch on `Daemon::pm_samples`.
+#[derive(Debug)]
+pub struct PmPublished {
+    /// The sampler's connection (0 for readings the daemon made itself).
+    pub proc: u64,
+    pub source: nvml::Source,
+    /// `device_id` is the daemon's device index.
+    pub batch: PmSampleBatch,
+}
+
+/// NVML's answer at start.
+#[derive(Debug, Clone, Default)]
+pub struct NvmlState {
+    pub inventory: nvml::Inventory,
+    /// Why NVML is not available ("no NVIDIA driver found (...)"), if it is not.
+    pub error: Option<String>,
+}
+
+impl NvmlState {
+    /// The device of NVML index `index`.
+    pub fn device(&self, index: u32) -> Option<&nvml::DeviceInfo> {
+        self.inventory.devices.iter().find(|d| d.index == index)
+    }
+}
+
 /// Shared daemon state, one per process.
 pub struct Daemon {
     /// The settings the daemon started with; those that SIGHUP reloads are read from their
@@ -68,8 +95,10 @@ pub struct Daemon {
     pub writer: WriterHandle,
     /// Records received per session (for record limits and progress).
     pub session_records: DashMap<u64, AtomicU64>,
-    /// Live PM samples: (process id of the sampler, batch).
-    pub pm_samples: broadcast::Sender<Arc<(u64, PmSampleBatch)>>,
+    /// Live samples of every source (CUPTI PM samplers, NVML, GPM).
+    pub pm_samples: broadcast::Sender<Arc<PmPublished>>,
+    /// What NVML said at start: the GPUs, or why there are none.
+    pub nvml: NvmlState,
     pub shutdown: CancellationToken,
     /// Pod names and namespaces from the kubelet (`[kubernetes]`).
     pub pods: kubelet::Pods,
@@ -109,8 +138,25 @@ impl Daemon {
     }
 
     pub fn publish_pm(&self, proc: u64, b: &PmSampleBatch) {
+        self.publish(proc, nvml::Source::CuptiPm, b);
+    }
+
+    pub fn publish(&self, proc: u64, source: nvml::Source, b: &PmSampleBatch) {
         if self.pm_samples.receiver_count() > 0 {
-            let _ = self.pm_samples.send(Arc::new((proc, b.clone())));
+            let _ = self.pm_samples.send(Arc::new(PmPublished { proc, source, batch: b.clone() }));
         }
+    }
+
+    /// Why GPU commands cannot work here: no GPU managed and none found by NVML (the NVML
+    /// error first, which names the missing driver).
+    pub fn no_gpu_reason(&self) -> Option<String> {
+        if !self.arbiter.devices().is_empty() || !self.nvml.inventory.devices.is_empty() {
+            return None;
+        }
+        Some(match &self.nvml.error {
+            Some(e) => e.clone(),
+            None if !self.gpus.note.is_empty() => self.gpus.note.clone(),
+            None => "this gpuprofd manages no GPU".into(),
+        })
     }
 }

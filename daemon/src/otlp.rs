@@ -398,6 +398,7 @@ mod tests {
                         values: vec![42.5],
                         end_ns: 1_900,
                         samples: 77,
+                        ..Default::default()
                     }),
                 },
                 // No sampler data yet: no resource.

@@ -20,6 +20,7 @@ use tonic::Status;
 
 use crate::Daemon;
 use crate::error::ApiError;
+use crate::nvml::Source;
 
 /// Longest downsampling window accepted.
 const MAX_DOWNSAMPLE_MS: u32 = 3_600_000;
@@ -41,24 +42,35 @@ pub struct PmHub {
 pub struct Latest {
     pub metrics: Vec<String>,
     pub values: Vec<f64>,
+    /// The source of each metric.
+    pub sources: Vec<Source>,
     pub end_ns: u64,
     pub samples: u64,
 }
 
 impl PmHub {
-    /// Remembers the last sample of a batch.
-    pub fn record_latest(&self, b: &PmSampleBatch) {
+    /// Remembers the last sample of a batch: its metrics' values replace those of the same
+    /// name, other sources' metrics stay. `samples` and `end_ns` count the CUPTI sampler's.
+    pub fn record_latest(&self, source: Source, b: &PmSampleBatch) {
         let Some(s) = b.samples.last() else {
             return;
         };
         let mut m = self.latest.lock().unwrap_or_else(|e| e.into_inner());
         let l = m.entry(b.device_id).or_default();
-        if l.metrics != b.metrics {
-            l.metrics = b.metrics.clone();
+        for (name, v) in b.metrics.iter().zip(&s.values) {
+            match l.metrics.iter().position(|x| x == name) {
+                Some(i) => l.values[i] = *v,
+                None => {
+                    l.metrics.push(name.clone());
+                    l.values.push(*v);
+                    l.sources.push(source);
+                }
+            }
         }
-        l.values.clone_from(&s.values);
-        l.end_ns = s.end_ns;
-        l.samples += b.samples.len() as u64;
+        if source == Source::CuptiPm {
+            l.end_ns = s.end_ns;
+            l.samples += b.samples.len() as u64;
+        }
     }
 
     pub fn latest(&self) -> BTreeMap<u32, Latest> {
@@ -73,7 +85,7 @@ pub async fn track_latest(d: Arc<Daemon>, shutdown: tokio_util::sync::Cancellati
         tokio::select! {
             _ = shutdown.cancelled() => return,
             r = rx.recv() => match r {
-                Ok(b) => d.pm.record_latest(&b.1),
+                Ok(b) => d.pm.record_latest(b.source, &b.batch),
                 Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => return,
             }
@@ -94,11 +106,13 @@ struct Window {
 /// One subscriber's filter and state.
 struct Subscriber {
     devices: Vec<u32>,
+    /// Empty: all.
+    sources: Vec<Source>,
     metrics: Vec<String>,
     downsample_ns: u64,
     /// Per metric list seen (by pointer-equal contents): indices of the wanted metrics.
     index_cache: HashMap<Vec<String>, Vec<usize>>,
-    windows: HashMap<u32, Window>,
+    windows: HashMap<(u32, Source), Window>,
     tx: mpsc::Sender<Item>,
     queue: usize,
 }
@@ -147,7 +161,9 @@ impl Subscriber {
         v
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn point(
+        source: Source,
         device: u32,
         start_ns: u64,
         end_ns: u64,
@@ -164,12 +180,13 @@ impl Subscriber {
                     .iter()
                     .map(|&i| pb::PmValue { metric: metrics[i].clone(), value: vals.get(i).copied().unwrap_or(0.0) })
                     .collect(),
+                source: source.as_str().to_string(),
             })),
         }
     }
 
-    fn on_batch(&mut self, hub: &PmHub, b: &PmSampleBatch) -> Result<(), End> {
-        if !self.wants(b.device_id) {
+    fn on_batch(&mut self, hub: &PmHub, source: Source, b: &PmSampleBatch) -> Result<(), End> {
+        if !self.wants(b.device_id) || !(self.sources.is_empty() || self.sources.contains(&source)) {
             return Ok(());
         }
         let idx = self.indices(&b.metrics);
@@ -178,10 +195,10 @@ impl Subscriber {
         }
         for s in &b.samples {
             if self.downsample_ns == 0 {
-                self.send(hub, Self::point(b.device_id, s.start_ns, s.end_ns, &b.metrics, &idx, &s.values))?;
+                self.send(hub, Self::point(source, b.device_id, s.start_ns, s.end_ns, &b.metrics, &idx, &s.values))?;
                 continue;
             }
-            let w = self.windows.entry(b.device_id).or_insert_with(|| Window {
+            let w = self.windows.entry((b.device_id, source)).or_insert_with(|| Window {
                 start_ns: s.start_ns,
                 end_ns: s.end_ns,
                 sums: vec![0.0; b.metrics.len()],
@@ -197,8 +214,8 @@ impl Subscriber {
             w.end_ns = s.end_ns;
             if w.end_ns.saturating_sub(w.start_ns) >= self.downsample_ns {
                 let avg: Vec<f64> = w.sums.iter().map(|x| x / w.n as f64).collect();
-                let m = Self::point(b.device_id, w.start_ns, w.end_ns, &b.metrics, &idx, &avg);
-                self.windows.remove(&b.device_id);
+                let m = Self::point(source, b.device_id, w.start_ns, w.end_ns, &b.metrics, &idx, &avg);
+                self.windows.remove(&(b.device_id, source));
                 self.send(hub, m)?;
             }
         }
@@ -210,7 +227,7 @@ impl Subscriber {
             return Ok(());
         }
         // A partial window must not average across a pause.
-        self.windows.remove(&m.device);
+        self.windows.remove(&(m.device, Source::CuptiPm));
         self.send(hub, pb::StreamPmSamplesResponse { event: Some(pb::stream_pm_samples_response::Event::Paused(m)) })
     }
 }
@@ -224,18 +241,30 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
         )
         .into());
     }
-    let managed = d.arbiter.devices();
+    if let Some(why) = d.no_gpu_reason() {
+        return Err(ApiError::FailedPrecondition(format!("no GPU to stream: {why}")).into());
+    }
+    let mut managed = d.arbiter.devices();
+    managed.extend(d.nvml.inventory.devices.iter().map(|x| x.index));
+    managed.sort_unstable();
+    managed.dedup();
     if let Some(x) = req.devices.iter().find(|x| !managed.contains(x)) {
         return Err(ApiError::NotFound(format!(
             "devices: GPU {x} is not managed by this gpuprofd (managed: {})",
-            if managed.is_empty() {
-                "none".to_string()
-            } else {
-                managed.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
-            }
+            managed.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
         ))
         .into());
     }
+    let sources = req
+        .sources
+        .iter()
+        .map(|s| {
+            Source::parse(s).ok_or_else(|| {
+                Status::from(ApiError::invalid("sources", format!("{s:?} is not one of nvml, gpm, cupti_pm")))
+            })
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    let leases = cupti_leases(d, &req.devices, req.cupti_rate_hz)?;
     let queue = d.config.sampler.stream_queue;
     let (tx, rx) = mpsc::channel(queue);
     // Subscribe before answering, so nothing published after the call returns is missed.
@@ -244,6 +273,7 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
     let initial = d.arbiter.current_markers();
     let mut sub = Subscriber {
         devices: req.devices,
+        sources,
         metrics: req.metrics,
         downsample_ns: u64::from(req.downsample_ms) * 1_000_000,
         index_cache: HashMap::new(),
@@ -257,6 +287,9 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
         let hub = &d.pm;
         let closed = sub.tx.clone();
         let mut end = Ok(());
+        // The on-demand sampler leases live as long as this task, renewed on the way.
+        let renew_every = (d.config.sampler.lease_ttl.0 / 3).max(std::time::Duration::from_millis(300));
+        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
         for m in initial {
             if let Err(e) = sub.on_marker(hub, m) {
                 end = Err(e);
@@ -270,12 +303,17 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
                     break;
                 }
                 r = samples.recv() => match r {
-                    Ok(b) => end = sub.on_batch(hub, &b.1),
+                    Ok(b) => end = sub.on_batch(hub, b.source, &b.batch),
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         end = Err(End::Slow(format!("subscriber fell {n} sample batches behind; dropped")));
                     }
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
+                _ = renew.tick(), if !leases.is_empty() => {
+                    for l in &leases {
+                        let _ = l.renew();
+                    }
+                }
                 m = markers.recv() => match m {
                     Ok(m) => end = sub.on_marker(hub, m),
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
@@ -288,9 +326,42 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
             tracing::info!(reason = %why, "dropping a slow PM stream subscriber");
             let _ = sub.tx.try_send(Err(ApiError::ResourceExhausted(why).into()));
         }
+        drop(leases);
         hub.subscribers.fetch_sub(1, Relaxed);
     });
     Ok(ReceiverStream::new(rx))
+}
+
+/// The on-demand CUPTI PM sampler leases a stream asked for with `cupti_rate_hz`.
+fn cupti_leases(d: &Arc<Daemon>, devices: &[u32], rate_hz: u32) -> Result<Vec<crate::arbiter::SamplerUse>, Status> {
+    if rate_hz == 0 {
+        return Ok(Vec::new());
+    }
+    if rate_hz > 10_000 {
+        return Err(ApiError::invalid(
+            "cupti_rate_hz",
+            format!("{rate_hz} Hz is above the maximum of 10000 Hz (100 us)"),
+        )
+        .into());
+    }
+    if !d.config.sampler.enabled {
+        return Err(ApiError::FailedPrecondition(
+            "CUPTI PM sampling is disabled in this gpuprofd's config ([sampler] enabled = false)".into(),
+        )
+        .into());
+    }
+    let managed = d.arbiter.devices();
+    let wanted = if devices.is_empty() { managed.clone() } else { devices.to_vec() };
+    if let Some(x) = wanted.iter().find(|x| !managed.contains(x)) {
+        return Err(ApiError::NotFound(format!(
+            "devices: GPU {x} has no CUPTI PM sampler here (managed: {managed:?})"
+        ))
+        .into());
+    }
+    let interval = 1_000_000_000 / u64::from(rate_hz);
+    let ttl = d.config.sampler.lease_ttl.0;
+    let reason = format!("PM stream at {rate_hz} Hz");
+    wanted.iter().map(|&dev| d.arbiter.acquire_sampler(dev, interval, ttl, &reason).map_err(Status::from)).collect()
 }
 
 /// `StreamPcSamples`: each PC sample batch of the session's processes, pushed as it arrives

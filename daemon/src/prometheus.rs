@@ -1,19 +1,24 @@
-//! A Prometheus text endpoint (`[prometheus] listen`, off by default): the latest PM values
-//! per GPU, the arbiter's state per GPU, and the daemon's own counters, so an existing
-//! monitoring stack can scrape every node. Plain HTTP/1.1, `GET /metrics` only.
+//! The Prometheus endpoint (`[prometheus] listen`, off by default), in the shape operators
+//! already scrape from DCGM exporter: per-GPU series labelled `gpu`, `UUID`, `pci_bus_id`,
+//! `modelName` and `Hostname`; one family per metric and unit (`gpuprof_gpu_sm_active_percent`,
+//! `gpuprof_gpu_power_usage_watts`, ...) for the always-on NVML and GPM metrics; CUPTI PM values
+//! split by unit (`gpuprof_pm_percent`, `gpuprof_pm_bytes`, `gpuprof_pm_value` for the rest);
+//! the arbiter's state per GPU; the daemon's counters and `gpuprof_build_info`. Served with
+//! axum (hyper), `GET /metrics` only; every response closes its connection.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Daemon;
 use crate::catalog::Kind;
+use crate::nvml::Source;
 
 /// Binds the endpoint if configured.
 pub async fn bind(d: &Daemon) -> Result<Option<TcpListener>> {
@@ -26,53 +31,49 @@ pub async fn bind(d: &Daemon) -> Result<Option<TcpListener>> {
     Ok(Some(l))
 }
 
+fn closing(mut r: Response) -> Response {
+    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+async fn metrics(axum::extract::State(d): axum::extract::State<Arc<Daemon>>) -> Response {
+    let body = render(&d);
+    closing(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response())
+}
+
+async fn not_found() -> Response {
+    closing((StatusCode::NOT_FOUND, "only GET /metrics is served here\n").into_response())
+}
+
 /// Serves until shutdown.
 pub async fn serve(listener: TcpListener, d: Arc<Daemon>, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok((stream, _)) => {
-                    let d = d.clone();
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(10), answer(stream, &d)).await;
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "prometheus accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+    let app = axum::Router::new().route("/metrics", axum::routing::get(metrics)).fallback(not_found).with_state(d);
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+        tracing::warn!(error = %e, "the Prometheus endpoint stopped");
     }
 }
 
-async fn answer(mut s: tokio::net::TcpStream, d: &Daemon) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = s.read(&mut chunk).await?;
-        if n == 0 || buf.len() > 16 * 1024 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let line = String::from_utf8_lossy(&buf);
-    let first = line.lines().next().unwrap_or_default();
-    let mut parts = first.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, ctype, body) = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
-        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", render(d))
+/// DCGM exporter's GPU labels.
+fn gpu_labels(d: &Daemon, dev: u32, host: &str) -> String {
+    let g = d.gpus.found.iter().find(|g| g.index == dev);
+    format!(
+        "gpu=\"{dev}\",UUID=\"{}\",pci_bus_id=\"{}\",modelName=\"{}\",Hostname=\"{}\"",
+        esc(g.map_or("", |g| &g.uuid)),
+        esc(g.map_or("", |g| &g.pci_bus_id)),
+        esc(g.map_or("", |g| &g.model)),
+        esc(host)
+    )
+}
+
+/// The unit of a CUPTI metric, from its name: "percent", "bytes" or "" (unitless).
+fn pm_unit(metric: &str) -> &'static str {
+    if metric.contains("pct") {
+        "percent"
+    } else if metric.contains("bytes") && !metric.contains("per_") {
+        "bytes"
     } else {
-        ("404 Not Found", "text/plain; charset=utf-8", "only GET /metrics is served here\n".to_string())
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await?;
-    s.write_all(body.as_bytes()).await?;
-    s.shutdown().await
+        ""
+    }
 }
 
 fn esc(v: &str) -> String {
@@ -86,26 +87,66 @@ pub fn render(d: &Daemon) -> String {
     let family = |o: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
     };
-    family(&mut o, "gpuprof_pm_value", "gauge", "Latest PM sample value per GPU and metric.");
+    let host = crate::otlp::host_name();
+    let labels = |dev: u32| gpu_labels(d, dev, &host);
     let latest = d.pm.latest();
-    for (dev, l) in &latest {
-        for (m, v) in l.metrics.iter().zip(&l.values) {
-            let _ = writeln!(o, "gpuprof_pm_value{{gpu=\"{dev}\",metric=\"{}\"}} {v}", esc(m));
+    // NVML and GPM: a family per metric, its unit in its name.
+    for (name, _, counter, help) in crate::nvml::METRICS {
+        let series: Vec<(u32, f64)> = latest
+            .iter()
+            .filter_map(|(dev, l)| l.metrics.iter().position(|m| m == name).map(|i| (*dev, l.values[i])))
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let fam = format!("gpuprof_gpu_{name}");
+        family(&mut o, &fam, if *counter { "counter" } else { "gauge" }, help);
+        for (dev, v) in series {
+            let _ = writeln!(o, "{fam}{{{}}} {v}", labels(dev));
         }
     }
-    family(&mut o, "gpuprof_pm_last_sample_seconds", "gauge", "End time of the latest PM sample (Unix seconds).");
-    for (dev, l) in &latest {
-        let _ = writeln!(o, "gpuprof_pm_last_sample_seconds{{gpu=\"{dev}\"}} {:.6}", l.end_ns as f64 / 1e9);
+    // CUPTI PM: by unit.
+    for (fam, unit, help) in [
+        ("gpuprof_pm_percent", "percent", "Latest CUPTI PM sample of a percentage metric, per GPU and metric."),
+        ("gpuprof_pm_bytes", "bytes", "Latest CUPTI PM sample of a byte-count metric, per GPU and metric."),
+        ("gpuprof_pm_value", "", "Latest CUPTI PM sample of a unitless metric (ratios, rates per cycle, counts)."),
+    ] {
+        let mut lines = Vec::new();
+        for (dev, l) in &latest {
+            for ((m, v), src) in l.metrics.iter().zip(&l.values).zip(&l.sources) {
+                if *src == Source::CuptiPm && pm_unit(m) == unit {
+                    lines.push(format!("{fam}{{{},metric=\"{}\"}} {v}", labels(*dev), esc(m)));
+                }
+            }
+        }
+        if !lines.is_empty() {
+            family(&mut o, fam, "gauge", help);
+            for l in lines {
+                let _ = writeln!(o, "{l}");
+            }
+        }
     }
-    family(&mut o, "gpuprof_pm_samples_total", "counter", "PM samples received per GPU since start.");
-    for (dev, l) in &latest {
-        let _ = writeln!(o, "gpuprof_pm_samples_total{{gpu=\"{dev}\"}} {}", l.samples);
+    let cupti: Vec<_> = latest.iter().filter(|(_, l)| l.samples > 0).collect();
+    if !cupti.is_empty() {
+        family(
+            &mut o,
+            "gpuprof_pm_last_sample_seconds",
+            "gauge",
+            "End time of the latest CUPTI PM sample (Unix seconds).",
+        );
+        for (dev, l) in &cupti {
+            let _ = writeln!(o, "gpuprof_pm_last_sample_seconds{{{}}} {:.6}", labels(**dev), l.end_ns as f64 / 1e9);
+        }
+        family(&mut o, "gpuprof_pm_samples_total", "counter", "CUPTI PM samples received per GPU since start.");
+        for (dev, l) in &cupti {
+            let _ = writeln!(o, "gpuprof_pm_samples_total{{{}}} {}", labels(**dev), l.samples);
+        }
     }
     let res = d.arbiter.reservations();
     family(&mut o, "gpuprof_gpu_paused", "gauge", "1 while an operator's pause holds the GPU's performance monitor.");
     for r in &res {
         let paused = r.holder.as_ref().is_some_and(|h| h.holder_kind == "pause");
-        let _ = writeln!(o, "gpuprof_gpu_paused{{gpu=\"{}\"}} {}", r.device, u8::from(paused));
+        let _ = writeln!(o, "gpuprof_gpu_paused{{{}}} {}", labels(r.device), u8::from(paused));
     }
     family(
         &mut o,
@@ -114,12 +155,31 @@ pub fn render(d: &Daemon) -> String {
         "1 while an outside tool holds the GPU's performance monitor.",
     );
     for r in &res {
-        let _ = writeln!(o, "gpuprof_gpu_held_externally{{gpu=\"{}\"}} {}", r.device, u8::from(r.held_externally));
+        let _ = writeln!(o, "gpuprof_gpu_held_externally{{{}}} {}", labels(r.device), u8::from(r.held_externally));
+    }
+    family(
+        &mut o,
+        "gpuprof_gpu_cupti_sampling",
+        "gauge",
+        "1 while gpuprof's CUPTI PM sampler holds the GPU's performance monitor.",
+    );
+    for r in &res {
+        let on = r.holder.as_ref().is_some_and(|h| h.holder_kind == "sampler") && !r.held_externally;
+        let _ = writeln!(o, "gpuprof_gpu_cupti_sampling{{{}}} {}", labels(r.device), u8::from(on));
     }
     family(&mut o, "gpuprof_sampler_restarts_total", "counter", "PM sampler child restarts per GPU.");
     for (dev, st) in d.gpus.snapshot() {
-        let _ = writeln!(o, "gpuprof_sampler_restarts_total{{gpu=\"{dev}\"}} {}", st.restarts);
+        let _ = writeln!(o, "gpuprof_sampler_restarts_total{{{}}} {}", labels(dev), st.restarts);
     }
+    family(&mut o, "gpuprof_build_info", "gauge", "Always 1; the labels say which gpuprofd and NVIDIA driver this is.");
+    let _ = writeln!(
+        o,
+        "gpuprof_build_info{{version=\"{}\",driver_version=\"{}\",cuda_version=\"{}\",Hostname=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        esc(&d.nvml.inventory.driver_version),
+        esc(&d.nvml.inventory.cuda_version),
+        esc(&host)
+    );
     processes(&mut o, d);
     family(&mut o, "gpuprof_uptime_seconds", "gauge", "Seconds since gpuprofd started.");
     let _ = writeln!(o, "gpuprof_uptime_seconds {}", s.started.elapsed().as_secs_f64());

@@ -115,7 +115,7 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut storage_new = new.storage.clone();
     storage_old.max_database_mib = 0;
     storage_new.max_database_mib = 0;
-    let sections: [(&'static str, String, String); 10] = [
+    let sections: [(&'static str, String, String); 11] = [
         ("state_dir", format!("{:?}", old.state_dir), format!("{:?}", new.state_dir)),
         ("agent_socket", format!("{:?}", old.agent_socket), format!("{:?}", new.agent_socket)),
         ("api_socket", format!("{:?}", old.api_socket), format!("{:?}", new.api_socket)),
@@ -124,6 +124,7 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         ("[storage] (except max_database_mib)", format!("{storage_old:?}"), format!("{storage_new:?}")),
         ("[api] (except token_file)", format!("{api_old:?}"), format!("{api_new:?}")),
         ("[sampler]", format!("{:?}", old.sampler), format!("{:?}", new.sampler)),
+        ("[metrics]", format!("{:?}", old.metrics), format!("{:?}", new.metrics)),
         ("[arbiter]", format!("{:?}", old.arbiter), format!("{:?}", new.arbiter)),
         ("[prometheus]", format!("{:?}", old.prometheus), format!("{:?}", new.prometheus)),
     ];

@@ -210,8 +210,9 @@ fn read_delta(c: &Connection, chunk: i64) -> rusqlite::Result<Delta> {
                         b
                     }
                 };
-                let s = base_ns + start;
-                intervals.entry((session, a)).or_default().push((s, s + dur));
+                if let Some(iv) = interval(base_ns, start, dur) {
+                    intervals.entry((session, a)).or_default().push(iv);
+                }
             }
         }
         if n > 0 {
@@ -234,6 +235,14 @@ fn read_delta(c: &Connection, chunk: i64) -> rusqlite::Result<Delta> {
         delta.busy.insert(key, sweep(prev, &iv));
     }
     Ok(delta)
+}
+
+/// A record's absolute (start, end) for busy time, or None when its timestamp is missing:
+/// CUPTI reports 0 for a record begun before a late attach, which would stretch the
+/// device's span back to 1970 (the span then read 1795371632 s at 0 % utilization).
+fn interval(base_ns: i64, start: i64, dur: i64) -> Option<(i64, i64)> {
+    let s = base_ns.checked_add(start)?;
+    (s > 0 && dur >= 0).then(|| (s, s.saturating_add(dur)))
 }
 
 /// Continues a busy-time sweep with intervals sorted by start. An interval that starts
@@ -322,6 +331,16 @@ impl Delta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_without_a_timestamp_do_not_stretch_the_span() {
+        let base = 1_795_371_632_000_000_000;
+        assert_eq!(interval(base, -base, 5), None, "absolute 0: begun before a late attach");
+        assert_eq!(interval(base, 10, -1), None);
+        assert_eq!(interval(base, 10, 5), Some((base + 10, base + 15)));
+        let b = sweep(None, &[(base + 10, base + 15), (base + 20, base + 30)]);
+        assert_eq!((b.last - b.first, b.closed + b.open_end - b.open_start), (20, 15));
+    }
 
     #[test]
     fn buckets_are_monotonic_and_tight() {

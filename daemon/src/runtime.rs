@@ -15,8 +15,8 @@ use crate::config::Config;
 use crate::registry::Registry;
 use crate::stats::Stats;
 use crate::{
-    Daemon, agent, api, arbiter, ingest, kubelet, otlp, pmstream, prometheus, reload, retention, rollup, sampler,
-    sessions, store, systemd,
+    Daemon, agent, api, arbiter, devmetrics, ingest, kubelet, nvml, otlp, pmstream, prometheus, reload, retention,
+    rollup, sampler, sessions, store, systemd,
 };
 
 /// Runs the daemon until SIGTERM/SIGINT: opens the database, binds both sockets, serves
@@ -31,7 +31,8 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     }
     sessions::recover(&conn).context("marking sessions of the previous run interrupted")?;
     let arbiter = arbiter::open(&conn, &config).context("restoring performance-monitor leases")?;
-    let gpus = Arc::new(sampler::Gpus::from_config(&config));
+    let (nvml, nvml_state) = open_nvml(&config);
+    let gpus = Arc::new(sampler::Gpus::from_nvml(&config, &nvml_state));
     let (writer, writer_thread) =
         ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
     // TCP first: once the sockets answer, the whole API is up (tests and units rely on it).
@@ -50,6 +51,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         registry: Registry::default(),
         session_records: DashMap::new(),
         pm_samples: broadcast::channel(1024).0,
+        nvml: nvml_state,
         shutdown: shutdown.clone(),
         pods: kubelet::Pods::new(&config.kubernetes),
         sessions,
@@ -65,7 +67,13 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     // agent socket serves, so no join or leave is missed.
     // The session persister writes until the last `Sessions` handle is gone.
     tokio::spawn(sessions_persister);
-    let pm_tasks = start_pm(&d, &shutdown).await?;
+    let mut pm_tasks = start_pm(&d, &shutdown).await?;
+    if let Some(n) = nvml
+        && d.config.metrics.enabled
+        && !d.nvml.inventory.devices.is_empty()
+    {
+        pm_tasks.push(tokio::spawn(devmetrics::run(d.clone(), n, shutdown.clone())));
+    }
     let sessions_task = tokio::spawn(sessions::supervise(d.clone(), d.registry.subscribe()));
     let rollup_task = tokio::spawn(rollup::run(d.clone()));
     let retention_task = tokio::spawn(retention::run(d.clone(), shutdown.clone()));
@@ -123,7 +131,11 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
 async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<JoinHandle<()>>> {
     let agents = d.registry.subscribe();
     for dev in d.gpus.managed() {
-        d.arbiter.add_device(dev);
+        if d.config.sampler.always_on {
+            d.arbiter.add_device(dev);
+        } else {
+            d.arbiter.manage_device(dev);
+        }
     }
     let mut tasks = vec![tokio::spawn(arbiter::run(d.clone(), agents, shutdown.clone()))];
     tasks.extend(
@@ -145,6 +157,27 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
     let (n, note) = d.gpus.summary(&d.arbiter);
     tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");
     Ok(tasks)
+}
+
+/// Opens NVML (or its script) for the inventory and the always-on metrics; without it the
+/// daemon runs on and the state says why.
+fn open_nvml(config: &Config) -> (Option<Box<dyn nvml::Nvml>>, crate::NvmlState) {
+    match nvml::open(&config.metrics) {
+        Ok(n) => {
+            let inventory = n.inventory();
+            tracing::info!(
+                gpus = inventory.devices.len(),
+                driver = %inventory.driver_version,
+                cuda = %inventory.cuda_version,
+                "NVML loaded"
+            );
+            (Some(n), crate::NvmlState { inventory, error: None })
+        }
+        Err(e) => {
+            tracing::warn!("{e}");
+            (None, crate::NvmlState { inventory: Default::default(), error: Some(e) })
+        }
+    }
 }
 
 /// Awaits a task for at most 10 s; `None` (and a warning) if it did not finish or panicked.

@@ -65,6 +65,9 @@ write_cfg() { # metrics (comma separated, quoted)
   cat >"$STATE/cfg.toml" <<EOF
 log_level = "info"
 [sampler]
+# The behaviour checked here: the sampler holds the monitor all the time (metrics.sh checks
+# the on-demand default).
+always_on = true
 metrics = [$1]
 interval = "1ms"
 cupti_library = "$CUPTI_LIB"
@@ -242,8 +245,8 @@ $PY -c "import sys; sys.exit(0 if ${slow:-99} <= 0.5 else 1)" 2>/dev/null && che
 
 # ---------------------------------------------------------------- 5. Prometheus, status, audit
 prom=$($PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())" 2>&1)
-grep -E "^gpuprof_pm_value\{gpu=\"$GPU\"" <<<"$prom" | head -5
-grep -qE "^gpuprof_pm_value\{gpu=\"$GPU\",metric=\"$SM_METRIC\"\}" <<<"$prom" \
+grep -E "^gpuprof_pm_(percent|value)\{gpu=\"$GPU\"" <<<"$prom" | head -5
+grep -qE "^gpuprof_pm_(percent|value)\{gpu=\"$GPU\",.*metric=\"$SM_METRIC\"\}" <<<"$prom" \
   && check "Prometheus endpoint has the latest PM values" PASS || check "Prometheus endpoint has the latest PM values" FAIL
 "${CTL[@]}" status
 samples=$("${CTL[@]}" --json status | $PY -c "import json,sys; print(json.load(sys.stdin)['records']['pm_sample']['ingested'])" 2>/dev/null)

@@ -139,7 +139,7 @@ fn exports_to_a_collector_and_counts_drops_when_it_is_gone() {
     std::fs::write(
         &cfg,
         format!(
-            "[sampler]\nspawn = false\ndevices = [0]\n[prometheus]\nlisten = \"127.0.0.1:{prom}\"\n\
+            "[sampler]\nspawn = false\nalways_on = true\ndevices = [0]\n[prometheus]\nlisten = \"127.0.0.1:{prom}\"\n\
              [otlp]\nendpoint = \"https://localhost:{}\"\nca_file = \"{}\"\ninterval = \"1s\"\ntimeout = \"2s\"\n",
             rx.port,
             cert_file.display()

@@ -19,7 +19,7 @@ fn start_daemon(dir: &Path, extra: &str) -> Result<TestDaemon> {
     std::fs::write(
         &cfg,
         format!(
-            "[sampler]\nspawn = false\ndevices = [0, 1]\ninterval = \"1ms\"\nstream_queue = 2000\n\
+            "[sampler]\nspawn = false\nalways_on = true\ndevices = [0, 1]\ninterval = \"1ms\"\nstream_queue = 2000\n\
              [arbiter]\nexternal_retry_initial = \"1s\"\nexternal_retry_max = \"8s\"\n{extra}"
         ),
     )?;
@@ -91,7 +91,12 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
             let mut c = gpuprofctl::connect(&sock).await?;
             let metrics = if i % 2 == 0 { vec![] } else { vec![METRICS[1].to_string()] };
             let mut stream = c
-                .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics, downsample_ms: 0 })
+                .stream_pm_samples(pb::StreamPmSamplesRequest {
+                    devices: vec![0],
+                    metrics,
+                    downsample_ms: 0,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             readers.push(tokio::spawn(async move {
@@ -115,7 +120,12 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
         // The slow one never reads.
         let mut c = connect_small_window(&sock).await?;
         let slow = c
-            .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![], metrics: vec![], downsample_ms: 0 })
+            .stream_pm_samples(pb::StreamPmSamplesRequest {
+                devices: vec![],
+                metrics: vec![],
+                downsample_ms: 0,
+                ..Default::default()
+            })
             .await?
             .into_inner();
         Ok::<_, anyhow::Error>((readers, (c, slow)))
@@ -175,7 +185,12 @@ fn pause_resume_expiry_markers_and_persistence() -> Result<()> {
     let mut sub = rt.block_on(async {
         let mut c = gpuprofctl::connect(&sock).await?;
         let s = c
-            .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics: vec![], downsample_ms: 0 })
+            .stream_pm_samples(pb::StreamPmSamplesRequest {
+                devices: vec![0],
+                metrics: vec![],
+                downsample_ms: 0,
+                ..Default::default()
+            })
             .await?
             .into_inner();
         Ok::<_, anyhow::Error>((c, s))
@@ -323,10 +338,18 @@ fn no_gpu_daemon_says_so_and_refuses_pause() -> Result<()> {
     // This CI machine has no NVIDIA driver.
     if !Path::new("/proc/driver/nvidia/gpus").exists() {
         assert_eq!(st["gpu_count"], 0);
-        assert!(st["gpu_note"].as_str().unwrap_or_default().contains("no NVIDIA GPU"), "{st}");
+        assert!(st["gpu_note"].as_str().unwrap_or_default().contains("no NVIDIA driver found"), "{st}");
         let out = d.ctl(&["profile", "--pause"]);
         assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("manages no GPU"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("manages no GPU") && err.contains("no NVIDIA driver found"), "{err}");
+        // `pm watch` used to wait forever here; it fails at once, saying why.
+        let t = Instant::now();
+        let out = d.ctl(&["pm", "watch"]);
+        assert!(!out.status.success());
+        assert!(t.elapsed() < Duration::from_secs(10));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no NVIDIA driver found") && err.contains("libnvidia-ml.so.1"), "{err}");
     }
     assert_eq!(d.terminate()?, 0);
     Ok(())
@@ -352,7 +375,9 @@ fn prometheus_endpoint_serves_latest_values_and_counters() -> Result<()> {
         Ok(body)
     };
     let t = Instant::now();
-    let want = format!("gpuprof_pm_value{{gpu=\"0\",metric=\"{}\"}} {}", METRICS[1], value(1, 24));
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_string();
+    let labels = |gpu: u32| format!("gpu=\"{gpu}\",UUID=\"\",pci_bus_id=\"\",modelName=\"\",Hostname=\"{host}\"");
+    let want = format!("gpuprof_pm_percent{{{},metric=\"{}\"}} {}", labels(0), METRICS[1], value(1, 24));
     let mut text = scrape()?;
     while !text.contains(&want) && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(50));
@@ -361,16 +386,16 @@ fn prometheus_endpoint_serves_latest_values_and_counters() -> Result<()> {
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(text.contains(&want), "{text}");
     for line in [
-        "gpuprof_pm_samples_total{gpu=\"0\"} 25",
-        "gpuprof_gpu_paused{gpu=\"0\"} 0",
-        "gpuprof_gpu_paused{gpu=\"1\"} 0",
-        "gpuprof_connected_agents 1",
-        "# TYPE gpuprof_records_ingested_total counter",
+        format!("gpuprof_pm_samples_total{{{}}} 25", labels(0)),
+        format!("gpuprof_gpu_paused{{{}}} 0", labels(0)),
+        format!("gpuprof_gpu_paused{{{}}} 0", labels(1)),
+        "gpuprof_connected_agents 1".to_string(),
+        "# TYPE gpuprof_records_ingested_total counter".to_string(),
     ] {
-        assert!(text.contains(line), "missing {line:?} in\n{text}");
+        assert!(text.contains(&line), "missing {line:?} in\n{text}");
     }
     ctl_ok(&d, &["profile", "--pause", "--gpu", "1"]);
-    assert!(scrape()?.contains("gpuprof_gpu_paused{gpu=\"1\"} 1"));
+    assert!(scrape()?.contains(&format!("gpuprof_gpu_paused{{{}}} 1", labels(1))));
     let mut c = std::net::TcpStream::connect(("127.0.0.1", port))?;
     c.write_all(b"GET /other HTTP/1.1\r\n\r\n")?;
     let mut body = String::new();

@@ -17,6 +17,9 @@
 
 use std::collections::BTreeMap;
 
+#[path = "core_lease.rs"]
+mod on_demand;
+
 /// Nanoseconds since the Unix epoch.
 pub type Nanos = u64;
 /// Lease id, unique for the life of the database.

@@ -23,6 +23,8 @@ struct SamplerLink {
     conn: Option<u64>,
     /// Last command sent: Some(true) start, Some(false) stop.
     sent: Option<bool>,
+    /// Interval of the last start sent.
+    sent_interval: u64,
     /// Stream subscribers were told sampling is stopped.
     marked_paused: bool,
 }
@@ -79,7 +81,8 @@ async fn drive(
                 }
                 Err(broadcast::error::RecvError::Closed) => break,
             },
-            _ = arb.wake.notified() => {}
+            // A sampler user came or went (its rate may change what the sampler should do).
+            _ = arb.wake.notified() => sync_all(&d, &mut links),
             _ = tokio::time::sleep(sleep_for) => arb.tick(),
         }
     }
@@ -122,11 +125,16 @@ fn on_agent_event(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentE
             let device = a.sampler_device;
             if !d.arbiter.lock().is_managed(device) {
                 tracing::info!(device, "sampler connected for a GPU not yet managed; managing it");
-                d.arbiter.add_device(device);
+                if d.config.sampler.always_on {
+                    d.arbiter.add_device(device);
+                } else {
+                    d.arbiter.manage_device(device);
+                }
             }
             let link = links.entry(device).or_default();
             link.conn = Some(a.id);
-            link.sent = None;
+            // A sampler connects idle: it needs a command only to start.
+            link.sent = Some(false);
             d.gpus.set_connected(device, true);
             sync(d, device, link);
         }
@@ -181,18 +189,26 @@ fn sync_all(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
 
 /// Brings a device's sampler and stream marker in line with the arbiter's state.
 fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
-    let (want, marker) = {
+    let (want, free, marker) = {
         let core = d.arbiter.lock();
         let Some(s) = core.device(device) else {
             return;
         };
-        (s.holder.as_ref().is_some_and(|l| l.holder == Holder::Sampler), paused_marker(device, s))
+        (s.holder.as_ref().is_some_and(|l| l.holder == Holder::Sampler), s.holder.is_none(), paused_marker(device, s))
     };
-    if link.sent != Some(want)
+    let why = if free {
+        "no one needs CUPTI PM sampling now (it runs on demand)"
+    } else {
+        "performance monitor lease revoked"
+    };
+    let interval = sampler_interval(d, device);
+    let rate_changed = want && link.sent == Some(true) && link.sent_interval != interval;
+    if (link.sent != Some(want) || rate_changed)
         && let Some(conn) = link.conn
-        && send_sampler(d, conn, want, "performance monitor lease revoked")
+        && send_sampler(d, conn, want, interval, why)
     {
         link.sent = Some(want);
+        link.sent_interval = interval;
     }
     match marker {
         Some(m) if !link.marked_paused => {
@@ -201,10 +217,15 @@ fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
         }
         None if link.marked_paused => {
             link.marked_paused = false;
+            let (holder, reason) = if want {
+                ("gpuprofd sampler", "sampling resumed")
+            } else {
+                ("", "performance monitor free again; CUPTI PM sampling runs on demand")
+            };
             let _ = d.arbiter.markers.send(pb::PmPaused {
                 device,
-                holder: "gpuprofd sampler".into(),
-                reason: "sampling resumed".into(),
+                holder: holder.into(),
+                reason: reason.into(),
                 resumed: true,
             });
         }
@@ -212,16 +233,18 @@ fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
     }
 }
 
-fn send_sampler(d: &Daemon, conn: u64, start: bool, why: &str) -> bool {
+/// The interval a device's sampler samples at: its on-demand users' fastest, else the config's.
+fn sampler_interval(d: &Daemon, device: u32) -> u64 {
+    d.arbiter.sampler_interval(device).unwrap_or(d.config.sampler.interval.0.as_nanos() as u64)
+}
+
+fn send_sampler(d: &Daemon, conn: u64, start: bool, interval_ns: u64, why: &str) -> bool {
     let Some(agent) = d.registry.get(conn) else {
         return false;
     };
     let cfg = &d.config.sampler;
     let msg = if start {
-        daemon_message::Msg::StartPmSampling(wire::StartPmSampling {
-            metrics: cfg.metrics.clone(),
-            interval_ns: cfg.interval.0.as_nanos() as u64,
-        })
+        daemon_message::Msg::StartPmSampling(wire::StartPmSampling { metrics: cfg.metrics.clone(), interval_ns })
     } else {
         daemon_message::Msg::StopPmSampling(wire::StopPmSampling { reason: why.to_string() })
     };
@@ -309,7 +332,7 @@ fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
                 match lease.holder {
                     Holder::Sampler => {
                         if let Some(conn) = links.get(device).and_then(|l| l.conn) {
-                            send_sampler(d, conn, true, "");
+                            send_sampler(d, conn, true, sampler_interval(d, *device), "");
                         }
                     }
                     Holder::PcSampling { .. } => send_pc(d, lease, true, ""),

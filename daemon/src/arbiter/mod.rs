@@ -15,9 +15,11 @@
 
 pub mod core;
 mod driver;
+mod ondemand;
 pub mod persist;
 
 pub use driver::run;
+pub use ondemand::SamplerUse;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -61,6 +63,7 @@ pub struct Arbiter {
     events_rx: Mutex<Option<mpsc::UnboundedReceiver<Vec<Event>>>>,
     wake: Notify,
     markers: broadcast::Sender<pb::PmPaused>,
+    users: Mutex<ondemand::SamplerUsers>,
 }
 
 impl From<ArbiterError> for ApiError {
@@ -97,6 +100,7 @@ impl Arbiter {
             events_rx: Mutex::new(Some(rx)),
             wake: Notify::new(),
             markers: broadcast::channel(256).0,
+            users: Mutex::default(),
         }
     }
 
@@ -330,7 +334,8 @@ fn paused_marker(device: u32, s: &core::DeviceState) -> Option<pb::PmPaused> {
     match &s.holder {
         Some(l) if l.holder == Holder::Sampler => None,
         Some(l) => Some(pb::PmPaused { device, holder: l.holder.describe(), reason: l.reason.clone(), resumed: false }),
-        None => Some(pb::PmPaused { device, holder: String::new(), reason: "no holder".into(), resumed: false }),
+        // On demand, an idle sampler is not a pause; one that waits (expired away) neither.
+        None => None,
     }
 }
 

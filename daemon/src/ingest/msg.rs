@@ -40,6 +40,9 @@ pub enum WriterMsg {
     Drops { proc: u64, counts: Vec<(Option<Kind>, u64)> },
     /// PM samples from a sampler.
     PmSamples { proc: u64, batch: wire::PmSampleBatch },
+    /// Device metrics read by the daemon itself (NVML, GPM) for the GPU with this UUID
+    /// (`devices` row made if missing).
+    DevicePm { uuid: String, name: String, pci_bus_id: String, batch: wire::PmSampleBatch },
     /// PC samples (aggregated) from an injector.
     PcSamples { proc: u64, batch: wire::PcSampleBatch },
     /// A whole cubin (reassembled from its chunks), stored once per hash.

@@ -256,6 +256,30 @@ pub(super) fn insert_pm(c: &Connection, proc: u64, b: &wire::PmSampleBatch, ids:
     Ok(())
 }
 
+/// Inserts device metrics read by the daemon (NVML, GPM) for the GPU `uuid`.
+pub(super) fn insert_device_pm(
+    c: &Connection,
+    uuid: &str,
+    name: &str,
+    pci_bus_id: &str,
+    b: &wire::PmSampleBatch,
+    ids: &[i64],
+) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO devices(uuid, name, compute_major, compute_minor, sm_count, global_memory_bytes, pci_bus_id, first_seen_ns)
+         VALUES (?1, ?2, 0, 0, 0, 0, ?3, ?4) ON CONFLICT(uuid) DO NOTHING",
+    )?
+    .execute(params![uuid, name, pci_bus_id, now_ns()])?;
+    let device: i64 = c.prepare_cached("SELECT id FROM devices WHERE uuid = ?1")?.query_row([uuid], |r| r.get(0))?;
+    let mut stmt = c.prepare_cached("INSERT INTO pm_sample(device, ts, dur, metric, value) VALUES (?1,?2,?3,?4,?5)")?;
+    for s in &b.samples {
+        for (id, v) in ids.iter().zip(&s.values) {
+            stmt.execute(params![device, s.end_ns as i64, s.end_ns.saturating_sub(s.start_ns) as i64, id, v])?;
+        }
+    }
+    Ok(())
+}
+
 /// Adds aggregated PC samples from process `proc` to the counts stored so far, and the batch's
 /// samples taken and lost to the (session, process, device) totals.
 pub(super) fn insert_pc(c: &Connection, proc: u64, p: &ProcCtx, b: &wire::PcSampleBatch) -> rusqlite::Result<()> {

@@ -265,6 +265,21 @@ impl Writer {
                 self.pending[Kind::PmSample.index()] += n;
                 self.pending_total += n;
             }
+            WriterMsg::DevicePm { uuid, name, pci_bus_id, batch } => {
+                self.begin();
+                let n = (batch.samples.len() * batch.metrics.len()) as u64;
+                let r = batch
+                    .metrics
+                    .iter()
+                    .map(|m| self.metric_id(m))
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .and_then(|ids| rows::insert_device_pm(&self.conn, &uuid, &name, &pci_bus_id, &batch, &ids));
+                if let Err(e) = r {
+                    self.fail(e.to_string());
+                }
+                self.pending[Kind::PmSample.index()] += n;
+                self.pending_total += n;
+            }
             WriterMsg::PcSamples { proc, batch } => {
                 self.begin();
                 let n = batch.samples.len() as u64;

@@ -28,7 +28,9 @@ pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
                     compute_minor: r.get(3)?,
                     sm_count: r.get(4)?,
                     global_memory_bytes: r.get::<_, i64>(5)?.max(0) as u64,
-                    monitor_state: String::new(),
+                    pci_bus_id: r.get(6)?,
+                    origin: "agents".into(),
+                    ..Default::default()
                 },
                 r.get::<_, String>(6)?,
             ))
@@ -39,21 +41,39 @@ pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
     let same = |a: &str, b: &str| !a.is_empty() && a.eq_ignore_ascii_case(b);
     let mut used = vec![false; reported.len()];
     let mut devices = Vec::new();
+    let inv = &d.nvml.inventory;
     for g in &d.gpus.found {
         let mut dev = pb::Device {
             index: g.index,
             uuid: g.uuid.clone(),
             name: g.model.clone(),
             monitor_state: d.arbiter.monitor_state(g.index),
+            pci_bus_id: g.pci_bus_id.clone(),
+            origin: "driver".into(),
             ..Default::default()
         };
+        if let Some(n) = d.nvml.device(g.index).filter(|n| n.uuid == g.uuid) {
+            dev.origin = "nvml".into();
+            dev.global_memory_bytes = n.memory_total_bytes;
+            dev.mig_mode = n.mig_mode.clone();
+            dev.power_limit_watts = n.power_limit_watts;
+            dev.gpm_supported = n.gpm_supported;
+            dev.compute_major = n.compute_major;
+            dev.compute_minor = n.compute_minor;
+            dev.driver_version = inv.driver_version.clone();
+            dev.cuda_version = inv.cuda_version.clone();
+        }
         if let Some(i) = reported.iter().position(|(r, bus)| same(&r.uuid, &g.uuid) || same(bus, &g.pci_bus_id)) {
             used[i] = true;
             let r = &reported[i].0;
-            dev.compute_major = r.compute_major;
-            dev.compute_minor = r.compute_minor;
+            if r.compute_major > 0 {
+                dev.compute_major = r.compute_major;
+                dev.compute_minor = r.compute_minor;
+            }
             dev.sm_count = r.sm_count;
-            dev.global_memory_bytes = r.global_memory_bytes;
+            if dev.global_memory_bytes == 0 {
+                dev.global_memory_bytes = r.global_memory_bytes;
+            }
             if dev.name.is_empty() {
                 dev.name = r.name.clone();
             }

@@ -111,7 +111,9 @@ fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::
         ));
         params.extend(w.params);
     }
-    let mut stmt = c.prepare(&format!("SELECT dev, s, e FROM ({}) ORDER BY dev, s", parts.join(" UNION ALL ")))?;
+    // A record without a timestamp (0 after a late attach) is not part of the device's time.
+    let mut stmt =
+        c.prepare(&format!("SELECT dev, s, e FROM ({}) WHERE s > 0 ORDER BY dev, s", parts.join(" UNION ALL ")))?;
     let mut rows = stmt.query(params_from_iter(params.iter()))?;
     let mut sweep = Sweep::default();
     while let Some(r) = rows.next()? {

@@ -82,8 +82,36 @@ impl Gpus {
         Self::from_config_in(cfg, Path::new("/proc/driver/nvidia/gpus"))
     }
 
+    /// GPUs from NVML's inventory when NVML works, else from the driver's /proc list.
+    pub fn from_nvml(cfg: &Config, nvml: &crate::NvmlState) -> Gpus {
+        if nvml.error.is_some() || nvml.inventory.devices.is_empty() {
+            let mut g = Self::from_config(cfg);
+            if let Some(e) = &nvml.error
+                && g.found.is_empty()
+            {
+                g.note = e.clone();
+            }
+            return g;
+        }
+        let found = nvml
+            .inventory
+            .devices
+            .iter()
+            .map(|x| GpuInfo {
+                index: x.index,
+                pci_bus_id: x.pci_bus_id.clone(),
+                model: x.name.clone(),
+                uuid: x.uuid.clone(),
+            })
+            .collect();
+        Self::from_found(cfg, found, "NVML")
+    }
+
     pub fn from_config_in(cfg: &Config, dir: &Path) -> Gpus {
-        let found = discover(dir);
+        Self::from_found(cfg, discover(dir), &dir.display().to_string())
+    }
+
+    fn from_found(cfg: &Config, found: Vec<GpuInfo>, listed_by: &str) -> Gpus {
         let s = &cfg.sampler;
         let (managed, note) = if !s.enabled {
             (
@@ -93,7 +121,7 @@ impl Gpus {
         } else if !s.devices.is_empty() {
             (s.devices.clone(), String::new())
         } else if found.is_empty() {
-            (Vec::new(), format!("no NVIDIA GPU found ({} lists none)", dir.display()))
+            (Vec::new(), format!("no NVIDIA GPU found ({listed_by} lists none)"))
         } else {
             (found.iter().map(|g| g.index).collect(), String::new())
         };

@@ -58,7 +58,12 @@ fn run_phase(d: &TestDaemon, s: &FakeSampler, rt: &tokio::runtime::Runtime, args
         for c in &counts {
             let mut client = gpuprofctl::connect(&sock).await?;
             let mut stream = client
-                .stream_pm_samples(pb::StreamPmSamplesRequest { devices: vec![0], metrics: vec![], downsample_ms: 0 })
+                .stream_pm_samples(pb::StreamPmSamplesRequest {
+                    devices: vec![0],
+                    metrics: vec![],
+                    downsample_ms: 0,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             let c = c.clone();
@@ -104,7 +109,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("gpuprofd.toml");
-    std::fs::write(&cfg, "log_level = \"warn\"\n[sampler]\nspawn = false\ndevices = [0]\n")?;
+    std::fs::write(&cfg, "log_level = \"warn\"\n[sampler]\nspawn = false\nalways_on = true\ndevices = [0]\n")?;
     let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap_or_default()])?;
     let s = FakeSampler::connect(&d.agent_socket, 0)?;
     anyhow::ensure!(matches!(s.command(Duration::from_secs(5))?, Command::Start { .. }), "sampler not started");

@@ -105,7 +105,7 @@ class ListDevicesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("index", "uuid", "name", "compute_major", "compute_minor", "sm_count", "global_memory_bytes", "monitor_state")
+    __slots__ = ("index", "uuid", "name", "compute_major", "compute_minor", "sm_count", "global_memory_bytes", "monitor_state", "pci_bus_id", "mig_mode", "power_limit_watts", "gpm_supported", "driver_version", "cuda_version", "origin")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,13 @@ class Device(_message.Message):
     SM_COUNT_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MONITOR_STATE_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    MIG_MODE_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_WATTS_FIELD_NUMBER: _ClassVar[int]
+    GPM_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -122,7 +129,14 @@ class Device(_message.Message):
     sm_count: int
     global_memory_bytes: int
     monitor_state: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., compute_major: _Optional[int] = ..., compute_minor: _Optional[int] = ..., sm_count: _Optional[int] = ..., global_memory_bytes: _Optional[int] = ..., monitor_state: _Optional[str] = ...) -> None: ...
+    pci_bus_id: str
+    mig_mode: str
+    power_limit_watts: float
+    gpm_supported: bool
+    driver_version: str
+    cuda_version: str
+    origin: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., compute_major: _Optional[int] = ..., compute_minor: _Optional[int] = ..., sm_count: _Optional[int] = ..., global_memory_bytes: _Optional[int] = ..., monitor_state: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., mig_mode: _Optional[str] = ..., power_limit_watts: _Optional[float] = ..., gpm_supported: _Optional[bool] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class ListDevicesResponse(_message.Message):
     __slots__ = ("devices",)
@@ -631,14 +645,18 @@ class ExportTraceResponse(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., events_written: _Optional[int] = ..., events_total: _Optional[int] = ...) -> None: ...
 
 class StreamPmSamplesRequest(_message.Message):
-    __slots__ = ("devices", "metrics", "downsample_ms")
+    __slots__ = ("devices", "metrics", "downsample_ms", "sources", "cupti_rate_hz")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     DOWNSAMPLE_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    CUPTI_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedScalarFieldContainer[int]
     metrics: _containers.RepeatedScalarFieldContainer[str]
     downsample_ms: int
-    def __init__(self, devices: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Iterable[str]] = ..., downsample_ms: _Optional[int] = ...) -> None: ...
+    sources: _containers.RepeatedScalarFieldContainer[str]
+    cupti_rate_hz: int
+    def __init__(self, devices: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Iterable[str]] = ..., downsample_ms: _Optional[int] = ..., sources: _Optional[_Iterable[str]] = ..., cupti_rate_hz: _Optional[int] = ...) -> None: ...
 
 class PmValue(_message.Message):
     __slots__ = ("metric", "value")
@@ -649,16 +667,18 @@ class PmValue(_message.Message):
     def __init__(self, metric: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
 
 class PmSamplePoint(_message.Message):
-    __slots__ = ("device", "start_ns", "end_ns", "values")
+    __slots__ = ("device", "start_ns", "end_ns", "values", "source")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     device: int
     start_ns: int
     end_ns: int
     values: _containers.RepeatedCompositeFieldContainer[PmValue]
-    def __init__(self, device: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., values: _Optional[_Iterable[_Union[PmValue, _Mapping]]] = ...) -> None: ...
+    source: str
+    def __init__(self, device: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., values: _Optional[_Iterable[_Union[PmValue, _Mapping]]] = ..., source: _Optional[str] = ...) -> None: ...
 
 class PmPaused(_message.Message):
     __slots__ = ("device", "holder", "reason", "resumed")

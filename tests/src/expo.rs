@@ -1,0 +1,129 @@
+//! Prometheus text exposition for tests: a scrape over plain TCP, and the format rules that
+//! `promtool check metrics` enforces that matter here (checked without promtool).
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+
+/// `GET /metrics`, the whole HTTP response as text.
+pub fn scrape(port: u16) -> std::io::Result<String> {
+    scrape_path(port, "/metrics")
+}
+
+pub fn scrape_path(port: u16, path: &str) -> std::io::Result<String> {
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())?;
+    let mut body = String::new();
+    c.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+fn valid_name(n: &str) -> bool {
+    let mut ch = n.chars();
+    ch.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && ch.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// Checks: HELP and TYPE once per family, before its samples; samples only of declared
+/// families, grouped together; counters end in `_total`; valid names and label syntax;
+/// no series twice; a family's name ends in one unit (no family mixes units: each sample of a
+/// family has the same label names apart from `metric`).
+pub fn check(text: &str) -> Result<(), String> {
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut helps: BTreeSet<String> = BTreeSet::new();
+    let mut done: BTreeSet<String> = BTreeSet::new();
+    let mut current = String::new();
+    let mut series: BTreeSet<String> = BTreeSet::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or_default().to_string();
+            if !helps.insert(name.clone()) {
+                return Err(format!("HELP twice for {name}"));
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut p = rest.split(' ');
+            let (name, kind) = (p.next().unwrap_or_default().to_string(), p.next().unwrap_or_default());
+            if !matches!(kind, "gauge" | "counter" | "untyped" | "histogram" | "summary") {
+                return Err(format!("{name}: unknown type {kind}"));
+            }
+            if kind == "counter" && !name.ends_with("_total") {
+                return Err(format!("counter {name} does not end in _total"));
+            }
+            if types.insert(name.clone(), kind.to_string()).is_some() {
+                return Err(format!("TYPE twice for {name}"));
+            }
+            if !current.is_empty() {
+                done.insert(std::mem::take(&mut current));
+            }
+            current = name;
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let (name_labels, value) = line.rsplit_once(' ').ok_or(format!("no value: {line}"))?;
+        value.parse::<f64>().map_err(|_| format!("bad value in {line}"))?;
+        let (name, labels) = match name_labels.split_once('{') {
+            Some((n, l)) => (n, l.strip_suffix('}').ok_or(format!("unclosed labels: {line}"))?),
+            None => (name_labels, ""),
+        };
+        if !valid_name(name) {
+            return Err(format!("bad metric name {name:?}"));
+        }
+        if name != current {
+            return Err(format!(
+                "sample of {name} outside its family's block (current {current:?}, seen before: {})",
+                done.contains(name)
+            ));
+        }
+        if !helps.contains(name) {
+            return Err(format!("{name} has no HELP"));
+        }
+        let mut label_names = Vec::new();
+        let mut rest = labels;
+        while !rest.is_empty() {
+            let (k, after) = rest.split_once("=\"").ok_or(format!("bad labels in {line}"))?;
+            if !valid_name(k) {
+                return Err(format!("bad label name {k:?} in {line}"));
+            }
+            label_names.push(k.to_string());
+            let mut end = None;
+            let mut esc = false;
+            for (i, c) in after.char_indices() {
+                match (esc, c) {
+                    (true, _) => esc = false,
+                    (false, '\\') => esc = true,
+                    (false, '"') => {
+                        end = Some(i);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let end = end.ok_or(format!("unterminated label value in {line}"))?;
+            rest = after[end + 1..].strip_prefix(',').unwrap_or(&after[end + 1..]);
+        }
+        let unique: BTreeSet<_> = label_names.iter().collect();
+        if unique.len() != label_names.len() {
+            return Err(format!("a label twice in {line}"));
+        }
+        if !series.insert(name_labels.to_string()) {
+            return Err(format!("series twice: {name_labels}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn catches_what_promtool_would() {
+        assert!(super::check("# HELP a_total x\n# TYPE a_total counter\na_total 1\n").is_ok());
+        assert!(super::check("# HELP a x\n# TYPE a counter\na 1\n").is_err());
+        assert!(super::check("# HELP a x\n# TYPE a gauge\na 1\na 2\n").is_err());
+        assert!(super::check("b 1\n").is_err());
+    }
+}
