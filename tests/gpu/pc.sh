@@ -117,7 +117,9 @@ pass_if "PyTorch late attach: pc top names the GEMM kernel with stall reasons" \
 # First row visible to pc watch after session start.
 CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/mm_watch.txt" 2>&1 &
 MMPID=$!
-sleep 4
+# The process first connects (torch initializes CUDA), then the session starts.
+for _ in $(seq 300); do "${CTL[@]}" --json procs 2>/dev/null | grep -q "\"pid\": *$MMPID\b" && break; sleep 0.05; done
+sleep 1
 t0=$(now_ms)
 S3=$(session_start --pid "$MMPID" --pc-sampling --name pc-watch)
 timeout 8 "${CTL[@]}" --json pc watch "$S3" >"$STATE/watch.txt" 2>&1 &

@@ -25,7 +25,12 @@ pub struct PcState {
     pub cubins_sent: HashSet<String>,
     /// Per device: samples, dropped, heals since the lease began.
     pub totals: HashMap<u32, (u64, u64, u32)>,
+    /// Devices the backend reported sampling.
+    pub sampling: HashSet<u32>,
 }
+
+/// How soon to collect while a lease is being enabled and right after it began.
+const FIRST_COLLECT: Duration = Duration::from_millis(200);
 
 impl<B: Backend> Agent<B> {
     pub(super) fn start_pc(&mut self, p: pb::StartPcSampling) {
@@ -86,8 +91,24 @@ impl<B: Backend> Agent<B> {
     /// Collects and sends; called at the PC flush time and at stops.
     pub(super) fn collect_pc(&mut self) {
         let out = self.backend.pc_collect();
+        // Once sampling begins (or while it is being enabled) look again soon, so the first
+        // samples reach the daemon well within a second of the lease.
+        let soon = out.events.iter().any(|e| e.kind == PcEventKind::Sampling)
+            || self.backend.pc_devices().len() > self.pc.sampling.len();
+        for e in &out.events {
+            match e.kind {
+                PcEventKind::Sampling => {
+                    self.pc.sampling.insert(e.device);
+                }
+                PcEventKind::Healed => {}
+                _ => {
+                    self.pc.sampling.remove(&e.device);
+                }
+            }
+        }
         self.send_pc_output(out);
-        self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + self.pc.every) };
+        let every = if soon { self.pc.every.min(FIRST_COLLECT) } else { self.pc.every };
+        self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + every) };
     }
 
     fn send_pc_output(&mut self, out: PcOutput) {
@@ -162,6 +183,7 @@ impl<B: Backend> Agent<B> {
             };
             self.send_pc_state(session, e.device, status, e.detail);
             if matches!(e.kind, PcEventKind::Stopped | PcEventKind::Failed | PcEventKind::HardwareBusy) {
+                self.pc.sampling.remove(&e.device);
                 self.pc.leases.remove(&e.device);
                 self.pc.totals.remove(&e.device);
             }
