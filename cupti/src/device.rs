@@ -138,7 +138,8 @@ impl Driver {
     /// Device `ordinal`'s primary context, retained, when it is active (never creates one).
     pub fn active_primary_context(&self, ordinal: u32) -> Option<PrimaryContext<'_>> {
         let d = &self.raw;
-        let (Ok(get), Ok(state), Ok(retain)) = (&d.cuDeviceGet, &d.cuDevicePrimaryCtxGetState, &d.cuDevicePrimaryCtxRetain)
+        let (Ok(get), Ok(state), Ok(retain)) =
+            (&d.cuDeviceGet, &d.cuDevicePrimaryCtxGetState, &d.cuDevicePrimaryCtxRetain)
         else {
             return None;
         };

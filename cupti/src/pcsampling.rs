@@ -79,7 +79,9 @@ unsafe impl Send for PcBuffer {}
 impl PcBuffer {
     pub fn new(num_pcs: usize, num_stall_reasons: usize) -> PcBuffer {
         let mut stalls: Vec<Vec<sys::CUpti_PCSamplingStallReason>> = (0..num_pcs)
-            .map(|_| vec![sys::CUpti_PCSamplingStallReason { pcSamplingStallReasonIndex: 0, samples: 0 }; num_stall_reasons])
+            .map(|_| {
+                vec![sys::CUpti_PCSamplingStallReason { pcSamplingStallReasonIndex: 0, samples: 0 }; num_stall_reasons]
+            })
             .collect();
         let mut pcs: Vec<sys::CUpti_PCSamplingPCData> = stalls
             .iter_mut()
@@ -238,14 +240,15 @@ impl Cupti {
         self.pc_fn(&self.raw.cuptiPCSamplingSetConfigurationAttribute)?;
         let mut stall_index = cfg.stall_index.clone();
         let mut attrs: Vec<sys::CUpti_PCSamplingConfigurationInfo> = Vec::new();
-        let mut push = |t: sys::CUpti_PCSamplingConfigurationAttributeType,
-                        fill: &dyn Fn(&mut sys::CUpti_PCSamplingConfigurationInfo__bindgen_ty_1)| {
-            // Safety: plain C data; all-zero is valid.
-            let mut a: sys::CUpti_PCSamplingConfigurationInfo = unsafe { std::mem::zeroed() };
-            a.attributeType = t;
-            fill(&mut a.attributeData);
-            attrs.push(a);
-        };
+        let mut push =
+            |t: sys::CUpti_PCSamplingConfigurationAttributeType,
+             fill: &dyn Fn(&mut sys::CUpti_PCSamplingConfigurationInfo__bindgen_ty_1)| {
+                // Safety: plain C data; all-zero is valid.
+                let mut a: sys::CUpti_PCSamplingConfigurationInfo = unsafe { std::mem::zeroed() };
+                a.attributeType = t;
+                fill(&mut a.attributeData);
+                attrs.push(a);
+            };
         push(sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_COLLECTION_MODE, &|d| {
             d.collectionModeData.collectionMode = sys::CUPTI_PC_SAMPLING_COLLECTION_MODE_CONTINUOUS
         });
@@ -375,7 +378,11 @@ impl Cupti {
         if file.is_empty() || p.lineNumber == 0 {
             return Ok(None);
         }
-        let path = if dir.is_empty() || file.starts_with('/') { file } else { format!("{}/{file}", dir.trim_end_matches('/')) };
+        let path = if dir.is_empty() || file.starts_with('/') {
+            file
+        } else {
+            format!("{}/{file}", dir.trim_end_matches('/'))
+        };
         Ok(Some((path, p.lineNumber)))
     }
 }
@@ -394,10 +401,16 @@ fn attr_name(t: sys::CUpti_PCSamplingConfigurationAttributeType) -> &'static str
     match t {
         sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_PERIOD => "PC sampling attribute SAMPLING_PERIOD",
         sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_STALL_REASON => "PC sampling attribute STALL_REASON",
-        sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SCRATCH_BUFFER_SIZE => "PC sampling attribute SCRATCH_BUFFER_SIZE",
-        sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_HARDWARE_BUFFER_SIZE => "PC sampling attribute HARDWARE_BUFFER_SIZE",
+        sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SCRATCH_BUFFER_SIZE => {
+            "PC sampling attribute SCRATCH_BUFFER_SIZE"
+        }
+        sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_HARDWARE_BUFFER_SIZE => {
+            "PC sampling attribute HARDWARE_BUFFER_SIZE"
+        }
         sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_COLLECTION_MODE => "PC sampling attribute COLLECTION_MODE",
-        sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER => "PC sampling attribute SAMPLING_DATA_BUFFER",
+        sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER => {
+            "PC sampling attribute SAMPLING_DATA_BUFFER"
+        }
         _ => "cuptiPCSamplingSetConfigurationAttribute",
     }
 }

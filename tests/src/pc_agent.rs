@@ -230,9 +230,9 @@ impl PcAgent {
     }
 }
 
-/// A daemon managing GPUs 0 and 1 without starting sampler children (their PM-sampler
-/// leases are held idle, as when a sampler is starting), so that PC-sampling leases can be
-/// granted, preempted and queued.
+/// A daemon managing GPUs 0 and 1 without starting sampler children, with the PM sampler always
+/// on (its leases held idle, as when a sampler is starting), so that PC-sampling leases can be
+/// granted, preempted, queued and handed back to it.
 pub fn start_daemon(dir: &Path) -> Result<crate::TestDaemon> {
     start_daemon_managing(dir, "0, 1")
 }
@@ -240,7 +240,10 @@ pub fn start_daemon(dir: &Path) -> Result<crate::TestDaemon> {
 /// A daemon managing the GPUs listed ("0, 1") without starting sampler children.
 pub fn start_daemon_managing(dir: &Path, gpus: &str) -> Result<crate::TestDaemon> {
     let cfg = dir.join("gpuprofd.toml");
-    std::fs::write(&cfg, format!("[sampler]\nspawn = false\ndevices = [{gpus}]\nstream_queue = 512\n"))?;
+    std::fs::write(
+        &cfg,
+        format!("[sampler]\nspawn = false\nalways_on = true\ndevices = [{gpus}]\nstream_queue = 512\n"),
+    )?;
     crate::TestDaemon::start_with(&dir.join("state"), &["--config", cfg.to_str().unwrap_or_default()])
 }
 

@@ -17,7 +17,8 @@ use super::{Agent, Control, Identity};
 use crate::config::Config;
 use crate::records::tests::kernel_bytes;
 use crate::tracer::{
-    Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource, StartOutcome,
+    Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource,
+    StartOutcome,
 };
 use crate::wake::Wake;
 
@@ -278,17 +279,16 @@ fn no_daemon_is_a_silent_no_op_and_exit_does_not_wait() {
     let wake = Arc::new(Wake::new().unwrap());
     let control = Arc::new(Control::default());
     let cfg = Config { socket: dir.path().join("absent.sock"), ..Config::default() };
-    let backend =
-        FakeBackend {
-            tx,
-            wake: wake.clone(),
-            n: 1,
-            tail: 0,
-            displace_on_tick: false,
-            reapplied: Default::default(),
-            pc: None,
-            pc_stopped: None,
-        };
+    let backend = FakeBackend {
+        tx,
+        wake: wake.clone(),
+        n: 1,
+        tail: 0,
+        displace_on_tick: false,
+        reapplied: Default::default(),
+        pc: None,
+        pc_stopped: None,
+    };
     let (c2, w2) = (control.clone(), wake.clone());
     let h = std::thread::spawn(move || Agent::new(cfg, Identity::default(), backend, rx, w2, c2).run());
     std::thread::sleep(Duration::from_millis(300));
@@ -306,7 +306,12 @@ fn pc_lease_sends_cubins_strings_batches_and_states() {
     assert!(matches!(next(&mut s), Out::Hello(_)));
     daemon_send(
         &mut s,
-        In::Welcome(pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 }),
+        In::Welcome(pb::Welcome {
+            protocol_version: 1,
+            process_id: 1,
+            max_frame_bytes: 4 << 20,
+            heartbeat_interval_ms: 0,
+        }),
     );
     // A lease for a session the process is not tracing is refused.
     daemon_send(&mut s, In::StartPcSampling(pb::StartPcSampling { session_id: 5, device_id: 0, ..Default::default() }));
@@ -374,8 +379,8 @@ fn pc_lease_sends_cubins_strings_batches_and_states() {
         .expect("a STOPPED state before idle");
     assert_eq!(stopped.status, pb::PcSamplingStatus::Stopped as i32);
     assert_eq!(stopped.detail, "trace stopped");
-    let batches_total: u64 = batches.len() as u64 * 45
-        + rest.iter().filter(|m| matches!(m, Out::PcSamples(_))).count() as u64 * 45;
+    let batches_total: u64 =
+        batches.len() as u64 * 45 + rest.iter().filter(|m| matches!(m, Out::PcSamples(_))).count() as u64 * 45;
     assert_eq!(stopped.samples, batches_total, "totals count every batch sent");
     assert!(!rest.iter().any(|m| matches!(m, Out::Cubin(_))), "a cubin goes once per connection");
     control.request_exit(&wake, Duration::from_millis(10));

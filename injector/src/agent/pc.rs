@@ -35,12 +35,15 @@ const FIRST_COLLECT: Duration = Duration::from_millis(200);
 impl<B: Backend> Agent<B> {
     pub(super) fn start_pc(&mut self, p: pb::StartPcSampling) {
         if p.session_id != self.session || self.session == 0 {
-            let detail = format!("PC sampling lease for session {} while tracing session {}", p.session_id, self.session);
+            let detail =
+                format!("PC sampling lease for session {} while tracing session {}", p.session_id, self.session);
             log!(Warn, "{detail}");
             self.send_pc_state(p.session_id, p.device_id, pb::PcSamplingStatus::Failed, detail);
             return;
         }
-        let every = Duration::from_millis(u64::from(if p.flush_interval_ms == 0 { 1000 } else { p.flush_interval_ms }).clamp(50, 60_000));
+        let every = Duration::from_millis(
+            u64::from(if p.flush_interval_ms == 0 { 1000 } else { p.flush_interval_ms }).clamp(50, 60_000),
+        );
         let req = PcRequest {
             session: p.session_id,
             device: p.device_id,
@@ -203,4 +206,3 @@ impl<B: Backend> Agent<B> {
         }));
     }
 }
-

@@ -16,9 +16,10 @@ mod pc;
 mod trace_config;
 
 pub use backend::{
-    Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource, StartOutcome,
+    Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource,
+    StartOutcome,
 };
-pub use pc::{STALL_PREFIX, select_stalls};
 pub use callbacks::{Shared, TRACING, install, now_ms};
 pub use cupti_backend::{CuptiBackend, Tuning};
+pub use pc::{STALL_PREFIX, select_stalls};
 pub use trace_config::{apply_skip, default_config, effective_config, kinds_for};

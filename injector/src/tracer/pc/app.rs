@@ -54,9 +54,18 @@ struct Live {
 
 /// Operations for the next synchronization on the device's context.
 pub enum Op {
-    Enable { device: u32, ctx: usize, cfg: PcConfig, wanted: Vec<String> },
+    Enable {
+        device: u32,
+        ctx: usize,
+        cfg: PcConfig,
+        wanted: Vec<String>,
+    },
     /// Disable; then report `kind` (`Healed` means enable again).
-    Disable { device: u32, kind: PcEventKind, reason: String },
+    Disable {
+        device: u32,
+        kind: PcEventKind,
+        reason: String,
+    },
 }
 
 /// Results for the background thread.
@@ -163,7 +172,10 @@ fn run(s: &mut State, ctx: usize) {
         match op {
             Op::Enable { device, ctx: c, cfg, wanted } if c == ctx => match enable(cupti, ctx, cfg, &wanted) {
                 Ok((on, reasons, unknown)) => {
-                    s.live.insert(device, Live { ctx, on, agg: Agg::new(), totals: (0, 0), last_read: None, failure: None });
+                    s.live.insert(
+                        device,
+                        Live { ctx, on, agg: Agg::new(), totals: (0, 0), last_read: None, failure: None },
+                    );
                     s.done.push(Done::Enabled { device, reasons, unknown });
                 }
                 Err(error) => s.done.push(Done::EnableFailed { device, error }),

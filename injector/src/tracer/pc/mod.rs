@@ -122,7 +122,9 @@ impl PcSampler {
             .subscribe(Some(app::on_callback))
             .map_err(|e| format!("PC sampling needs the CUPTI subscriber, which another CUPTI client holds: {e}"))?;
         let c = &self.cupti;
-        if let Err(e) = c.enable_callback(&s, sys::CUPTI_CB_DOMAIN_RESOURCE, sys::CUPTI_CBID_RESOURCE_MODULE_LOADED, true) {
+        if let Err(e) =
+            c.enable_callback(&s, sys::CUPTI_CB_DOMAIN_RESOURCE, sys::CUPTI_CBID_RESOURCE_MODULE_LOADED, true)
+        {
             log!(Warn, "PC sampling: module-load callback: {e}; no source lines for new modules");
         }
         for (domain, cbid) in super::detach::SYNC_CALLS {
@@ -255,8 +257,10 @@ impl PcSampler {
             match r {
                 Done::Enabled { device, reasons, unknown } => {
                     let Some(d) = self.devs.get_mut(&device) else { continue };
-                    let mut detail =
-                        format!("period 2^{}", if d.req.period_log2 == 0 { DEFAULT_PERIOD_LOG2 } else { d.req.period_log2 });
+                    let mut detail = format!(
+                        "period 2^{}",
+                        if d.req.period_log2 == 0 { DEFAULT_PERIOD_LOG2 } else { d.req.period_log2 }
+                    );
                     if !unknown.is_empty() {
                         detail.push_str(&format!("; unknown stall reasons ignored: {}", unknown.join(", ")));
                     }
@@ -314,7 +318,11 @@ impl PcSampler {
             }
         }
         let (seen, kept, skipped) = cubins::stats();
-        log!(Debug, "PC sampling: {} device(s); modules seen {seen}, cubins kept {kept}, left out {skipped}", keys.len());
+        log!(
+            Debug,
+            "PC sampling: {} device(s); modules seen {seen}, cubins kept {kept}, left out {skipped}",
+            keys.len()
+        );
         let now = gpuprof_cupti::clock::realtime_ns();
         let mut out = PcOutput::default();
         let deadline = Instant::now() + LINE_BUDGET;
