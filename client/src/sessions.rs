@@ -66,8 +66,9 @@ impl TargetArgs {
 /// What and how long to collect.
 #[derive(Args, Debug, Clone)]
 pub struct CollectArgs {
-    /// What to collect: kernels, default (kernels, copies, sets, launch/copy/sync/alloc API calls, NVTX, graphs)
-    /// or full (also sync and external-correlation records, overhead, driver API).
+    /// What to collect: kernels, default (kernels, copies, sets, launch/copy/sync/alloc API calls, NVTX, graphs),
+    /// full (also sync and external-correlation records, overhead, driver API) or pc (only PC samples; with
+    /// --pc-sampling).
     #[arg(long, default_value = "default")]
     pub preset: String,
     /// Stop after this long (e.g. 10s, 2m, 1h30m).

@@ -71,6 +71,7 @@ pub struct PcAgent {
     strings: HashMap<String, u32>,
     next_string: u32,
     closed: Arc<AtomicBool>,
+    last_trace: Arc<Mutex<Option<wire::TraceConfig>>>,
 }
 
 impl PcAgent {
@@ -91,6 +92,8 @@ impl PcAgent {
         let (tx, commands) = mpsc::channel();
         let closed = Arc::new(AtomicBool::new(false));
         let (out2, closed2) = (out.clone(), closed.clone());
+        let last_trace = Arc::new(Mutex::new(None));
+        let last_trace2 = last_trace.clone();
         std::thread::Builder::new().name("pc-agent-commands".into()).spawn(move || {
             while let Ok(m) = read_message::<DaemonMessage, _>(&mut input, 16 << 20) {
                 let state = |status: TraceStatus, session: u64| {
@@ -101,7 +104,10 @@ impl PcAgent {
                     })
                 };
                 let r = match m.msg {
-                    Some(daemon_message::Msg::StartTrace(t)) => send(&out2, state(TraceStatus::Tracing, t.session_id)),
+                    Some(daemon_message::Msg::StartTrace(t)) => {
+                        *last_trace2.lock().unwrap() = Some(t.config.unwrap_or_default());
+                        send(&out2, state(TraceStatus::Tracing, t.session_id))
+                    }
                     Some(daemon_message::Msg::StopTrace(t)) => send(&out2, state(TraceStatus::Idle, t.session_id)),
                     Some(daemon_message::Msg::StartPcSampling(p)) => {
                         tx.send(PcCommand::Start(p)).map_err(|_| anyhow::anyhow!("test gone"))
@@ -117,7 +123,15 @@ impl PcAgent {
             }
             closed2.store(true, Ordering::Relaxed);
         })?;
-        Ok(PcAgent { process_id: w.process_id, out, commands, strings: HashMap::new(), next_string: 1, closed })
+        Ok(PcAgent {
+            process_id: w.process_id,
+            out,
+            commands,
+            strings: HashMap::new(),
+            next_string: 1,
+            closed,
+            last_trace,
+        })
     }
 
     /// The id of string `v`, defining it first if new ("" is 0).
@@ -222,6 +236,11 @@ impl PcAgent {
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
+    }
+
+    /// The trace configuration of the last StartTrace received.
+    pub fn last_trace_config(&self) -> Option<wire::TraceConfig> {
+        *self.last_trace.lock().unwrap()
     }
 
     /// Says goodbye.

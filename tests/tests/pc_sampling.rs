@@ -288,3 +288,21 @@ fn bad_pc_options_are_refused_with_what_to_change() -> Result<()> {
     assert_eq!(d.terminate()?, 0);
     Ok(())
 }
+
+#[test]
+fn preset_pc_traces_no_activity_and_needs_pc_sampling() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = start_daemon(dir.path())?;
+    let out = d.ctl(&["session", "start", "--exe", "pcapp", "--preset", "pc"]);
+    assert_eq!(out.status.code(), Some(2), "INVALID_ARGUMENT without --pc-sampling");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pc-sampling"), "{}", String::from_utf8_lossy(&out.stderr));
+    let a = PcAgent::connect(&d.agent_socket, "/usr/bin/pcapp", 1)?;
+    let id = start_session(&d, &["--exe", "pcapp", "--preset", "pc", "--pc-sampling"]);
+    let st = start_cmd(a.command(Duration::from_secs(5))?);
+    assert_eq!(st.session_id, id);
+    let t = a.last_trace_config().expect("a StartTrace before the lease");
+    assert!(t.activity_off && !t.kernels && !t.runtime_api && !t.memcpy, "{t:?}");
+    a.goodbye()?;
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}

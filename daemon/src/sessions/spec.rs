@@ -176,10 +176,16 @@ impl Collect {
     pub(super) fn from_pb(c: Option<&pb::CollectOptions>) -> ApiResult<Collect> {
         let c = c.cloned().unwrap_or_default();
         let preset = if c.preset.is_empty() { "default".to_string() } else { c.preset };
-        if !matches!(preset.as_str(), "kernels" | "default" | "full") {
+        if !matches!(preset.as_str(), "kernels" | "default" | "full" | "pc") {
             return Err(ApiError::invalid(
                 "collect.preset",
-                format!("unknown preset {preset:?}; use \"kernels\", \"default\" or \"full\""),
+                format!("unknown preset {preset:?}; use \"kernels\", \"default\", \"full\" or \"pc\""),
+            ));
+        }
+        if preset == "pc" && !c.pc_sampling {
+            return Err(ApiError::invalid(
+                "collect.preset",
+                "preset \"pc\" collects nothing but PC samples; turn collect.pc_sampling on (--pc-sampling) or pick another preset",
             ));
         }
         // Refused rather than silently ignored: PM metrics come from the device samplers
@@ -260,6 +266,9 @@ impl Collect {
 
     /// The activity kinds the injector enables for this preset.
     pub fn trace_config(&self) -> wire::TraceConfig {
+        if self.preset == "pc" {
+            return wire::TraceConfig { activity_off: true, ..Default::default() };
+        }
         let full = self.preset == "full";
         let default = full || self.preset == "default";
         wire::TraceConfig {
@@ -277,6 +286,7 @@ impl Collect {
             external_correlation: full,
             graphs: default,
             flush_interval_ms: 0,
+            activity_off: false,
         }
     }
 }
@@ -417,6 +427,11 @@ mod tests {
     #[test]
     fn presets() {
         assert!(Collect::from_pb(Some(&pb::CollectOptions { preset: "bogus".into(), ..Default::default() })).is_err());
+        let pc_only = |pc_sampling| pb::CollectOptions { preset: "pc".into(), pc_sampling, ..Default::default() };
+        let e = Collect::from_pb(Some(&pc_only(false))).unwrap_err();
+        assert!(format!("{e:?}").contains("--pc-sampling"), "{e:?}");
+        let t = Collect::from_pb(Some(&pc_only(true))).unwrap().trace_config();
+        assert!(t.activity_off && !t.kernels && !t.runtime_api && !t.memcpy, "{t:?}");
         let pc = Collect::from_pb(Some(&pb::CollectOptions { pc_sampling: true, ..Default::default() })).unwrap();
         assert_eq!((pc.pc_sampling_period_log2, pc.pc_flush_interval_ms), (15, 1000));
         let pm = pb::CollectOptions { pm_metrics: vec!["sm__cycles_active.avg".into()], ..Default::default() };

@@ -18,12 +18,15 @@ pub fn default_config() -> pb::TraceConfig {
         external_correlation: true,
         graphs: false,
         flush_interval_ms: 0,
+        activity_off: false,
     }
 }
 
 /// Resolves an optional/empty configuration to the one to apply.
 pub fn effective_config(cfg: Option<&pb::TraceConfig>) -> pb::TraceConfig {
     match cfg {
+        // Nothing but PC samples: no kind at all, not even the device and context records.
+        Some(c) if c.activity_off => pb::TraceConfig { activity_off: true, ..Default::default() },
         Some(c)
             if c.kernels
                 || c.memcpy
@@ -64,6 +67,9 @@ pub fn apply_skip(mut cfg: pb::TraceConfig, skip: &[String]) -> pb::TraceConfig 
 
 /// The activity kinds a configuration enables, in enabling order.
 pub fn kinds_for(cfg: &pb::TraceConfig) -> Vec<u32> {
+    if cfg.activity_off {
+        return Vec::new();
+    }
     let mut k =
         vec![sys::CUPTI_ACTIVITY_KIND_DEVICE, sys::CUPTI_ACTIVITY_KIND_CONTEXT, sys::CUPTI_ACTIVITY_KIND_STREAM];
     if cfg.kernels {
@@ -136,5 +142,12 @@ mod tests {
         assert!(c.kernels && c.flush_interval_ms == 100);
         let only = pb::TraceConfig { kernels: true, ..Default::default() };
         assert_eq!(effective_config(Some(&only)), only);
+    }
+
+    #[test]
+    fn activity_off_enables_no_kind_at_all() {
+        let c = effective_config(Some(&pb::TraceConfig { activity_off: true, kernels: true, ..Default::default() }));
+        assert!(c.activity_off && !c.kernels && !c.runtime_api, "{c:?}");
+        assert!(kinds_for(&c).is_empty());
     }
 }
