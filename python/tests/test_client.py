@@ -45,6 +45,19 @@ class ClientTest(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as e:
                 c.session(987654)
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+            # PC sampling: this agent reports no GPU, so the session gets no samples.
+            p = c.start_session(all_processes=True, name="pc", preset="pc", pc_sampling=True)
+            self.assertTrue(p.collect.pc_sampling)
+            self.assertEqual(p.collect.preset, "pc")
+            c.stop_session(p.id)
+            top = c.pc_top(p.id, group_by="line")
+            self.assertIsInstance(top, gpuprof.pb.QueryPcSamplesResponse)
+            self.assertEqual((top.total_samples, list(top.rows)), (0, []))
+            with self.assertRaises(ValueError):
+                c.pc_top(p.id, group_by="bogus")
+            with self.assertRaises(grpc.RpcError) as e:
+                c.start_session(all_processes=True, preset="pc")
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
 
 
 if __name__ == "__main__":

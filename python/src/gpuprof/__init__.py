@@ -93,8 +93,14 @@ class Client:
         preset: str = "default",
         duration_ms: int = 0,
         max_records: int = 0,
+        pc_sampling: bool = False,
+        pc_period_log2: int = 0,
     ) -> pb.Session:
-        """Starts a session over the processes that match any of the targets."""
+        """Starts a session over the processes that match any of the targets.
+
+        ``pc_sampling`` samples the processes' warp PCs continuously (every 2^``pc_period_log2``
+        SM cycles, 0: the daemon's default); ``preset="pc"`` collects nothing else.
+        """
         targets = [pb.Target(pid=p) for p in pids]
         targets += [pb.Target(exe_name=e) for e in exe_names]
         targets += [pb.Target(exe_pattern=p) for p in patterns]
@@ -104,7 +110,7 @@ class Client:
         req = pb.StartSessionRequest(
             name=name,
             targets=targets,
-            collect=pb.CollectOptions(preset=preset),
+            collect=pb.CollectOptions(preset=preset, pc_sampling=pc_sampling, pc_sampling_period_log2=pc_period_log2),
             duration_ms=duration_ms,
             max_records=max_records,
         )
@@ -117,6 +123,25 @@ class Client:
     def summary(self, session_id: int, top: int = 20) -> pb.GetSummaryResponse:
         """Top kernels, device busy time, copies and API calls of a session."""
         return self.stub.GetSummary(pb.GetSummaryRequest(session_id=session_id, top=top), timeout=self.timeout)
+
+    def pc_top(
+        self, session_id: int, group_by: str = "function", kernel: str = "", limit: int = 20
+    ) -> pb.QueryPcSamplesResponse:
+        """A session's PC samples, hottest first, grouped by "function", "line", "stall" or "pc".
+
+        ``kernel`` is a glob over function names (demangled or as reported); each row carries its
+        samples by stall reason.
+        """
+        groups = {
+            "function": pb.PC_GROUP_BY_FUNCTION,
+            "line": pb.PC_GROUP_BY_LINE,
+            "stall": pb.PC_GROUP_BY_STALL,
+            "pc": pb.PC_GROUP_BY_PC,
+        }
+        if group_by not in groups:
+            raise ValueError(f"group_by {group_by!r}: use one of {', '.join(groups)}")
+        req = pb.QueryPcSamplesRequest(session_id=session_id, group_by=groups[group_by], kernel=kernel, limit=limit)
+        return self.stub.QueryPcSamples(req, timeout=self.timeout)
 
     def query(
         self,
