@@ -20,7 +20,8 @@ fuzz_target!(|data: &[u8]| {
                 let mut frame = Vec::new();
                 encode_frame(&m, &mut frame);
                 assert_eq!(frame.len(), 4 + m.encoded_len());
-                let again: AgentMessage = read_message(&mut frame.as_slice(), u32::MAX).expect("a re-encoded frame decodes");
+                let again: AgentMessage =
+                    read_message(&mut frame.as_slice(), u32::MAX).expect("a re-encoded frame decodes");
                 assert_eq!(again.encode_to_vec(), m.encode_to_vec(), "decode(encode(m)) == m");
                 // The same frame under a limit just below its length is refused as oversized.
                 let len = (frame.len() - 4) as u32;

@@ -19,9 +19,7 @@ thread_local! {
 
 fn sqlite_glob(pattern: &str, text: &str) -> bool {
     DB.with(|db| {
-        db.borrow()
-            .query_row("SELECT ?1 GLOB ?2", [text, pattern], |r| r.get::<_, bool>(0))
-            .expect("GLOB evaluates")
+        db.borrow().query_row("SELECT ?1 GLOB ?2", [text, pattern], |r| r.get::<_, bool>(0)).expect("GLOB evaluates")
     })
 }
 

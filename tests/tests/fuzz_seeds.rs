@@ -105,7 +105,10 @@ fn injector_session() -> Vec<AgentMessage> {
     out.push(msg(Msg::Heartbeat(wire::Heartbeat {
         clock: Some(wire::ClockPair { realtime_ns: 1_700_000_000_000_000_000, monotonic_ns: 123_456_789 }),
     })));
-    out.push(msg(Msg::Drops(wire::DropReport { counts: vec![wire::DropCount { kind: 1, dropped: 9 }], cupti_dropped: 2 })));
+    out.push(msg(Msg::Drops(wire::DropReport {
+        counts: vec![wire::DropCount { kind: 1, dropped: 9 }],
+        cupti_dropped: 2,
+    })));
     out.push(msg(Msg::Goodbye(wire::Goodbye { reason: "exit".into() })));
     out
 }
@@ -114,7 +117,8 @@ fn sampler_session() -> Vec<AgentMessage> {
     let mut h = fake_agent::hello("/usr/bin/gpuprof-sampler");
     h.kind = AgentKind::Sampler as i32;
     h.sampler_device = 1;
-    let metrics = vec!["sm__cycles_active.avg".to_string(), "dram__throughput.avg.pct_of_peak_sustained_elapsed".into()];
+    let metrics =
+        vec!["sm__cycles_active.avg".to_string(), "dram__throughput.avg.pct_of_peak_sustained_elapsed".into()];
     let samples = (0..4)
         .map(|i| wire::PmSample { start_ns: 1000 * i, end_ns: 1000 * i + 900, values: vec![0.5 * i as f64, 97.25] })
         .collect();
@@ -131,8 +135,8 @@ fn sampler_session() -> Vec<AgentMessage> {
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
+    std::fs::create_dir_all(dir).expect("creating the corpus directory");
+    std::fs::write(dir.join(format!("seed-{name}")), bytes).expect("writing a seed");
 }
 
 #[test]
@@ -142,7 +146,10 @@ fn write_fuzz_seeds() {
     let corpus = root.join("fuzz/corpus");
     let injector = injector_session();
     let sampler = sampler_session();
-    assert_eq!(injector[0].msg.as_ref().map(|m| matches!(m, Msg::Hello(h) if h.protocol_version == PROTOCOL_VERSION)), Some(true));
+    assert_eq!(
+        injector[0].msg.as_ref().map(|m| matches!(m, Msg::Hello(h) if h.protocol_version == PROTOCOL_VERSION)),
+        Some(true)
+    );
     for target in ["frame", "agent"] {
         let dir = corpus.join(target);
         write(&dir, "injector-session", &frames(&injector));
