@@ -142,7 +142,7 @@ mod tests {
     /// itself even when the range is empty.
     #[test]
     fn classes_read_like_sqlite() {
-        // fuzz/artifacts/glob: "[]-a]" on "-", "[:--]" on ":".
+        // The two inputs the target found: "[]-a]" on "-", "[:--]" on ":".
         assert!(matches("[]-a]", "-"));
         assert!(!matches("[]-a]", "_"));
         assert!(matches("[]-a]", "]") && matches("[]-a]", "a"));
