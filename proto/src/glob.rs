@@ -142,7 +142,7 @@ mod tests {
     /// itself even when the range is empty.
     #[test]
     fn classes_read_like_sqlite() {
-        // The two inputs the target found: "[]-a]" on "-", "[:--]" on ":".
+        // The target's failing inputs: "[:--]" on ":" (found from an empty corpus) and "[]-a]" on "-" (a seed).
         assert!(matches("[]-a]", "-"));
         assert!(!matches("[]-a]", "_"));
         assert!(matches("[]-a]", "]") && matches("[]-a]", "a"));
