@@ -7,7 +7,6 @@
 //! with a logged reason and counts as a protocol error; other connections are unaffected.
 //! A frame's memory grows with the bytes that arrive, not with the length it announces.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -17,8 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuprof_proto::agent::{
-    self as wire, AgentKind, AgentMessage, DaemonMessage, PROTOCOL_VERSION, RecordBatch, agent_message::Msg,
-    daemon_message,
+    self as wire, AgentMessage, DaemonMessage, PROTOCOL_VERSION, agent_message::Msg, daemon_message,
 };
 use gpuprof_proto::frame::encode_frame;
 use prost::Message;
@@ -29,10 +27,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::Daemon;
-use crate::catalog::{Kind, batch_len};
+use crate::catalog::batch_len;
 use crate::clock::now_ns;
 use crate::ingest::{ProcessInfo, WriterMsg};
 use crate::registry::{Agent, AgentEvent, Placement};
+
+pub mod check;
 
 /// Binds the agent socket (replacing a stale file) with mode 0666: any user's CUDA
 /// process may connect; identity comes from SO_PEERCRED.
@@ -186,13 +186,11 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
 
     // Handshake: a small frame limit and a short deadline for a peer not yet identified.
     let hs_timeout = timeout.min(HANDSHAKE_TIMEOUT);
-    let hello = match read_message(&mut rd, &mut buf, max.min(MAX_HELLO_BYTES), hs_timeout, &shutdown).await {
-        Ok(AgentMessage { msg: Some(Msg::Hello(h)) }) => h,
-        Ok(other) => {
-            let what = other.msg.as_ref().map(msg_name).unwrap_or("an empty message");
-            reject(&d, pid, &format!("protocol error: first message must be Hello, got {what}"));
-            return;
-        }
+    let (hello, kind) = match read_message(&mut rd, &mut buf, max.min(MAX_HELLO_BYTES), hs_timeout, &shutdown)
+        .await
+        .and_then(check::hello)
+    {
+        Ok(h) => h,
         Err(ConnError::Closed) | Err(ConnError::Shutdown) => return,
         Err(ConnError::Timeout(t)) => {
             reject(&d, pid, &format!("protocol error: no Hello within {t:?}"));
@@ -200,25 +198,6 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         }
         Err(e) => {
             reject(&d, pid, &e.to_string());
-            return;
-        }
-    };
-    if hello.protocol_version != PROTOCOL_VERSION {
-        reject(
-            &d,
-            pid,
-            &format!(
-                "protocol error: unsupported protocol version {} (this gpuprofd speaks {PROTOCOL_VERSION})",
-                hello.protocol_version
-            ),
-        );
-        return;
-    }
-    let kind = match AgentKind::try_from(hello.kind) {
-        Ok(AgentKind::Injector) => "injector",
-        Ok(AgentKind::Sampler) => "sampler",
-        _ => {
-            reject(&d, pid, &format!("protocol error: unknown agent kind {}", hello.kind));
             return;
         }
     };
@@ -284,15 +263,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     d.registry.insert(agent.clone());
     tracing::info!(id, pid, uid = cred.uid(), kind, exe = %agent.exe, "agent connected");
 
-    let mut conn = Conn {
-        d: &d,
-        agent: &agent,
-        next_string: 1,
-        drops: HashMap::new(),
-        cupti_dropped: 0,
-        names: Default::default(),
-        cubins: Default::default(),
-    };
+    let mut conn = Conn { d: &d, agent: &agent, check: check::Checker::new(kind), names: Default::default() };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
             Ok(m) => match conn.dispatch(m).await {
@@ -376,33 +347,13 @@ fn msg_name(m: &Msg) -> &'static str {
 struct Conn<'a> {
     d: &'a Daemon,
     agent: &'a Arc<Agent>,
-    /// The next string id the agent must define.
-    next_string: u32,
-    /// Last cumulative drop count per kind.
-    drops: HashMap<Kind, u64>,
-    /// Last cumulative CUPTI drop count.
-    cupti_dropped: u64,
+    /// The protocol state: string ids, drop counters, cubins half received.
+    check: check::Checker,
     /// The strings defined so far, for PC sample rows pushed to stream subscribers.
     names: crate::pcsamp::names::ConnNames,
-    /// Cubins half received.
-    cubins: crate::pcsamp::cubin::Assembler,
 }
 
 impl Conn<'_> {
-    fn check_str(&self, id: u32, what: &str) -> Result<(), ConnError> {
-        if id >= self.next_string {
-            return Err(proto_err(format!("{what} refers to string id {id}, which was never defined")));
-        }
-        Ok(())
-    }
-
-    fn require_kind(&self, kind: &str, m: &Msg) -> Result<(), ConnError> {
-        if self.agent.kind != kind {
-            return Err(proto_err(format!("{} is not allowed from a {} agent", msg_name(m), self.agent.kind)));
-        }
-        Ok(())
-    }
-
     /// Handles one message; Ok(false) ends the connection cleanly.
     async fn dispatch(&mut self, m: AgentMessage) -> Result<bool, ConnError> {
         let d = self.d;
@@ -411,32 +362,18 @@ impl Conn<'_> {
         let Some(msg) = m.msg else {
             return Err(proto_err("empty message"));
         };
+        self.check.message(&msg)?;
         match msg {
             Msg::Hello(_) => return Err(proto_err("Hello sent twice")),
             Msg::Strings(t) => {
                 let mut values = Vec::with_capacity(t.strings.len());
                 for s in t.strings {
-                    if s.id != self.next_string {
-                        return Err(proto_err(format!(
-                            "string id {} defined out of order (expected {})",
-                            s.id, self.next_string
-                        )));
-                    }
-                    self.next_string += 1;
                     self.names.push(&s.value);
                     values.push(s.value);
                 }
                 d.writer.send(WriterMsg::Strings { proc: id, values }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::Records(b) => {
-                self.require_kind("injector", &Msg::Records(RecordBatch::default()))?;
-                for k in &b.kernels {
-                    self.check_str(k.name_id, "a kernel record")?;
-                }
-                for m in &b.markers {
-                    self.check_str(m.name_id, "a marker record")?;
-                    self.check_str(m.domain_id, "a marker record")?;
-                }
                 let count = batch_len(&b);
                 if count == 0 {
                     return Ok(true);
@@ -451,45 +388,17 @@ impl Conn<'_> {
                     .map_err(|_| ConnError::Shutdown)?;
             }
             Msg::Drops(r) => {
-                let mut counts = Vec::new();
-                for c in r.counts {
-                    let Some(k) = Kind::from_wire(c.kind) else {
-                        return Err(proto_err(format!("drop report for unknown record kind {}", c.kind)));
+                let counts = self.check.drops(&r, |k, n| {
+                    let counter = match k {
+                        Some(k) => &d.stats.kind(k).dropped_by_agents,
+                        None => &d.stats.cupti_dropped,
                     };
-                    let last = self.drops.entry(k).or_insert(0);
-                    if c.dropped < *last {
-                        return Err(proto_err(format!(
-                            "drop counter for {} went backwards ({} < {})",
-                            k.name(),
-                            c.dropped,
-                            last
-                        )));
-                    }
-                    d.stats.kind(k).dropped_by_agents.fetch_add(c.dropped - *last, Relaxed);
-                    *last = c.dropped;
-                    counts.push((Some(k), c.dropped));
-                }
-                if r.cupti_dropped < self.cupti_dropped {
-                    return Err(proto_err(format!(
-                        "CUPTI drop counter went backwards ({} < {})",
-                        r.cupti_dropped, self.cupti_dropped
-                    )));
-                }
-                d.stats.cupti_dropped.fetch_add(r.cupti_dropped - self.cupti_dropped, Relaxed);
-                self.cupti_dropped = r.cupti_dropped;
-                if r.cupti_dropped > 0 {
-                    counts.push((None, r.cupti_dropped));
-                }
+                    counter.fetch_add(n, Relaxed);
+                })?;
                 d.writer.send(WriterMsg::Drops { proc: id, counts }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::TraceState(s) => {
-                let name = match wire::TraceStatus::try_from(s.status) {
-                    Ok(wire::TraceStatus::Idle) => "idle",
-                    Ok(wire::TraceStatus::Tracing) => "tracing",
-                    Ok(wire::TraceStatus::Displaced) => "displaced",
-                    Ok(wire::TraceStatus::Failed) => "failed",
-                    _ => return Err(proto_err(format!("unknown trace status {}", s.status))),
-                };
+                let name = check::trace_status(s.status)?;
                 *self.agent.trace_state.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
                 if name == "displaced" || name == "failed" {
                     tracing::warn!(id, pid = self.agent.pid, state = name, detail = %s.detail, "agent cannot trace");
@@ -503,23 +412,12 @@ impl Conn<'_> {
             }
             Msg::Heartbeat(_) => {}
             Msg::PmSamples(b) => {
-                self.require_kind("sampler", &Msg::PmSamples(Default::default()))?;
-                if b.samples.iter().any(|s| s.values.len() != b.metrics.len()) {
-                    return Err(proto_err("PM sample with a value count different from the metric count"));
-                }
                 d.publish_pm(id, &b);
                 let n = (b.samples.len() * b.metrics.len()) as u64;
                 d.stats.queued_records.fetch_add(n, Relaxed);
                 d.writer.send(WriterMsg::PmSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::PcSamples(b) => {
-                self.require_kind("injector", &Msg::PcSamples(Default::default()))?;
-                for s in &b.samples {
-                    self.check_str(s.function_name_id, "a PC sample")?;
-                    self.check_str(s.stall_reason_id, "a PC sample")?;
-                    self.check_str(s.module_id, "a PC sample")?;
-                    self.check_str(s.file_id, "a PC sample")?;
-                }
                 d.pc.add_batch(id, &b);
                 if d.pc.has_subscribers(b.session_id) {
                     let response = gpuprof_proto::api::StreamPcSamplesResponse {
@@ -534,7 +432,6 @@ impl Conn<'_> {
                 d.writer.send(WriterMsg::PcSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::SamplerState(s) => {
-                self.require_kind("sampler", &Msg::SamplerState(Default::default()))?;
                 d.registry.publish(AgentEvent::SamplerState {
                     id,
                     device: s.device_id,
@@ -544,15 +441,13 @@ impl Conn<'_> {
             }
             Msg::Goodbye(_) => return Ok(false),
             Msg::PcSamplingState(s) => {
-                self.require_kind("injector", &Msg::PcSamplingState(Default::default()))?;
                 if let Some(r) = d.pc.agent_state(id, &s).map_err(proto_err)? {
                     tracing::warn!(id, pid = self.agent.pid, device = s.device_id, reason = %r.reason, "PC sampling ended by the agent's report");
                     let _ = d.arbiter.release(r.lease, "gpuprofd", &r.reason);
                 }
             }
             Msg::Cubin(c) => {
-                self.require_kind("injector", &Msg::Cubin(Default::default()))?;
-                if let Some((hash, data)) = self.cubins.chunk(c, |h| d.pc.cubin_known(h)).map_err(proto_err)?
+                if let Some((hash, data)) = self.check.cubin(c, |h| d.pc.cubin_known(h))?
                     && d.pc.cubin_stored(&hash)
                 {
                     tracing::debug!(id, hash = %hash, bytes = data.len(), "cubin received");

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
+mod log_filter;
+
 /// The built-in defaults, also the reference for every key.
 pub const DEFAULT_TOML: &str = include_str!("default.toml");
 
@@ -403,6 +405,9 @@ impl Config {
         }
         if o.client_cert_file.is_empty() != o.client_key_file.is_empty() {
             bail!("otlp.client_cert_file and otlp.client_key_file go together: set both or neither");
+        }
+        if let Err(e) = log_filter::check_field_values(&self.log_level) {
+            bail!("log_level {:?}: {e}", self.log_level);
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             bail!("log_level {:?} is not a valid filter: {e}", self.log_level);

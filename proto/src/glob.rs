@@ -38,6 +38,10 @@ fn class_end(p: &[char], open: usize) -> Option<usize> {
     None
 }
 
+/// Whether `c` is in the class `class` (between the brackets), read the way SQLite's GLOB reads
+/// it: each member is compared as it comes, so the first character of a range matches itself
+/// even when the range is empty (`[z-a]` matches `z`); a `-` between two members makes a range
+/// of them, except right after a range or after a leading `]`, where it is itself.
 fn class_matches(class: &[char], c: char) -> bool {
     let (neg, body) = match class.first() {
         Some('^') => (true, &class[1..]),
@@ -45,17 +49,27 @@ fn class_matches(class: &[char], c: char) -> bool {
     };
     let mut hit = false;
     let mut i = 0;
+    if body.first() == Some(&']') {
+        hit = c == ']';
+        i = 1;
+    }
+    let mut prior: Option<char> = None;
     while i < body.len() {
-        if i + 2 < body.len() && body[i + 1] == '-' {
-            if body[i] <= c && c <= body[i + 2] {
-                hit = true;
+        match prior {
+            Some(lo) if body[i] == '-' && i + 1 < body.len() => {
+                if lo <= c && c <= body[i + 1] {
+                    hit = true;
+                }
+                prior = None;
+                i += 2;
             }
-            i += 3;
-        } else {
-            if body[i] == c {
-                hit = true;
+            _ => {
+                if body[i] == c {
+                    hit = true;
+                }
+                prior = Some(body[i]);
+                i += 1;
             }
-            i += 1;
         }
     }
     hit != neg
@@ -121,5 +135,21 @@ mod tests {
         assert!(check("[abc").is_err());
         assert!(check("a[]]b").is_ok());
         assert!(matches("a[]]b", "a]b"));
+    }
+
+    /// Found by the `glob` fuzz target (fuzz/), against SQLite's GLOB: a `]` opening a class is
+    /// a member of its own, not the start of a range, and the first end of a range matches
+    /// itself even when the range is empty.
+    #[test]
+    fn classes_read_like_sqlite() {
+        // The target's failing inputs: "[:--]" on ":" (found from an empty corpus) and "[]-a]" on "-" (a seed).
+        assert!(matches("[]-a]", "-"));
+        assert!(!matches("[]-a]", "_"));
+        assert!(matches("[]-a]", "]") && matches("[]-a]", "a"));
+        assert!(matches("[:--]", ":"));
+        assert!(!matches("[:--]", ","));
+        assert!(matches("[z-a]", "z") && !matches("[z-a]", "m"));
+        assert!(matches("[a-c-e]", "-") && matches("[a-c-e]", "e") && !matches("[a-c-e]", "d"));
+        assert!(matches("[^]-a]", "_") && !matches("[^]-a]", "-"));
     }
 }
