@@ -113,7 +113,18 @@ fn attrs(v: &Value) -> std::collections::BTreeMap<String, String> {
 }
 
 fn scrape(port: u16) -> String {
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // The endpoint listens a moment after the API socket.
+    let t = std::time::Instant::now();
+    let mut c = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(c) => break c,
+            Err(e) if t.elapsed() < std::time::Duration::from_secs(10) => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => panic!("metrics endpoint on port {port}: {e}"),
+        }
+    };
     c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let mut body = String::new();
     c.read_to_string(&mut body).unwrap();
