@@ -40,8 +40,7 @@ fn scrape(port: u16) -> String {
     let mut c = loop {
         match std::net::TcpStream::connect(("127.0.0.1", port)) {
             Ok(c) => break c,
-            Err(e) if t.elapsed() < std::time::Duration::from_secs(10) => {
-                let _ = e;
+            Err(_) if t.elapsed() < std::time::Duration::from_secs(10) => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
             Err(e) => panic!("metrics endpoint on port {port}: {e}"),
