@@ -10,8 +10,19 @@ pub fn scrape(port: u16) -> std::io::Result<String> {
     scrape_path(port, "/metrics")
 }
 
+/// `GET path`, the whole HTTP response as text. The endpoint listens a moment after the
+/// daemon's API socket: a refused connection is tried again for up to 10 s.
 pub fn scrape_path(port: u16, path: &str) -> std::io::Result<String> {
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    let t = std::time::Instant::now();
+    let mut c = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(c) => break c,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && t.elapsed().as_secs() < 10 => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    };
     c.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
     c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())?;
     let mut body = String::new();

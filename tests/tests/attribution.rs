@@ -6,6 +6,9 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../src/expo.rs"]
+mod expo;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -35,21 +38,7 @@ fn procs(d: &TestDaemon) -> Vec<Value> {
 }
 
 fn scrape(port: u16) -> String {
-    // The endpoint listens a moment after the API socket.
-    let t = std::time::Instant::now();
-    let mut c = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(c) => break c,
-            Err(_) if t.elapsed() < std::time::Duration::from_secs(10) => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            Err(e) => panic!("metrics endpoint on port {port}: {e}"),
-        }
-    };
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut body = String::new();
-    c.read_to_string(&mut body).unwrap();
-    body
+    expo::scrape(port).expect("scraping /metrics")
 }
 
 fn free_port() -> u16 {

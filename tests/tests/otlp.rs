@@ -14,7 +14,10 @@
 #[path = "../src/fake_sampler.rs"]
 mod fake_sampler;
 
-use std::io::{BufRead, BufReader, Read, Write};
+#[path = "../src/expo.rs"]
+mod expo;
+
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -113,21 +116,7 @@ fn attrs(v: &Value) -> std::collections::BTreeMap<String, String> {
 }
 
 fn scrape(port: u16) -> String {
-    // The endpoint listens a moment after the API socket.
-    let t = std::time::Instant::now();
-    let mut c = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(c) => break c,
-            Err(_) if t.elapsed() < std::time::Duration::from_secs(10) => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            Err(e) => panic!("metrics endpoint on port {port}: {e}"),
-        }
-    };
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut body = String::new();
-    c.read_to_string(&mut body).unwrap();
-    body
+    expo::scrape(port).expect("scraping /metrics")
 }
 
 fn counter(text: &str, name: &str) -> u64 {
