@@ -73,9 +73,7 @@ impl<B: Backend> Agent<B> {
             return;
         }
         self.backend.pc_stop(device, reason);
-        let out = self.backend.pc_finish();
-        self.send_pc_output(out);
-        self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + self.pc.every) };
+        self.finish_pc();
     }
 
     /// Stops every lease (trace stop, exit).
@@ -85,10 +83,20 @@ impl<B: Backend> Agent<B> {
             self.backend.pc_stop(*d, reason);
         }
         if !devs.is_empty() {
-            let out = self.backend.pc_finish();
-            self.send_pc_output(out);
-            self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + self.pc.every) };
+            self.finish_pc();
         }
+    }
+
+    /// After stops: waits for them, sends what they left.
+    fn finish_pc(&mut self) {
+        let out = self.backend.pc_finish();
+        self.send_pc_output(out);
+        self.schedule_pc(self.pc.every);
+    }
+
+    /// The next collection, while any lease is held.
+    fn schedule_pc(&mut self, after: Duration) {
+        self.pc.next = (!self.pc.leases.is_empty()).then(|| Instant::now() + after);
     }
 
     /// Collects and sends; called at the PC flush time and at stops.
@@ -98,20 +106,8 @@ impl<B: Backend> Agent<B> {
         // samples reach the daemon well within a second of the lease.
         let soon = out.events.iter().any(|e| e.kind == PcEventKind::Sampling)
             || self.backend.pc_devices().len() > self.pc.sampling.len();
-        for e in &out.events {
-            match e.kind {
-                PcEventKind::Sampling => {
-                    self.pc.sampling.insert(e.device);
-                }
-                PcEventKind::Healed => {}
-                _ => {
-                    self.pc.sampling.remove(&e.device);
-                }
-            }
-        }
         self.send_pc_output(out);
-        let every = if soon { self.pc.every.min(FIRST_COLLECT) } else { self.pc.every };
-        self.pc.next = if self.pc.leases.is_empty() { None } else { Some(Instant::now() + every) };
+        self.schedule_pc(if soon { self.pc.every.min(FIRST_COLLECT) } else { self.pc.every });
     }
 
     fn send_pc_output(&mut self, out: PcOutput) {
@@ -184,6 +180,9 @@ impl<B: Backend> Agent<B> {
                     pb::PcSamplingStatus::Healed
                 }
             };
+            if e.kind == PcEventKind::Sampling {
+                self.pc.sampling.insert(e.device);
+            }
             self.send_pc_state(session, e.device, status, e.detail);
             if matches!(e.kind, PcEventKind::Stopped | PcEventKind::Failed | PcEventKind::HardwareBusy) {
                 self.pc.sampling.remove(&e.device);
