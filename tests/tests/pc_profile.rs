@@ -347,17 +347,8 @@ fn hundred_subscribers_get_every_batch_and_a_slow_one_is_dropped() -> Result<()>
         assert_eq!(c?, N, "subscriber {i}");
     }
     let (_c, mut slow) = slow;
-    let (got, err) = rt.block_on(async {
-        let mut got = 0usize;
-        loop {
-            match tokio::time::timeout(Duration::from_secs(10), slow.message()).await {
-                Ok(Ok(Some(_))) => got += 1,
-                Ok(Ok(None)) => return (got, None),
-                Ok(Err(e)) => return (got, Some(e)),
-                Err(_) => return (got, None),
-            }
-        }
-    });
+    let (got, err) = rt.block_on(gpuprof_testkit::read_to_end(&mut slow, Duration::from_secs(10)));
+    let got = got as usize;
     let err = err.expect("the slow subscriber's stream must end with an error");
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
     assert!(got < N, "slow subscriber got {got} of {N}");

@@ -146,17 +146,7 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
     }
     // The slow subscriber got what fit in its queue, then an explicit RESOURCE_EXHAUSTED.
     let (_c, mut slow) = slow;
-    let (got, err) = rt.block_on(async {
-        let mut got = 0u64;
-        loop {
-            match tokio::time::timeout(Duration::from_secs(10), slow.message()).await {
-                Ok(Ok(Some(_))) => got += 1,
-                Ok(Ok(None)) => return (got, None),
-                Ok(Err(e)) => return (got, Some(e)),
-                Err(_) => return (got, None),
-            }
-        }
-    });
+    let (got, err) = rt.block_on(gpuprof_testkit::read_to_end(&mut slow, Duration::from_secs(10)));
     let err = err.expect("the slow subscriber's stream must end with an error");
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
     assert!(got < N, "slow subscriber got {got} of {N}");
