@@ -86,47 +86,14 @@ impl Driver {
     /// for. A trace waits so before `cuptiFinalize`: kernels launched while tracing and still
     /// queued would otherwise complete into CUPTI state that finalize freed.
     pub fn synchronize_active_primary_contexts(&self) -> Result<u32, String> {
-        let d = &self.raw;
-        let (Ok(get), Ok(state), Ok(retain), Ok(release), Ok(push), Ok(pop), Ok(sync)) = (
-            &d.cuDeviceGet,
-            &d.cuDevicePrimaryCtxGetState,
-            &d.cuDevicePrimaryCtxRetain,
-            &d.cuDevicePrimaryCtxRelease_v2,
-            &d.cuCtxPushCurrent_v2,
-            &d.cuCtxPopCurrent_v2,
-            &d.cuCtxSynchronize,
-        ) else {
+        let Ok(sync) = &self.raw.cuCtxSynchronize else {
             return Err("libcuda lacks a primary-context or synchronization function".into());
         };
         let mut synced = 0;
         for ordinal in 0..self.device_count(Duration::ZERO) {
-            let mut dev: sys::CUdevice = 0;
-            // Safety: `dev` is a valid out pointer.
-            if unsafe { get(&mut dev, ordinal as i32) } != sys::CUDA_SUCCESS {
-                continue;
-            }
-            let (mut flags, mut active) = (0u32, 0i32);
-            // Safety: `flags` and `active` are valid out pointers.
-            if unsafe { state(dev, &mut flags, &mut active) } != sys::CUDA_SUCCESS || active == 0 {
-                continue;
-            }
-            let mut ctx: sys::CUcontext = std::ptr::null_mut();
-            // Safety: `ctx` is a valid out pointer; the retain is released below.
-            if unsafe { retain(&mut ctx, dev) } != sys::CUDA_SUCCESS {
-                continue;
-            }
-            // Safety: `ctx` was just retained; it is pushed on this thread's stack, waited
-            // for, and popped again, leaving the thread as it was.
-            let r = unsafe {
-                let mut r = push(ctx);
-                if r == sys::CUDA_SUCCESS {
-                    r = sync();
-                    let mut popped: sys::CUcontext = std::ptr::null_mut();
-                    pop(&mut popped);
-                }
-                release(dev);
-                r
-            };
+            let Some(ctx) = self.active_primary_context(ordinal) else { continue };
+            // Safety: `ctx` is retained and current on this thread for the call.
+            let r = ctx.with_current(|| unsafe { sync() });
             if r != sys::CUDA_SUCCESS {
                 return Err(format!("cuCtxSynchronize on device {ordinal} failed with CUresult {r}"));
             }
