@@ -216,6 +216,9 @@ impl crate::tracer::PcBackend for LazyCupti {
     fn pc_finish(&mut self) -> crate::tracer::PcOutput {
         self.inner.as_mut().map(|b| b.pc_finish()).unwrap_or_default()
     }
+    fn pc_exit(&mut self) -> crate::tracer::PcOutput {
+        self.inner.as_mut().map(|b| b.pc_exit()).unwrap_or_default()
+    }
     fn pc_devices(&self) -> Vec<u32> {
         self.inner.as_ref().map(|b| b.pc_devices()).unwrap_or_default()
     }
@@ -232,6 +235,9 @@ extern "C" fn at_exit() {
         }
         // A CUDA call made while the process tears down must not finalize CUPTI.
         crate::tracer::detach::disarm();
+        // PC sampling is read and disabled here, on an application thread, while its contexts
+        // are still there (one destroyed earlier was closed by its destroy callback).
+        crate::tracer::pc_stop_at_exit();
         // Flush on this thread, as a plain CUPTI client would in its exit handler: the buffers
         // come back through buffer_completed into the queue. Nothing is disabled here: with a
         // static CUDA runtime its own exit handler may already have torn CUDA down.

@@ -88,6 +88,29 @@ impl PcBackend for FakeBackend {
         }
         out
     }
+    /// What the exiting thread read when it disabled sampling: one batch of 99 samples.
+    fn pc_exit(&mut self) -> PcOutput {
+        let mut out = PcOutput::default();
+        let Some((req, _)) = self.pc.take() else { return out };
+        out.batches.push(PcBatch {
+            device: req.device,
+            start_ns: 3,
+            end_ns: 4,
+            rows: vec![PcRow {
+                function: Arc::from("_Z4axpyPfS_f"),
+                pc_offset: 0x80,
+                stall: Arc::from("selected"),
+                count: 99,
+                module: String::new(),
+                file: Arc::from(""),
+                line: 0,
+            }],
+            total_samples: 99,
+            dropped_samples: 0,
+        });
+        out.events.push(PcEvent { device: req.device, kind: PcEventKind::Stopped, detail: "process exit".into() });
+        out
+    }
 }
 impl FakeBackend {
     fn queue(&self, first: u32, n: u32) {
@@ -384,5 +407,46 @@ fn pc_lease_sends_cubins_strings_batches_and_states() {
     assert_eq!(stopped.samples, batches_total, "totals count every batch sent");
     assert!(!rest.iter().any(|m| matches!(m, Out::Cubin(_))), "a cubin goes once per connection");
     control.request_exit(&wake, Duration::from_millis(10));
+    h.join().unwrap();
+}
+
+#[test]
+fn pc_samples_read_at_exit_are_sent_before_goodbye() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
+    let (mut s, _) = listener.accept().unwrap();
+    assert!(matches!(next(&mut s), Out::Hello(_)));
+    daemon_send(
+        &mut s,
+        In::Welcome(pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 }),
+    );
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 6, config: None }));
+    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    daemon_send(
+        &mut s,
+        In::StartPcSampling(pb::StartPcSampling {
+            session_id: 6,
+            device_id: 0,
+            flush_interval_ms: 60_000,
+            ..Default::default()
+        }),
+    );
+    until(&mut s, |m| matches!(m, Out::PcSamples(_)));
+    assert!(control.request_exit(&wake, Duration::from_secs(5)));
+    let rest = until(&mut s, |m| matches!(m, Out::Goodbye(_)));
+    let last = rest
+        .iter()
+        .filter_map(|m| if let Out::PcSamples(b) = m { Some(b) } else { None })
+        .last()
+        .expect("the samples read at exit are sent");
+    assert_eq!((last.session_id, last.total_samples, last.samples[0].count), (6, 99, 99));
+    let stopped = rest
+        .iter()
+        .find_map(|m| match m {
+            Out::PcSamplingState(st) if st.status == pb::PcSamplingStatus::Stopped as i32 => Some(st.clone()),
+            _ => None,
+        })
+        .expect("the lease's end is reported before goodbye");
+    assert_eq!(stopped.detail, "process exit");
     h.join().unwrap();
 }

@@ -222,6 +222,7 @@ impl<B: Backend> Agent<B> {
             self.send_records();
         }
         self.send_drops();
+        self.pc_exit();
         if self.conn.as_ref().is_some_and(|c| c.welcomed) {
             self.send(Out::Goodbye(pb::Goodbye { reason: "process exit".into() }));
         }

@@ -110,6 +110,14 @@ impl<B: Backend> Agent<B> {
         self.schedule_pc(if soon { self.pc.every.min(FIRST_COLLECT) } else { self.pc.every });
     }
 
+    /// At exit: sends what the exiting thread read when it disabled PC sampling.
+    pub(super) fn pc_exit(&mut self) {
+        if !self.pc.leases.is_empty() {
+            let out = self.backend.pc_exit();
+            self.send_pc_output(out);
+        }
+    }
+
     fn send_pc_output(&mut self, out: PcOutput) {
         let welcomed = self.conn.as_ref().is_some_and(|c| c.welcomed);
         // Cubins first, so the daemon has each before the samples that name it.

@@ -144,6 +144,11 @@ pub trait PcBackend {
     fn pc_finish(&mut self) -> PcOutput {
         self.pc_collect()
     }
+    /// At exit, after the exiting thread read and disabled every context: what remains to send.
+    /// Makes no CUDA or CUPTI call.
+    fn pc_exit(&mut self) -> PcOutput {
+        PcOutput::default()
+    }
     /// Devices with a lease (sampling or waiting for their context).
     fn pc_devices(&self) -> Vec<u32> {
         Vec::new()

@@ -357,6 +357,9 @@ impl PcBackend for CuptiBackend {
     fn pc_finish(&mut self) -> PcOutput {
         self.pc.collect(super::detach::CALLBACK_WAIT * 4)
     }
+    fn pc_exit(&mut self) -> PcOutput {
+        self.pc.collect_at_exit()
+    }
     fn pc_devices(&self) -> Vec<u32> {
         self.pc.devices()
     }

@@ -73,6 +73,8 @@ pub enum Done {
     Enabled { device: u32, reasons: StallReasons, unknown: Vec<String> },
     EnableFailed { device: u32, error: CuptiError },
     Disabled { device: u32, kind: PcEventKind, reason: String, agg: Agg, totals: (u64, u64) },
+    /// The context was being destroyed: read, disabled, and the device waits for a new one.
+    ContextGone { device: u32, agg: Agg, totals: (u64, u64) },
 }
 
 #[derive(Default)]
@@ -144,6 +146,10 @@ pub extern "C" fn on_callback(
                 if let Some(bytes) = unsafe { module_cubin(cbdata) } {
                     cubins::capture(bytes);
                 }
+            } else if cbid == sys::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING && !cbdata.is_null() {
+                // Safety: a resource callback's data is a CUpti_ResourceData.
+                let ctx = unsafe { (*(cbdata as *const sys::CUpti_ResourceData)).context } as usize;
+                context_destroying(ctx);
             }
             return;
         }
@@ -201,6 +207,66 @@ fn run(s: &mut State, ctx: usize) {
         l.failure = drain(cupti, l);
     }
     ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
+}
+
+/// A context is about to be destroyed (CUPTI's resource callback, on the destroying thread,
+/// the context still valid): what it sampled is read and sampling disabled now, never on a
+/// context that is gone; operations armed for it are dropped. The device is enabled again
+/// when a new primary context appears.
+fn context_destroying(ctx: usize) {
+    let Some(cupti) = CUPTI.get() else { return };
+    let mut s = state();
+    let mut gone: Vec<u32> = Vec::new();
+    s.pending.retain(|op| match op {
+        Op::Enable { device, ctx: c, .. } if *c == ctx => {
+            gone.push(*device);
+            false
+        }
+        _ => true,
+    });
+    let devices: Vec<u32> = s.live.iter().filter(|(_, l)| l.ctx == ctx).map(|(&d, _)| d).collect();
+    for device in devices {
+        let Some(mut l) = s.live.remove(&device) else { continue };
+        s.pending.retain(|op| !matches!(op, Op::Disable { device: d, .. } if *d == device));
+        close(cupti, &mut l);
+        s.done.push(Done::ContextGone { device, agg: l.agg, totals: l.totals });
+    }
+    for device in gone {
+        s.done.push(Done::ContextGone { device, agg: Agg::new(), totals: (0, 0) });
+    }
+    ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
+}
+
+/// At process exit, on the exiting thread: every context still sampled is read and disabled
+/// before CUDA tears down (a context destroyed earlier was closed by [`context_destroying`]),
+/// so what the last second sampled is kept and nothing of CUPTI's sampling outlives its
+/// context. Results come with [`take`].
+pub fn stop_all(reason: &str) {
+    let Some(cupti) = CUPTI.get() else { return };
+    let mut s = state();
+    s.pending.clear();
+    let live = std::mem::take(&mut s.live);
+    for (device, mut l) in live {
+        close(cupti, &mut l);
+        s.done.push(Done::Disabled {
+            device,
+            kind: PcEventKind::Stopped,
+            reason: reason.to_string(),
+            agg: l.agg,
+            totals: l.totals,
+        });
+    }
+    ACTIVE.store(false, Ordering::SeqCst);
+}
+
+/// Reads what the context still holds and disables sampling on it.
+fn close(cupti: &Cupti, l: &mut Live) {
+    if l.failure.is_none() {
+        let _ = drain(cupti, l);
+    }
+    // Safety: sampling is enabled on the context, which is still valid.
+    let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
+    absorb(&l.on.at_disable, &mut l.agg, &mut l.totals);
 }
 
 fn enable(

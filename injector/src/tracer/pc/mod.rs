@@ -127,6 +127,11 @@ impl PcSampler {
         {
             log!(Warn, "PC sampling: module-load callback: {e}; no source lines for new modules");
         }
+        if let Err(e) =
+            c.enable_callback(&s, sys::CUPTI_CB_DOMAIN_RESOURCE, sys::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING, true)
+        {
+            log!(Warn, "PC sampling: context-destroy callback: {e}");
+        }
         for (domain, cbid) in super::detach::SYNC_CALLS {
             if let Err(e) = c.enable_callback(&s, domain, cbid, true) {
                 log!(Warn, "PC sampling: synchronization callback {cbid}: {e}");
@@ -278,6 +283,15 @@ impl PcSampler {
                     let kind = if error.is_hardware_busy() { PcEventKind::HardwareBusy } else { PcEventKind::Failed };
                     d.phase = Phase::Closed(kind, error.to_string());
                 }
+                Done::ContextGone { device, agg, totals } => {
+                    let Some(d) = self.devs.get_mut(&device) else { continue };
+                    merge(d, agg, totals);
+                    log!(Info, "PC sampling on device {device}: its context was destroyed; waiting for a new one");
+                    d.phase = match d.stop_after.take() {
+                        Some(r) => Phase::Closed(PcEventKind::Stopped, r),
+                        None => Phase::NoContext,
+                    };
+                }
                 Done::Disabled { device, kind, reason, agg, totals } => {
                     let Some(d) = self.devs.get_mut(&device) else { continue };
                     merge(d, agg, totals);
@@ -317,6 +331,26 @@ impl PcSampler {
                 self.arm_enable(*dev);
             }
         }
+        let out = self.output();
+        self.release_if_idle();
+        out
+    }
+
+    /// At exit, after [`stop_at_exit`] ran on the exiting thread: what it read, and what was
+    /// collected since the last collection. Touches neither CUDA nor the subscriber.
+    pub fn collect_at_exit(&mut self) -> PcOutput {
+        self.take_results();
+        for d in self.devs.values_mut() {
+            if !matches!(d.phase, Phase::Closed(..)) {
+                d.phase = Phase::Closed(PcEventKind::Stopped, "process exit".into());
+            }
+        }
+        self.output()
+    }
+
+    /// Hands out what the devices hold: rows with their lines, cubins, events.
+    fn output(&mut self) -> PcOutput {
+        let keys: Vec<u32> = self.devs.keys().copied().collect();
         let (seen, kept, skipped) = cubins::stats();
         log!(
             Debug,
@@ -361,7 +395,6 @@ impl PcSampler {
                 self.devs.insert(dev, d);
             }
         }
-        self.release_if_idle();
         out.cubins =
             need_cubins.iter().filter_map(|crc| cubins::get(*crc).map(|b| (format!("{crc:016x}"), b))).collect();
         out.events = std::mem::take(&mut self.events);
@@ -412,6 +445,12 @@ impl PcSampler {
         self.lines.insert((crc, fptr, pc), r.clone());
         r
     }
+}
+
+/// Called on the exiting thread by the `atexit` handler: reads and disables every context
+/// still sampled (see [`app::stop_all`]); [`PcSampler::collect_at_exit`] then sends it.
+pub fn stop_at_exit() {
+    app::stop_all("process exit");
 }
 
 fn merge(d: &mut Dev, agg: Agg, totals: (u64, u64)) {

@@ -1,0 +1,136 @@
+// What continuous PC sampling costs CUPTI itself on launch-bound work, without gpuprof:
+// N small kernel launches timed in one process with CUPTI's PC sampling API used directly.
+//   pc_floor MODE [N]
+// MODE: off        no CUPTI at all
+//       cb         a CUPTI subscriber with only the synchronization callbacks gpuprof uses
+//       enable     cuptiPCSamplingEnable on the context, nothing configured
+//       pN         enabled and configured as gpuprof does (continuous, period 2^N, all stall
+//                  reasons, parsed output), e.g. p15
+// Prints "FLOOR mode=... us_per_launch=... samples=..." (samples read once after the loop).
+// Build: nvcc -O2 -arch=sm_90 -I$CUPTI/include -o pc_floor pc_floor.cu -L$CUPTI/lib64 -lcupti -lcuda
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cupti.h>
+#include <cupti_pcsampling.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CK(x)                                                                    \
+  do {                                                                           \
+    CUptiResult r_ = (x);                                                        \
+    if (r_ != CUPTI_SUCCESS) {                                                   \
+      const char *s_;                                                            \
+      cuptiGetResultString(r_, &s_);                                             \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);             \
+      exit(1);                                                                   \
+    }                                                                            \
+  } while (0)
+
+__global__ void axpb(float *x) { x[blockIdx.x * blockDim.x + threadIdx.x] *= 1.0000001f; }
+
+static void CUPTIAPI on_cb(void *, CUpti_CallbackDomain, CUpti_CallbackId, const void *) {}
+
+static double now_s() {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "off";
+  long n = argc > 2 ? atol(argv[2]) : 200000;
+  float *x;
+  cudaMalloc(&x, 1024 * sizeof(float));
+  CUcontext ctx;
+  cuCtxGetCurrent(&ctx);
+  for (int i = 0; i < 2000; i++) axpb<<<4, 256>>>(x);
+  cudaDeviceSynchronize();
+
+  CUpti_PCSamplingData data;
+  memset(&data, 0, sizeof data);
+  int sampling = 0;
+  if (!strcmp(mode, "cb")) {
+    CUpti_SubscriberHandle sub;
+    CK(cuptiSubscribe(&sub, on_cb, NULL));
+    CK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020));
+    CK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize));
+    CK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_MODULE_LOADED));
+  } else if (!strcmp(mode, "enable") || mode[0] == 'p') {
+    CUpti_PCSamplingEnableParams ep = {CUpti_PCSamplingEnableParamsSize};
+    ep.ctx = ctx;
+    CK(cuptiPCSamplingEnable(&ep));
+    sampling = 1;
+    if (mode[0] == 'p') {
+      size_t nstall = 0;
+      CUpti_PCSamplingGetNumStallReasonsParams np = {CUpti_PCSamplingGetNumStallReasonsParamsSize};
+      np.ctx = ctx;
+      np.numStallReasons = &nstall;
+      CK(cuptiPCSamplingGetNumStallReasons(&np));
+      uint32_t *idx = (uint32_t *)calloc(nstall, sizeof(uint32_t));
+      char **names = (char **)calloc(nstall, sizeof(char *));
+      for (size_t i = 0; i < nstall; i++) names[i] = (char *)calloc(CUPTI_STALL_REASON_STRING_SIZE, 1);
+      CUpti_PCSamplingGetStallReasonsParams sp = {CUpti_PCSamplingGetStallReasonsParamsSize};
+      sp.ctx = ctx;
+      sp.numStallReasons = nstall;
+      sp.stallReasonIndex = idx;
+      sp.stallReasons = names;
+      CK(cuptiPCSamplingGetStallReasons(&sp));
+      const size_t npcs = 5000;
+      data.size = sizeof data;
+      data.collectNumPcs = npcs;
+      data.pPcData = (CUpti_PCSamplingPCData *)calloc(npcs, sizeof(CUpti_PCSamplingPCData));
+      for (size_t i = 0; i < npcs; i++) {
+        data.pPcData[i].size = sizeof(CUpti_PCSamplingPCData);
+        data.pPcData[i].stallReason = (CUpti_PCSamplingStallReason *)calloc(nstall, sizeof(CUpti_PCSamplingStallReason));
+      }
+      CUpti_PCSamplingConfigurationInfo info[6];
+      memset(info, 0, sizeof info);
+      info[0].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_COLLECTION_MODE;
+      info[0].attributeData.collectionModeData.collectionMode = CUPTI_PC_SAMPLING_COLLECTION_MODE_CONTINUOUS;
+      info[1].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_ENABLE_START_STOP_CONTROL;
+      info[1].attributeData.enableStartStopControlData.enableStartStopControl = 0;
+      info[2].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_OUTPUT_DATA_FORMAT;
+      info[2].attributeData.outputDataFormatData.outputDataFormat = CUPTI_PC_SAMPLING_OUTPUT_DATA_FORMAT_PARSED;
+      info[3].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_PERIOD;
+      info[3].attributeData.samplingPeriodData.samplingPeriod = atoi(mode + 1);
+      info[4].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_STALL_REASON;
+      info[4].attributeData.stallReasonData.stallReasonCount = nstall;
+      info[4].attributeData.stallReasonData.pStallReasonIndex = idx;
+      info[5].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER;
+      info[5].attributeData.samplingDataBufferData.samplingDataBuffer = &data;
+      CUpti_PCSamplingConfigurationInfoParams cp = {CUpti_PCSamplingConfigurationInfoParamsSize};
+      cp.ctx = ctx;
+      cp.numAttributes = 6;
+      cp.pPCSamplingConfigurationInfo = info;
+      CK(cuptiPCSamplingSetConfigurationAttribute(&cp));
+    }
+  }
+  for (int i = 0; i < 2000; i++) axpb<<<4, 256>>>(x);
+  cudaDeviceSynchronize();
+
+  double t0 = now_s();
+  for (long i = 0; i < n; i++) axpb<<<4, 256>>>(x);
+  cudaDeviceSynchronize();
+  double secs = now_s() - t0;
+
+  unsigned long long samples = 0;
+  if (sampling && data.pPcData) {
+    for (int k = 0; k < 64; k++) {
+      CUpti_PCSamplingGetDataParams gp = {CUpti_PCSamplingGetDataParamsSize};
+      gp.ctx = ctx;
+      gp.pcSamplingData = &data;
+      if (cuptiPCSamplingGetData(&gp) != CUPTI_SUCCESS) break;
+      samples += data.totalSamples;
+      if (data.remainingNumPcs == 0) break;
+    }
+  }
+  if (sampling) {
+    CUpti_PCSamplingDisableParams dp = {CUpti_PCSamplingDisableParamsSize};
+    dp.ctx = ctx;
+    CK(cuptiPCSamplingDisable(&dp));
+  }
+  printf("FLOOR mode=%s n=%ld us_per_launch=%.3f samples=%llu\n", mode, n, secs / n * 1e6, samples);
+  return 0;
+}
