@@ -239,8 +239,8 @@ extern "C" fn at_exit() {
         // are still there (one destroyed earlier was closed by its destroy callback).
         crate::tracer::pc_stop_at_exit();
         // Flush on this thread, as a plain CUPTI client would in its exit handler: the buffers
-        // come back through buffer_completed into the queue. Nothing is disabled here: with a
-        // static CUDA runtime its own exit handler may already have torn CUDA down.
+        // come back through buffer_completed into the queue. No activity kind is disabled here:
+        // with a static CUDA runtime its own exit handler may already have torn CUDA down.
         if crate::tracer::TRACING.load(Ordering::SeqCst)
             && let Ok(cupti) = gpuprof_cupti::loader::shared()
         {

@@ -196,7 +196,12 @@ extern "C" fn on_api(_userdata: *mut c_void, _domain: sys::CUpti_CallbackDomain,
             return;
         }
         let code = match gpuprof_cupti::loader::shared() {
-            Ok(c) => c.finalize().map_or_else(|e| e.code, |()| sys::CUPTI_SUCCESS),
+            Ok(c) => {
+                // Records of kernels still running at the stop's flush completed since, into a
+                // buffer CUPTI still holds: hand every buffer back before CUPTI is torn down.
+                let _ = c.flush_all(true);
+                c.finalize().map_or_else(|e| e.code, |()| sys::CUPTI_SUCCESS)
+            }
             Err(_) => sys::CUPTI_ERROR_NOT_INITIALIZED,
         };
         RESULT.store(code, Ordering::SeqCst);
