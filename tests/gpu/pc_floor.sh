@@ -9,7 +9,7 @@
 #   3. exits while sampling: EXITS (default 10) PyTorch processes end while PC sampling is live;
 #      each must exit 0, say goodbye to the daemon, and leave its last samples stored with a
 #      "process exit" stop.
-# Prints a summary last; logs go to $OUT when set. Binaries as in pc.sh (.gpu/ or GPUPROF_BIN).
+# PARTS (default "1 2 3") picks the parts. Prints a summary last; logs go to $OUT when set. Binaries as in pc.sh (.gpu/ or GPUPROF_BIN).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +18,7 @@ INJ=$BIN/libgpuprof_inject.so
 PY=${PYTHON:-python3}
 REPS=${REPS:-5}
 EXITS=${EXITS:-10}
+PARTS=" ${PARTS:-1 2 3} "
 CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 export PATH="/usr/local/cuda/bin:$PATH"
 export LD_LIBRARY_PATH="$CUPTI/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -41,6 +42,7 @@ finish() {
 trap finish EXIT
 
 # ---------------------------------------------------------------- 1. CUPTI alone
+if [[ $PARTS == *" 1 "* ]]; then
 nvcc -O2 -arch=sm_90 -I"$CUPTI/include" -o "$STATE/pc_floor" "$HERE/pc_floor.cu" -L"$CUPTI/lib64" -lcupti -lcuda \
   >"$STATE/nvcc.txt" 2>&1 || { cat "$STATE/nvcc.txt"; exit 2; }
 MODES="off cb enable p15 p20 p29"
@@ -60,6 +62,7 @@ off=$(echo "${F[off]}" | median)
 fl="CUPTI alone, 200k small launches, us/launch medians of $REPS: off $off"
 for m in $MODES; do [ "$m" = off ] || fl="$fl, $m $(echo "${F[$m]}" | median) ($(calc "$(echo "${F[$m]}" | median) / $off")x)"; done
 figure "$fl"
+fi
 
 # ---------------------------------------------------------------- gpuprofd
 cat >"$STATE/cfg.toml" <<CFG
@@ -72,6 +75,7 @@ for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/nul
 session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'd["id"]'; }
 
 # ---------------------------------------------------------------- 2. gpuprof, preset pc
+if [[ $PARTS == *" 2 "* ]]; then
 declare -A G
 for r in $(seq "$REPS"); do
   for m in off p15 p25; do
@@ -88,8 +92,10 @@ for r in $(seq "$REPS"); do
 done
 goff=$(echo "${G[off]}" | median); g15=$(echo "${G[p15]}" | median); g25=$(echo "${G[p25]}" | median)
 figure "gpuprof preset pc, 100k small kernels us/op medians of $REPS: untraced $goff, period 2^15 $g15 ($(calc "$g15 / $goff")x), 2^25 $g25 ($(calc "$g25 / $goff")x)"
+fi
 
 # ---------------------------------------------------------------- 3. exits while sampling
+[[ $PARTS == *" 3 "* ]] || exit 0
 S=$(session_start --exe python3 --preset pc --pc-sampling --name exits)
 bad=0
 for i in $(seq "$EXITS"); do

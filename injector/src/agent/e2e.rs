@@ -418,7 +418,12 @@ fn pc_samples_read_at_exit_are_sent_before_goodbye() {
     assert!(matches!(next(&mut s), Out::Hello(_)));
     daemon_send(
         &mut s,
-        In::Welcome(pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 }),
+        In::Welcome(pb::Welcome {
+            protocol_version: 1,
+            process_id: 1,
+            max_frame_bytes: 4 << 20,
+            heartbeat_interval_ms: 0,
+        }),
     );
     daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 6, config: None }));
     until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
@@ -437,7 +442,7 @@ fn pc_samples_read_at_exit_are_sent_before_goodbye() {
     let last = rest
         .iter()
         .filter_map(|m| if let Out::PcSamples(b) = m { Some(b) } else { None })
-        .last()
+        .next_back()
         .expect("the samples read at exit are sent");
     assert_eq!((last.session_id, last.total_samples, last.samples[0].count), (6, 99, 99));
     let stopped = rest

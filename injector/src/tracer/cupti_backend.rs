@@ -183,12 +183,17 @@ impl Backend for CuptiBackend {
             log!(Info, "the last trace's pending detach: {}", d.detail());
             self.after_detach(&d);
         }
-        if let Err(e) = self.cupti().probe_subscriber() {
+        // A subscriber gpuprof holds (kept from the last trace, or PC sampling's) is no sign of
+        // another client.
+        if !super::hooks::held()
+            && let Err(e) = self.cupti().probe_subscriber()
+        {
             if e.is_other_subscriber() {
                 return StartOutcome::Displaced(Self::displaced_detail(e));
             }
             log!(Warn, "subscriber probe: {e}");
         }
+        self.detacher.prepare(&cupti, self.tuning.detach);
         self.apply_tuning();
         if let Err(e) = self.cupti().register_callbacks(Some(buffer_requested), Some(buffer_completed)) {
             return StartOutcome::Failed(format!("cuptiActivityRegisterCallbacks: {e}"));
@@ -273,7 +278,7 @@ impl Backend for CuptiBackend {
     }
 
     fn poll_detach(&mut self) -> Option<String> {
-        let d = self.detacher.poll()?;
+        let d = self.detacher.poll(&self.shared.cupti.clone())?;
         self.after_detach(&d);
         Some(d.detail())
     }
@@ -289,10 +294,11 @@ impl Backend for CuptiBackend {
             return Some(format!("cuptiActivityFlushAll: {e}: CUPTI was reset by another client; gpuprof stood down"));
         }
         let quiet = now_ms().saturating_sub(self.shared.last_callback_ms.load(Ordering::Relaxed));
-        // While PC sampling holds the subscriber, a probe would only find gpuprof itself.
+        // While gpuprof holds the process's subscriber (a trace that will detach, PC sampling),
+        // a probe would only find gpuprof itself; another client's cuptiSubscribe fails then.
         if quiet >= QUIET_BEFORE_PROBE.as_millis() as u64
             && self.last_probe.elapsed() >= QUIET_BEFORE_PROBE
-            && !self.pc.holds_subscriber()
+            && !super::hooks::held()
         {
             self.last_probe = Instant::now();
             if let Err(e) = self.cupti().probe_subscriber()

@@ -13,7 +13,8 @@
 //! CUPTI documents it safe, at the exit of a CUDA API call on an application thread, and only
 //! of a call that waited for the GPU ([`SYNC_CALLS`]: device, context, stream and event
 //! synchronization, which PyTorch makes at every `.item()` and `torch.cuda.synchronize()`):
-//! a subscriber is made with the callbacks of those calls on, and it finalizes at the first
+//! the process's subscriber, taken at the trace's start ([`hooks`]), has the callbacks of those
+//! calls on, and the stop arms it to finalize at the first
 //! such exit. A synchronization is never made inside a stream capture, so a CUDA graph being
 //! captured is never disturbed. The background thread waits at most [`CALLBACK_WAIT`] for
 //! that (the application's threads never wait); when the application does not synchronize
@@ -31,8 +32,8 @@ use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use super::hooks::{self, User};
 use crate::config::DetachMode;
-use gpuprof_cupti::activity::Subscriber;
 use gpuprof_cupti::sys::cupti as sys;
 use gpuprof_cupti::{Cupti, CuptiError};
 
@@ -87,86 +88,104 @@ impl Detached {
 /// The detach of the last trace, while it may still be pending.
 #[derive(Debug, Default)]
 pub struct Detacher {
-    /// The armed subscriber of a pending detach.
-    pending: Option<Subscriber>,
+    /// A detach is armed and has not been seen done.
+    pending: bool,
+    /// Why the subscriber could not be had at the trace's start.
+    unavailable: Option<String>,
 }
 
 impl Detacher {
+    /// At a trace's start: takes the process's subscriber ([`hooks`]) with the synchronization
+    /// callbacks on, so that the stop only has to arm it.
+    pub fn prepare(&mut self, cupti: &Cupti, mode: DetachMode) {
+        self.unavailable = None;
+        if mode == DetachMode::Off || NVTX_FORWARDED.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = hooks::acquire(cupti, User::Detach) {
+            self.unavailable = Some(if e.is_other_subscriber() {
+                format!("another CUPTI client is subscribed: {e}")
+            } else {
+                format!("cuptiSubscribe: {e}")
+            });
+        }
+    }
+
     /// Detaches from CUPTI after a trace's last flush (see the module doc). `displaced`:
     /// another CUPTI client took over during the trace.
     pub fn detach(&mut self, cupti: &Cupti, mode: DetachMode, displaced: bool) -> Detached {
         self.settle(cupti);
+        let kept = |why: String| {
+            hooks::release(cupti, User::Detach);
+            Detached::Kept(why)
+        };
         if mode == DetachMode::Off {
-            return Detached::Kept("GPUPROF_DETACH=off".into());
+            return kept("GPUPROF_DETACH=off".into());
         }
         if displaced {
-            return Detached::Kept("another CUPTI client holds CUPTI".into());
+            return kept("another CUPTI client holds CUPTI".into());
         }
         if NVTX_FORWARDED.load(Ordering::SeqCst) {
-            return Detached::Kept("NVTX is routed through CUPTI".into());
+            return kept("NVTX is routed through CUPTI".into());
         }
-        let sub = match cupti.subscribe(Some(on_api)) {
-            Ok(s) => s,
-            Err(e) if e.is_other_subscriber() => {
-                return Detached::Kept(format!("another CUPTI client is subscribed: {e}"));
-            }
-            Err(e) => return Detached::Kept(format!("cuptiSubscribe: {e}")),
-        };
+        if !hooks::held_by(User::Detach) {
+            return kept(self.unavailable.clone().unwrap_or_else(|| "no CUPTI subscriber".into()));
+        }
         RESULT.store(PENDING, Ordering::SeqCst);
         ARMED.store(true, Ordering::SeqCst);
-        for (domain, cbid) in SYNC_CALLS {
-            if let Err(e) = cupti.enable_callback(&sub, domain, cbid, true)
-                && ARMED.swap(false, Ordering::SeqCst)
-            {
-                let _ = cupti.unsubscribe(sub);
-                return Detached::Kept(format!("cuptiEnableCallback: {e}"));
-            }
-        }
         let deadline = Instant::now() + CALLBACK_WAIT;
         loop {
             if let Some(d) = outcome() {
-                // The callback finalized CUPTI, which ended the subscriber too: `sub` goes out
-                // of scope without an unsubscribe.
-                return d;
+                return self.done(cupti, d);
             }
             if Instant::now() >= deadline {
-                self.pending = Some(sub);
+                self.pending = true;
                 return Detached::Pending;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
     }
 
+    /// A finalize that failed leaves the subscriber to be let go here.
+    fn done(&mut self, cupti: &Cupti, d: Detached) -> Detached {
+        self.pending = false;
+        if d != Detached::Finalized {
+            hooks::release(cupti, User::Detach);
+        }
+        d
+    }
+
     /// A pending detach that an application thread has carried out since: what became of it
     /// (reported once). `None` while none is pending or it is still armed.
-    pub fn poll(&mut self) -> Option<Detached> {
-        self.pending.as_ref()?;
-        if ARMED.load(Ordering::SeqCst) {
+    pub fn poll(&mut self, cupti: &Cupti) -> Option<Detached> {
+        if !self.pending || ARMED.load(Ordering::SeqCst) {
             return None;
         }
         let d = outcome()?;
-        self.pending = None;
-        Some(d)
+        Some(self.done(cupti, d))
     }
 
-    /// Before CUPTI is used again (a trace start): calls a pending detach off, or waits for
-    /// the one under way on an application thread. Returns what became of it, if one was
-    /// pending.
+    /// Before CUPTI is used again (a trace start): calls a pending detach off (the subscriber
+    /// stays for the new trace), or waits for the one under way on an application thread.
+    /// Returns what became of it, if one was pending.
     pub fn settle(&mut self, cupti: &Cupti) -> Option<Detached> {
-        let sub = self.pending.take()?;
+        if !self.pending {
+            return None;
+        }
         if ARMED.swap(false, Ordering::SeqCst) {
-            // No CUDA call came since the stop: CUPTI was never finalized.
-            let _ = cupti.unsubscribe(sub);
+            // No CUDA synchronization came since the stop: CUPTI was never finalized.
+            self.pending = false;
             return Some(Detached::Kept("called off by the next trace".into()));
         }
         // An application thread took it: wait for its result.
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
             if let Some(d) = outcome() {
-                return Some(d);
+                return Some(self.done(cupti, d));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        self.pending = false;
         Some(Detached::Kept("cuptiFinalize at an API exit did not return within 2 s".into()))
     }
 }
@@ -186,12 +205,17 @@ pub fn disarm() {
     ARMED.store(false, Ordering::SeqCst);
 }
 
-/// CUPTI calls this at the entry and exit of the [`SYNC_CALLS`] while the detach subscriber
-/// exists.
-extern "C" fn on_api(_userdata: *mut c_void, _domain: sys::CUpti_CallbackDomain, _cbid: u32, cbdata: *const c_void) {
+/// The subscriber's callback ([`hooks`]) at the entry and exit of runtime and driver API calls
+/// (the [`SYNC_CALLS`]).
+pub(super) extern "C" fn on_api(
+    _userdata: *mut c_void,
+    _domain: sys::CUpti_CallbackDomain,
+    _cbid: u32,
+    cbdata: *const c_void,
+) {
     let _ = catch_unwind(|| {
-        // Safety: this subscriber switches on runtime and driver API callbacks only, whose
-        // `cbdata` is a `CUpti_CallbackData`.
+        // Safety: called for runtime and driver API callbacks only, whose `cbdata` is a
+        // `CUpti_CallbackData`.
         if !unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) } || !ARMED.swap(false, Ordering::SeqCst) {
             return;
         }
@@ -200,7 +224,11 @@ extern "C" fn on_api(_userdata: *mut c_void, _domain: sys::CUpti_CallbackDomain,
                 // Records of kernels still running at the stop's flush completed since, into a
                 // buffer CUPTI still holds: hand every buffer back before CUPTI is torn down.
                 let _ = c.flush_all(true);
-                c.finalize().map_or_else(|e| e.code, |()| sys::CUPTI_SUCCESS)
+                let r = c.finalize();
+                if r.is_ok() {
+                    hooks::ended_by_finalize();
+                }
+                r.map_or_else(|e| e.code, |()| sys::CUPTI_SUCCESS)
             }
             Err(_) => sys::CUPTI_ERROR_NOT_INITIALIZED,
         };

@@ -12,6 +12,7 @@ mod backend;
 mod callbacks;
 mod cupti_backend;
 pub mod detach;
+mod hooks;
 mod pc;
 mod trace_config;
 

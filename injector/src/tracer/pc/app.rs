@@ -70,11 +70,28 @@ pub enum Op {
 
 /// Results for the background thread.
 pub enum Done {
-    Enabled { device: u32, reasons: StallReasons, unknown: Vec<String> },
-    EnableFailed { device: u32, error: CuptiError },
-    Disabled { device: u32, kind: PcEventKind, reason: String, agg: Agg, totals: (u64, u64) },
+    Enabled {
+        device: u32,
+        reasons: StallReasons,
+        unknown: Vec<String>,
+    },
+    EnableFailed {
+        device: u32,
+        error: CuptiError,
+    },
+    Disabled {
+        device: u32,
+        kind: PcEventKind,
+        reason: String,
+        agg: Agg,
+        totals: (u64, u64),
+    },
     /// The context was being destroyed: read, disabled, and the device waits for a new one.
-    ContextGone { device: u32, agg: Agg, totals: (u64, u64) },
+    ContextGone {
+        device: u32,
+        agg: Agg,
+        totals: (u64, u64),
+    },
 }
 
 #[derive(Default)]
@@ -132,7 +149,8 @@ pub fn pending() -> bool {
     !state().pending.is_empty()
 }
 
-/// The subscriber's callback: module loads (cubins), and synchronization exits.
+/// The subscriber's callback: module loads (cubins), contexts torn down, and synchronization
+/// exits.
 pub extern "C" fn on_callback(
     _userdata: *mut c_void,
     domain: sys::CUpti_CallbackDomain,
@@ -141,7 +159,7 @@ pub extern "C" fn on_callback(
 ) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if domain == sys::CUPTI_CB_DOMAIN_RESOURCE {
-            if cbid == sys::CUPTI_CBID_RESOURCE_MODULE_LOADED {
+            if cbid == sys::CUPTI_CBID_RESOURCE_MODULE_LOADED && cubins::capturing() {
                 // Safety: a MODULE_LOADED resource callback's data; the slice is used only here.
                 if let Some(bytes) = unsafe { module_cubin(cbdata) } {
                     cubins::capture(bytes);

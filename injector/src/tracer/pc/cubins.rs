@@ -38,6 +38,11 @@ pub fn capture_on(cupti: &Arc<Cupti>, on: bool) {
     CAPTURE.store(on, Ordering::Relaxed);
 }
 
+/// Whether cubins are being kept (a lease is held).
+pub fn capturing() -> bool {
+    CAPTURE.load(Ordering::Relaxed)
+}
+
 fn budget() -> usize {
     let mib = std::env::var("GPUPROF_PC_CUBIN_MAX_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(512);
     mib << 20

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use gpuprof_cupti::device::Driver;
 use gpuprof_cupti::pcsampling::{PcConfig, StallReasons};
 use gpuprof_cupti::sys::cupti as sys;
-use gpuprof_cupti::{Cupti, CuptiError, activity::Subscriber};
+use gpuprof_cupti::{Cupti, CuptiError};
+
+use super::hooks::{self, User};
 
 use super::backend::{PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow};
 use crate::log::log;
@@ -68,7 +70,6 @@ struct Dev {
 pub struct PcSampler {
     cupti: Arc<Cupti>,
     devs: HashMap<u32, Dev>,
-    sub: Option<Subscriber>,
     crc_registered: bool,
     events: Vec<PcEvent>,
     names: HashMap<usize, (Arc<str>, CString)>,
@@ -82,7 +83,6 @@ impl PcSampler {
         PcSampler {
             cupti,
             devs: HashMap::new(),
-            sub: None,
             crc_registered: false,
             events: Vec::new(),
             names: HashMap::new(),
@@ -92,19 +92,13 @@ impl PcSampler {
         }
     }
 
-    /// Whether this sampler holds the process's CUPTI subscriber (the backend's probe for
-    /// other subscribers must not run meanwhile).
-    pub fn holds_subscriber(&self) -> bool {
-        self.sub.is_some()
-    }
-
     fn event(&mut self, device: u32, kind: PcEventKind, detail: impl Into<String>) {
         let detail = detail.into();
         log!(Info, "PC sampling on device {device}: {kind:?} {detail}");
         self.events.push(PcEvent { device, kind, detail });
     }
 
-    /// The subscriber with module loads and synchronization exits, and cubin capture.
+    /// The process's subscriber ([`super::hooks`]), and cubin capture.
     fn subscribe(&mut self) -> Result<(), String> {
         app::init(&self.cupti);
         cubins::capture_on(&self.cupti, true);
@@ -114,39 +108,14 @@ impl PcSampler {
                 log!(Debug, "PC sampling: compute-CRC callback: {e}");
             }
         }
-        if self.sub.is_some() {
-            return Ok(());
-        }
-        let s = self
-            .cupti
-            .subscribe(Some(app::on_callback))
-            .map_err(|e| format!("PC sampling needs the CUPTI subscriber, which another CUPTI client holds: {e}"))?;
-        let c = &self.cupti;
-        if let Err(e) =
-            c.enable_callback(&s, sys::CUPTI_CB_DOMAIN_RESOURCE, sys::CUPTI_CBID_RESOURCE_MODULE_LOADED, true)
-        {
-            log!(Warn, "PC sampling: module-load callback: {e}; no source lines for new modules");
-        }
-        if let Err(e) =
-            c.enable_callback(&s, sys::CUPTI_CB_DOMAIN_RESOURCE, sys::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING, true)
-        {
-            log!(Warn, "PC sampling: context-destroy callback: {e}");
-        }
-        for (domain, cbid) in super::detach::SYNC_CALLS {
-            if let Err(e) = c.enable_callback(&s, domain, cbid, true) {
-                log!(Warn, "PC sampling: synchronization callback {cbid}: {e}");
-            }
-        }
-        self.sub = Some(s);
-        Ok(())
+        hooks::acquire(&self.cupti, User::Pc)
+            .map_err(|e| format!("PC sampling needs the CUPTI subscriber, which another CUPTI client holds: {e}"))
     }
 
     fn release_if_idle(&mut self) {
-        if self.devs.is_empty() && !app::pending() {
+        if self.devs.is_empty() && !app::pending() && hooks::held_by(User::Pc) {
             cubins::capture_on(&self.cupti, false);
-            if let Some(s) = self.sub.take() {
-                let _ = self.cupti.unsubscribe(s);
-            }
+            hooks::release(&self.cupti, User::Pc);
         }
     }
 
@@ -445,6 +414,16 @@ impl PcSampler {
         self.lines.insert((crc, fptr, pc), r.clone());
         r
     }
+}
+
+/// The subscriber's callback for PC sampling (see [`super::hooks`]).
+pub extern "C" fn on_callback(
+    userdata: *mut std::ffi::c_void,
+    domain: sys::CUpti_CallbackDomain,
+    cbid: sys::CUpti_CallbackId,
+    cbdata: *const std::ffi::c_void,
+) {
+    app::on_callback(userdata, domain, cbid, cbdata);
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
