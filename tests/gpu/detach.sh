@@ -4,7 +4,8 @@
 # processes driven line by line (tests/gpu/detach_worker.py): `small`, the 100k-small-kernel loop,
 # and `conv`, a conv-net training step. Scenarios (SCENARIOS="...", default all, in this order):
 #   overhead  per workload (WORKS), a process traced by a session started before it (start),
-#             one traced by a session started later (late), and late with GPUPROF_DETACH=off
+#             one traced by a session started later (late), both with GPUPROF_DETACH=finalize, and late
+#             with GPUPROF_DETACH=off
 #             (late_off, CUPTI left attached: the behaviour before detaching). Each traced
 #             process B runs beside an untraced one A, pinned to their own CPUs (PIN_A, PIN_B,
 #             swapped from one rep to the next), timed windows alternating A and B: WINDOWS
@@ -176,7 +177,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       wstart a "$ca" $work || { check "overhead $work: untraced worker started" FAIL "rep $rep"; continue; }
       for mode in start late late_off; do
         env=(CUDA_INJECTION64_PATH="$INJ")
-        [ $mode = late_off ] && env+=(GPUPROF_DETACH=off)
+        if [ $mode = late_off ]; then env+=(GPUPROF_DETACH=off); else env+=(GPUPROF_DETACH=finalize); fi
         sid=
         [ $mode = start ] && sid=$(session_start --all --preset default --name "detach-$work-start")
         if ! wstart b "$cb" $work "${env[@]}"; then
@@ -244,7 +245,7 @@ busy_cycle() {
 
 if [[ " $SCENARIOS " == *" cycles "* ]]; then
   # shellcheck disable=SC2086 # CYCLE_ENV: extra VAR=VALUE words for the cycled process
-  if wstart c "$PIN_B" small CUDA_INJECTION64_PATH="$INJ" ${CYCLE_ENV:-}; then
+  if wstart c "$PIN_B" small CUDA_INJECTION64_PATH="$INJ" GPUPROF_DETACH=finalize ${CYCLE_ENV:-}; then
     CN=$NW
     exact=0
     bad=()
