@@ -233,6 +233,7 @@ pub fn session_json(s: &pb::Session) -> Value {
         "collect": {
             "preset": c.preset,
             "pc_sampling": c.pc_sampling,
+            "pm_sampling_rate_hz": c.pm_sampling_rate_hz,
             "pc_sampling_period_log2": c.pc_sampling_period_log2,
             "pc_stall_reasons": c.pc_stall_reasons,
             "pc_flush_interval_ms": c.pc_flush_interval_ms,

@@ -97,6 +97,11 @@ pub struct CollectArgs {
     /// How often processes send their PC samples, in ms (100..60000; default 1000).
     #[arg(long, value_name = "N", requires = "pc_sampling")]
     pub pc_flush_ms: Option<u32>,
+    /// Also run CUPTI PM sampling on every GPU while the session is active, at this rate
+    /// (e.g. "1khz", at most 10 kHz; stored with the device metrics, source cupti_pm). Needs
+    /// operator rights: it takes the GPUs' performance monitors.
+    #[arg(long, value_name = "RATE", value_parser = crate::profile::parse_rate)]
+    pub pm_rate: Option<u32>,
 }
 
 impl CollectArgs {
@@ -114,6 +119,7 @@ impl CollectArgs {
                 pc_sampling_period_log2: self.pc_period.unwrap_or(0),
                 pc_stall_reasons: self.pc_stall.clone(),
                 pc_flush_interval_ms: self.pc_flush_ms.unwrap_or(0),
+                pm_sampling_rate_hz: self.pm_rate.unwrap_or(0),
                 ..Default::default()
             }),
             start_at_ns,
@@ -381,7 +387,12 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
     } else {
         String::new()
     };
-    println!("collect      {}{pc}", c.preset);
+    let pm = if c.pm_sampling_rate_hz > 0 {
+        format!(" + CUPTI PM sampling at {} Hz", c.pm_sampling_rate_hz)
+    } else {
+        String::new()
+    };
+    println!("collect      {}{pc}{pm}", c.preset);
     println!("owner uid    {}", s.owner_uid);
     println!("created      {}", wall(s.created_at_ns));
     println!("started      {}", wall(s.started_at_ns));

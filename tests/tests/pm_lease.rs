@@ -114,3 +114,54 @@ fn pm_watch_source_cupti_holds_the_sampler_while_it_runs() -> Result<()> {
     assert_eq!(d.terminate()?, 0);
     Ok(())
 }
+
+#[test]
+fn a_session_with_pm_rate_holds_the_sampler_while_it_is_active() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[sampler]\nspawn = false\ndevices = [0]\nlease_ttl = \"2s\"\n")?;
+    let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap()])?;
+    let s = FakeSampler::connect(&d.agent_socket, 0)?;
+    assert_eq!(s.commands_within(Duration::from_millis(500)), vec![]);
+
+    let out = d.ctl(&["--json", "session", "start", "--all", "--pm-rate", "2khz", "--name", "pm"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let id = v["id"].as_u64().unwrap().to_string();
+    assert_eq!(next_start(&s), 500_000, "sampling at the session's rate");
+    s.wait_sampling(true, Duration::from_secs(2))?;
+    let show = d.ctl(&["session", "show", &id]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("CUPTI PM sampling at 2000 Hz"), "{text}");
+    let st = d.ctl(&["--json", "profile", "--status"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout)?;
+    assert!(v[0]["holder"].to_string().contains(&format!("session {id}")), "{v}");
+    // Longer than lease_ttl: the session renews its hold.
+    assert_eq!(s.commands_within(Duration::from_secs(3)), vec![], "held while the session is active");
+
+    assert!(d.ctl(&["session", "stop", &id]).status.success());
+    let why = next_stop(&s);
+    assert!(why.contains("on demand") || why.contains("last user"), "{why}");
+    s.wait_sampling(false, Duration::from_secs(2))?;
+
+    // Out of range: the CLI refuses it (the daemon's own INVALID_ARGUMENT is a unit test).
+    let out = d.ctl(&["session", "start", "--all", "--pm-rate", "20khz"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("10 kHz"));
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}
+
+#[test]
+fn a_session_with_pm_rate_needs_the_sampler() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[sampler]\nenabled = false\n")?;
+    let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap()])?;
+    let out = d.ctl(&["session", "start", "--all", "--pm-rate", "1khz"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pm_sampling_rate_hz") && err.contains("enabled = false"), "{err}");
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}

@@ -37,6 +37,11 @@ pub async fn start(d: &Daemon, caller: &Caller, req: pb::StartSessionRequest) ->
     }
     let targets = req.targets.iter().map(TargetSpec::from_pb).collect::<ApiResult<Vec<_>>>()?;
     let collect = Collect::from_pb(req.collect.as_ref())?;
+    if collect.pm_sampling_rate_hz > 0 {
+        // CUPTI PM sampling takes the GPUs' performance monitors from everyone else.
+        crate::access::require_operator(caller, "start CUPTI PM sampling with a session")?;
+        super::pm::check(d)?;
+    }
     let now = now_ns();
     if req.start_at_ns > now.saturating_add(MAX_START_DELAY_NS) {
         return Err(ApiError::invalid("start_at_ns", "more than 30 days ahead (it is ns since the Unix epoch)"));

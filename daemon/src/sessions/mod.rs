@@ -27,6 +27,7 @@
 mod api;
 mod hints;
 mod pc;
+mod pm;
 mod spec;
 mod state;
 mod store;

@@ -127,7 +127,13 @@ pub struct Collect {
     pub pc_hw_buffer_mib: u32,
     #[serde(default)]
     pub pc_scratch_buffer_mib: u32,
+    /// CUPTI PM sampling while the session is active, Hz (0: off).
+    #[serde(default)]
+    pub pm_sampling_rate_hz: u32,
 }
+
+/// Highest CUPTI PM sampling rate a session may ask for (100 us).
+pub const MAX_PM_RATE_HZ: u32 = 10_000;
 
 /// The PC sampling period when a session names none: 2^15 cycles (at 2^10 and 2^13 a busy H100
 /// filled CUPTI's hardware buffer within seconds; see the injector's PC sampler).
@@ -238,6 +244,12 @@ impl Collect {
                 format!("{} MiB is above the maximum of {MAX_PC_SCRATCH_MIB} (0: 4)", c.pc_scratch_buffer_mib),
             ));
         }
+        if c.pm_sampling_rate_hz > MAX_PM_RATE_HZ {
+            return Err(ApiError::invalid(
+                "collect.pm_sampling_rate_hz",
+                format!("{} Hz is above the maximum of {MAX_PM_RATE_HZ} Hz (100 us)", c.pm_sampling_rate_hz),
+            ));
+        }
         let pc_stall_reasons = stall_reasons(&c.pc_stall_reasons)?;
         Ok(Collect {
             preset,
@@ -248,6 +260,7 @@ impl Collect {
             pc_flush_interval_ms: if flush == 0 && c.pc_sampling { 1000 } else { flush },
             pc_hw_buffer_mib: c.pc_hw_buffer_mib,
             pc_scratch_buffer_mib: c.pc_scratch_buffer_mib,
+            pm_sampling_rate_hz: c.pm_sampling_rate_hz,
         })
     }
 
@@ -261,6 +274,7 @@ impl Collect {
             pc_flush_interval_ms: self.pc_flush_interval_ms,
             pc_hw_buffer_mib: self.pc_hw_buffer_mib,
             pc_scratch_buffer_mib: self.pc_scratch_buffer_mib,
+            pm_sampling_rate_hz: self.pm_sampling_rate_hz,
         }
     }
 
@@ -444,5 +458,14 @@ mod tests {
         assert!(f.driver_api && f.overhead && f.nvtx && f.sync && f.external_correlation);
         let d = Collect::from_pb(None).unwrap().trace_config();
         assert!(d.memcpy && d.runtime_api && d.nvtx && !d.sync && !d.external_correlation && !d.driver_api);
+    }
+
+    #[test]
+    fn pm_sampling_rate_is_bounded() {
+        let c = |hz| Collect::from_pb(Some(&pb::CollectOptions { pm_sampling_rate_hz: hz, ..Default::default() }));
+        assert_eq!(c(10_000).unwrap().pm_sampling_rate_hz, 10_000);
+        assert_eq!(c(0).unwrap().to_pb().pm_sampling_rate_hz, 0);
+        let e = c(10_001).unwrap_err().to_string();
+        assert!(e.contains("collect.pm_sampling_rate_hz") && e.contains("10000"), "{e}");
     }
 }

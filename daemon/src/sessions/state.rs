@@ -338,6 +338,8 @@ pub(super) struct Inner {
     pub(super) busy: HashMap<u64, u64>,
     /// What the new-process hint file holds (see `hints::publish_hint`).
     pub(super) hint: String,
+    /// Sessions' holds on the CUPTI PM samplers (see `pm`).
+    pub(super) pm: HashMap<u64, super::pm::PmHold>,
 }
 
 #[cfg(test)]

@@ -39,9 +39,11 @@ pub(super) fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
     let Some(l) = g.open.get_mut(&id) else { return };
     l.activate(now, Instant::now());
     d.sessions.op(Op::State { id, state: State::Active, started_ns: Some(now), stopped_ns: None, reason: None });
+    let collect = l.collect.clone();
     for a in d.registry.all() {
         try_join(d, g, id, &a);
     }
+    super::pm::start(d, g, id, &collect);
     publish_hint(d, g);
 }
 
@@ -99,6 +101,7 @@ pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
         }
     }
     super::pc::stop(d, id);
+    super::pm::stop(g, id);
     tracing::info!(session = id, reason, "session stopping");
     publish_hint(d, g);
     maybe_finish(d, g, id);
@@ -114,6 +117,7 @@ fn maybe_finish(d: &Daemon, g: &mut Inner, id: u64) {
 
 /// Ends a session in a final state (`None`: completed, or failed when no process could be traced).
 fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
+    super::pm::stop(g, id);
     let Some(l) = g.open.get_mut(&id) else { return };
     let now = now_ns();
     let Some(state) = l.finish(forced, now) else { return };
@@ -216,6 +220,7 @@ fn next_wakeup(d: &Daemon) -> Option<Instant> {
             consider(Some(Instant::now() + LIMIT_POLL));
         }
     }
+    consider(super::pm::next_renewal(d, &g));
     next
 }
 
@@ -234,6 +239,7 @@ fn tick(d: &Daemon) {
             Due::Nothing => {}
         }
     }
+    super::pm::renew_due(d, &mut g, now);
 }
 
 fn on_event(d: &Daemon, ev: AgentEvent) {
