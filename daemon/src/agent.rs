@@ -307,6 +307,7 @@ async fn place(d: &Daemon, pid: u32, claimed: &str) -> (String, Placement) {
     {
         p.pod_name = pod.name;
         p.pod_namespace = pod.namespace;
+        p.container_name = pod.containers.get(&p.container_id.to_ascii_lowercase()).cloned().unwrap_or_default();
     }
     (cgroup, p)
 }

@@ -21,11 +21,13 @@ use tokio::net::TcpStream;
 
 use crate::config::KubernetesConfig;
 
-/// A pod's name and namespace.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A pod's name and namespace, and its containers' names by container id.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodRef {
     pub name: String,
     pub namespace: String,
+    /// Container id (without the runtime's `containerd://` prefix) → container name.
+    pub containers: HashMap<String, String>,
 }
 
 /// The pods this node's kubelet listed, by UID.
@@ -85,6 +87,27 @@ struct PodList {
 #[derive(Deserialize)]
 struct Pod {
     metadata: Meta,
+    #[serde(default)]
+    status: PodStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PodStatus {
+    #[serde(default)]
+    container_statuses: Vec<ContainerStatus>,
+    #[serde(default)]
+    init_container_statuses: Vec<ContainerStatus>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerStatus {
+    #[serde(default)]
+    name: String,
+    /// "containerd://<64 hex>", "cri-o://...", "docker://..."; empty before it started.
+    #[serde(default, rename = "containerID")]
+    container_id: String,
 }
 
 #[derive(Deserialize)]
@@ -105,7 +128,18 @@ pub fn parse_pod_list(body: &[u8]) -> Result<HashMap<String, PodRef>> {
         .into_iter()
         .filter(|p| !p.metadata.uid.is_empty())
         .map(|p| {
-            (p.metadata.uid.to_ascii_lowercase(), PodRef { name: p.metadata.name, namespace: p.metadata.namespace })
+            let containers = p
+                .status
+                .container_statuses
+                .into_iter()
+                .chain(p.status.init_container_statuses)
+                .filter_map(|c| {
+                    let id = c.container_id.rsplit("://").next().unwrap_or_default().to_ascii_lowercase();
+                    (!id.is_empty()).then_some((id, c.name))
+                })
+                .collect();
+            let pod = PodRef { name: p.metadata.name, namespace: p.metadata.namespace, containers };
+            (p.metadata.uid.to_ascii_lowercase(), pod)
         })
         .collect())
 }
@@ -231,7 +265,10 @@ mod tests {
     use std::time::Duration;
 
     const LIST: &str = r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[
-      {"metadata":{"name":"trainer-0","namespace":"ml","uid":"1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c"},"spec":{}},
+      {"metadata":{"name":"trainer-0","namespace":"ml","uid":"1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c"},"spec":{},
+       "status":{"containerStatuses":[{"name":"pytorch","containerID":"containerd://7E2B6C0A4F1D3E5B9A8C7D6E5F4A3B2C1D0E9F8A7B6C5D4E3F2A1B0C9D8E7F6A"},
+                                      {"name":"waiting","containerID":""}],
+                 "initContainerStatuses":[{"name":"setup","containerID":"cri-o://0123"}]}},
       {"metadata":{"name":"kube-proxy-x","namespace":"kube-system","uid":"6f8e6f7d3b1c4e2a9d0b5c7e8f1a2b3c"}}]}"#;
 
     fn cfg(url: &str) -> KubernetesConfig {
@@ -269,10 +306,12 @@ mod tests {
     fn parses_a_pod_list() {
         let m = parse_pod_list(LIST.as_bytes()).unwrap();
         assert_eq!(m.len(), 2);
-        assert_eq!(
-            m["1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c"],
-            PodRef { name: "trainer-0".into(), namespace: "ml".into() }
-        );
+        let p = &m["1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c"];
+        assert_eq!((p.name.as_str(), p.namespace.as_str()), ("trainer-0", "ml"));
+        assert_eq!(p.containers.len(), 2, "started containers only: {:?}", p.containers);
+        assert_eq!(p.containers["7e2b6c0a4f1d3e5b9a8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a"], "pytorch");
+        assert_eq!(p.containers["0123"], "setup");
+        assert!(m["6f8e6f7d3b1c4e2a9d0b5c7e8f1a2b3c"].containers.is_empty());
         assert!(parse_pod_list(b"<html>").is_err());
     }
 
@@ -286,7 +325,7 @@ mod tests {
         c.token_file = token.display().to_string();
         let pods = Pods::new(&c);
         let p = pods.lookup("1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c").await;
-        assert_eq!(p, Some(PodRef { name: "trainer-0".into(), namespace: "ml".into() }));
+        assert_eq!(p.map(|p| (p.name, p.namespace)), Some(("trainer-0".into(), "ml".into())));
         let req = seen.recv().await.unwrap();
         assert!(req.starts_with("GET /pods HTTP/1.1\r\n"), "{req}");
         assert!(req.contains("authorization: Bearer s3cret\r\n"), "{req}");

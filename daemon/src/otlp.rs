@@ -383,6 +383,7 @@ mod tests {
             pod_uid: "1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c".into(),
             pod_name: "trainer-0".into(),
             pod_namespace: "ml".into(),
+            container_name: "pytorch".into(),
         };
         Snapshot {
             host: "gpu-node-17".into(),

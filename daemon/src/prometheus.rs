@@ -53,16 +53,48 @@ pub async fn serve(listener: TcpListener, d: Arc<Daemon>, shutdown: Cancellation
     }
 }
 
-/// DCGM exporter's GPU labels.
-fn gpu_labels(d: &Daemon, dev: u32, host: &str) -> String {
+/// DCGM exporter's GPU labels, with `pod`, `namespace` and `container` when the CUDA processes
+/// on the GPU all belong to one known Kubernetes container.
+fn gpu_labels(d: &Daemon, dev: u32, host: &str, agents: &[Arc<crate::registry::Agent>]) -> String {
     let g = d.gpus.found.iter().find(|g| g.index == dev);
-    format!(
+    let (uuid, pci) = (g.map_or("", |g| g.uuid.as_str()), g.map_or("", |g| g.pci_bus_id.as_str()));
+    let mut l = format!(
         "gpu=\"{dev}\",UUID=\"{}\",pci_bus_id=\"{}\",modelName=\"{}\",Hostname=\"{}\"",
-        esc(g.map_or("", |g| &g.uuid)),
-        esc(g.map_or("", |g| &g.pci_bus_id)),
+        esc(uuid),
+        esc(pci),
         esc(g.map_or("", |g| &g.model)),
         esc(host)
-    )
+    );
+    let on_gpu = agents.iter().filter(|a| uses_gpu(&a.devices, g.map(|_| (uuid, pci)), dev));
+    if let Some((pod, ns, container)) = one_workload(on_gpu.map(|a| &a.placement)) {
+        let _ = write!(l, ",pod=\"{}\",namespace=\"{}\",container=\"{}\"", esc(pod), esc(ns), esc(container));
+    }
+    l
+}
+
+/// Whether a process that reported `devices` uses the GPU with this UUID and PCI bus id (or,
+/// when the daemon has no driver list, this CUDA ordinal).
+fn uses_gpu(devices: &[gpuprof_proto::agent::Device], ids: Option<(&str, &str)>, index: u32) -> bool {
+    devices.iter().any(|x| match ids {
+        Some((uuid, pci)) => {
+            (!x.uuid.is_empty() && x.uuid.eq_ignore_ascii_case(uuid))
+                || (!x.pci_bus_id.is_empty() && x.pci_bus_id.eq_ignore_ascii_case(pci))
+        }
+        None => x.id == index,
+    })
+}
+
+/// The (pod, namespace, container) every placement shares, if they share one with a pod name.
+fn one_workload<'a>(
+    mut placements: impl Iterator<Item = &'a crate::registry::Placement>,
+) -> Option<(&'a str, &'a str, &'a str)> {
+    let key =
+        |p: &'a crate::registry::Placement| (p.pod_name.as_str(), p.pod_namespace.as_str(), p.container_name.as_str());
+    let first = key(placements.next()?);
+    if first.0.is_empty() || placements.any(|p| key(p) != first) {
+        return None;
+    }
+    Some(first)
 }
 
 /// The unit of a CUPTI metric, from its name: "percent", "bytes" or "" (unitless).
@@ -88,7 +120,8 @@ pub fn render(d: &Daemon) -> String {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
     };
     let host = crate::otlp::host_name();
-    let labels = |dev: u32| gpu_labels(d, dev, &host);
+    let agents: Vec<_> = d.registry.all().into_iter().filter(|a| a.kind == "injector").collect();
+    let labels = |dev: u32| gpu_labels(d, dev, &host, &agents);
     let latest = d.pm.latest();
     // NVML and GPM: a family per metric, its unit in its name.
     for (name, _, counter, help) in crate::nvml::METRICS {
@@ -236,7 +269,7 @@ fn processes(o: &mut String, d: &Daemon) {
         let exe = a.exe.rsplit('/').next().unwrap_or_default();
         let _ = writeln!(
             o,
-            "gpuprof_process_tracing{{process_id=\"{}\",pid=\"{}\",exe=\"{}\",container_id=\"{}\",pod_uid=\"{}\",pod=\"{}\",namespace=\"{}\"}} {}",
+            "gpuprof_process_tracing{{process_id=\"{}\",pid=\"{}\",exe=\"{}\",container_id=\"{}\",pod_uid=\"{}\",pod=\"{}\",namespace=\"{}\",container=\"{}\"}} {}",
             a.id,
             a.pid,
             esc(exe),
@@ -244,7 +277,52 @@ fn processes(o: &mut String, d: &Daemon) {
             esc(&p.pod_uid),
             esc(&p.pod_name),
             esc(&p.pod_namespace),
+            esc(&p.container_name),
             u8::from(a.trace_state() == "tracing"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Placement;
+
+    fn at(pod: &str, container: &str) -> Placement {
+        Placement {
+            pod_name: pod.into(),
+            pod_namespace: "ml".into(),
+            container_name: container.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_gpu_is_labelled_with_the_one_workload_on_it() {
+        let a = [at("trainer-0", "pytorch"), at("trainer-0", "pytorch")];
+        assert_eq!(one_workload(a.iter()), Some(("trainer-0", "ml", "pytorch")));
+        let two = [at("trainer-0", "pytorch"), at("trainer-1", "pytorch")];
+        assert_eq!(one_workload(two.iter()), None, "shared by two pods: no pod label");
+        let sidecar = [at("trainer-0", "pytorch"), at("trainer-0", "profiler")];
+        assert_eq!(one_workload(sidecar.iter()), None, "two containers: no container label");
+        assert_eq!(one_workload([at("", "")].iter()), None, "not in a named pod");
+        assert_eq!(one_workload(std::iter::empty()), None, "nobody on the GPU");
+    }
+
+    #[test]
+    fn a_process_uses_the_gpu_it_reported() {
+        let dev = |id, uuid: &str, pci: &str| gpuprof_proto::agent::Device {
+            id,
+            uuid: uuid.into(),
+            pci_bus_id: pci.into(),
+            ..Default::default()
+        };
+        // CUDA_VISIBLE_DEVICES=3: the process's device 0 is the node's GPU 3.
+        let devs = [dev(0, "GPU-abc", "00000000:1B:00.0")];
+        assert!(uses_gpu(&devs, Some(("gpu-ABC", "")), 3), "by UUID, any case");
+        assert!(uses_gpu(&devs, Some(("", "00000000:1b:00.0")), 3), "by PCI bus id");
+        assert!(!uses_gpu(&devs, Some(("GPU-def", "00000000:2C:00.0")), 0), "not by ordinal when ids are known");
+        assert!(uses_gpu(&devs, None, 0) && !uses_gpu(&devs, None, 3), "by ordinal without a driver list");
+        assert!(!uses_gpu(&[dev(0, "", "")], Some(("", "")), 0), "empty ids match nothing");
     }
 }

@@ -52,6 +52,8 @@ pub struct Placement {
     /// Pod name and namespace, from the kubelet's pod list when `[kubernetes]` is configured.
     pub pod_name: String,
     pub pod_namespace: String,
+    /// The container's name in its pod, from the same pod list.
+    pub container_name: String,
 }
 
 impl Agent {

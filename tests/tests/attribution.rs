@@ -142,7 +142,8 @@ fn pods_and_containers_of_real_cgroups() {
         other_uid.replace('-', "_")
     ));
     let kubelet = fake_kubelet(format!(
-        r#"{{"kind":"PodList","items":[{{"metadata":{{"name":"trainer-0","namespace":"ml","uid":"{POD_UID}"}}}}]}}"#
+        r#"{{"kind":"PodList","items":[{{"metadata":{{"name":"trainer-0","namespace":"ml","uid":"{POD_UID}"}},
+            "status":{{"containerStatuses":[{{"name":"pytorch","containerID":"containerd://{CID_A}"}}]}}}}]}}"#
     ));
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -192,9 +193,13 @@ fn pods_and_containers_of_real_cgroups() {
         assert_eq!((&members[0]["pod_uid"], &members[0]["container_id"]), (&p["pod_uid"], &p["container_id"]));
     }
     let text = scrape(port);
-    let labels = format!("container_id=\"{CID_A}\",pod_uid=\"{POD_UID}\",pod=\"trainer-0\",namespace=\"ml\"}} 1");
+    let labels = format!(
+        "container_id=\"{CID_A}\",pod_uid=\"{POD_UID}\",pod=\"trainer-0\",namespace=\"ml\",container=\"pytorch\"}} 1"
+    );
     assert!(text.contains(&labels), "{text}");
-    assert!(text.contains(&format!("container_id=\"{CID_B}\",pod_uid=\"{other_uid}\",pod=\"\",namespace=\"\"}} 1")));
+    assert!(text.contains(&format!(
+        "container_id=\"{CID_B}\",pod_uid=\"{other_uid}\",pod=\"\",namespace=\"\",container=\"\"}} 1"
+    )));
     for s in [&s1, &s2] {
         json(&d.ctl(&["session", "stop", &s["id"].as_u64().unwrap().to_string(), "--json"]));
     }
