@@ -130,6 +130,11 @@ fn perfetto_trace_has_the_sessions_slices_tracks_and_flows() {
     let gpus: HashSet<u64> = tracks.values().filter(|t| name(t).starts_with("GPU ")).map(|t| t.uuid.unwrap()).collect();
     assert!(!gpus.is_empty());
     assert!(gpus.iter().all(|g| tracks[g].parent_uuid == Some(process)));
+    // GPUs are named by model and UUID, as the process reported them.
+    for g in &gpus {
+        let n = name(&tracks[g]);
+        assert!(n.contains("NVIDIA H100 80GB HBM3 (GPU-fake0000-0000-0000-0000-00000000000"), "{n}");
+    }
     let streams: HashSet<u64> = tracks
         .values()
         .filter(|t| name(t).starts_with("stream ") && t.parent_uuid.is_some_and(|p| gpus.contains(&p)))

@@ -36,7 +36,7 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> 
     while let Some((rec, dur)) = records.next_record()? {
         trace.record(&rec, dur)?;
     }
-    trace.track_names(&procs);
+    trace.track_names(&procs, &session_gpus(&c, session)?);
     trace.finish()
 }
 
@@ -53,6 +53,31 @@ pub(super) fn session_procs(c: &Connection, session: u64) -> rusqlite::Result<Pr
         procs.insert(r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?));
     }
     Ok(procs)
+}
+
+/// Each (process, device ordinal) of the session's processes → the GPU's name and UUID.
+pub(super) type Gpus = BTreeMap<(i64, i64), (String, String)>;
+
+pub(super) fn session_gpus(c: &Connection, session: u64) -> rusqlite::Result<Gpus> {
+    let mut st = c.prepare(
+        "SELECT pd.proc, pd.device_id, d.name, d.uuid FROM process_devices pd JOIN devices d ON d.id = pd.device
+         WHERE pd.proc IN (SELECT proc FROM session_processes WHERE session = ?1
+                           UNION SELECT proc FROM session_rows WHERE session = ?1)",
+    )?;
+    let mut gpus = Gpus::new();
+    let mut rows = st.query([session as i64])?;
+    while let Some(r) = rows.next()? {
+        gpus.insert((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?));
+    }
+    Ok(gpus)
+}
+
+/// A GPU track's name: the process's device ordinal, with the GPU's model and UUID when known.
+pub(super) fn gpu_name(gpus: &Gpus, proc: i64, dev: i64) -> String {
+    match gpus.get(&(proc, dev)) {
+        Some((name, uuid)) => format!("GPU {dev} · {name} ({uuid})"),
+        None => format!("GPU {dev}"),
+    }
 }
 
 /// The trace process of a gpuprof process's host threads.
@@ -315,9 +340,9 @@ impl<'a> Trace<'a> {
     // ------------------------------------------------------------ names of processes and threads
 
     /// Names of the host tracks, then of the GPU tracks (metadata events carry no time).
-    fn track_names(&mut self, procs: &Procs) {
+    fn track_names(&mut self, procs: &Procs, gpus: &Gpus) {
         self.host_track_names(procs);
-        self.gpu_track_names(procs);
+        self.gpu_track_names(procs, gpus);
     }
 
     /// Each process's host threads, and the synchronization and overhead tracks.
@@ -339,12 +364,12 @@ impl<'a> Trace<'a> {
     }
 
     /// Each (process, GPU) and its streams.
-    fn gpu_track_names(&mut self, procs: &Procs) {
+    fn gpu_track_names(&mut self, procs: &Procs, gpus: &Gpus) {
         let mut seen = BTreeSet::new();
         for (proc, dev, stream) in std::mem::take(&mut self.streams) {
             let pid = gpu_pid(proc, dev);
             if seen.insert(pid) {
-                let name = json_str(&format!("GPU {dev} · {}", label(procs, proc)));
+                let name = json_str(&format!("{} · {}", gpu_name(gpus, proc, dev), label(procs, proc)));
                 self.meta("process_name", pid, None, &format!("\"name\":{name}"));
                 self.meta("process_sort_index", pid, None, &format!("\"sort_index\":{pid}"));
             }

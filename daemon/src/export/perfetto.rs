@@ -22,7 +22,7 @@ use gpuprof_proto::perfetto::{
 use prost::Message;
 use rusqlite::Connection;
 
-use super::chrome::{Procs, session_procs};
+use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
 use super::flows::{Flows, key};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
 use super::records::{EVENT_TABLES, Merge, Rec, record_queries};
@@ -42,7 +42,9 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
     let procs = session_procs(&c, session)?;
     let (mut stmts, params) = record_queries(&c, session, f)?;
     let mut records = Merge::open(&mut stmts, &params)?;
-    let mut w = Writer { c: &c, out, flows, procs, tracks: HashMap::new(), strings: Strings::default(), first: true };
+    let gpus = session_gpus(&c, session)?;
+    let mut w =
+        Writer { c: &c, out, flows, procs, gpus, tracks: HashMap::new(), strings: Strings::default(), first: true };
     while let Some((rec, dur)) = records.next_record()? {
         w.record(&rec, dur)?;
         w.out.written += 1;
@@ -81,6 +83,7 @@ struct Writer<'a> {
     out: Out<'a>,
     flows: Flows,
     procs: Procs,
+    gpus: Gpus,
     /// Tracks described so far, with their uuids (1, 2, ...).
     tracks: HashMap<Track, u64>,
     strings: Strings,
@@ -252,7 +255,7 @@ impl Writer<'_> {
             Track::Thread(_, tid) => d.name = Some(format!("thread {tid}")),
             Track::Sync(_) => d.name = Some("CUDA synchronization".into()),
             Track::Overhead(_) => d.name = Some("CUPTI overhead".into()),
-            Track::Gpu(_, dev) => d.name = Some(format!("GPU {dev}")),
+            Track::Gpu(p, dev) => d.name = Some(gpu_name(&self.gpus, p, dev)),
             Track::Stream(_, _, stream) => d.name = Some(format!("stream {stream}")),
             Track::PcStall(_, function, stall) => {
                 let kernel = self.strings.get(self.c, function).unwrap_or_default();
