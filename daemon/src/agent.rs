@@ -420,14 +420,22 @@ impl Conn<'_> {
             }
             Msg::PcSamples(b) => {
                 d.pc.add_batch(id, &b);
-                if d.pc.has_subscribers(b.session_id) {
-                    let response = gpuprof_proto::api::StreamPcSamplesResponse {
-                        samples: self.names.rows(id, &b),
-                        start_ns: b.start_ns,
-                        end_ns: b.end_ns,
-                        dropped_samples: b.dropped_samples,
-                    };
-                    d.pc.publish(b.session_id, crate::pcsamp::Push { response });
+                let otlp = d.config.otlp.profiles && !d.config.otlp.endpoint.is_empty();
+                let streamed = d.pc.has_subscribers(b.session_id);
+                if otlp || streamed {
+                    let samples = self.names.rows(id, &b);
+                    if otlp {
+                        d.otlp_pc.add(id, b.start_ns, &samples);
+                    }
+                    if streamed {
+                        let response = gpuprof_proto::api::StreamPcSamplesResponse {
+                            samples,
+                            start_ns: b.start_ns,
+                            end_ns: b.end_ns,
+                            dropped_samples: b.dropped_samples,
+                        };
+                        d.pc.publish(b.session_id, crate::pcsamp::Push { response });
+                    }
                 }
                 d.stats.queued_records.fetch_add(b.samples.len() as u64, Relaxed);
                 d.writer.send(WriterMsg::PcSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;

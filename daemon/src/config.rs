@@ -187,6 +187,8 @@ pub struct PrometheusConfig {
 #[serde(deny_unknown_fields)]
 pub struct OtlpConfig {
     pub endpoint: String,
+    /// PC samples as OTLP profiles (see `otlp_profiles`).
+    pub profiles: bool,
     pub interval: Dur,
     pub timeout: Dur,
     pub ca_file: String,

@@ -23,6 +23,7 @@ pub mod ingest;
 pub mod kubelet;
 pub mod nvml;
 pub mod otlp;
+pub mod otlp_profiles;
 pub mod pcsamp;
 pub mod pmstream;
 pub mod prometheus;
@@ -114,6 +115,8 @@ pub struct Daemon {
     pub pm: pmstream::PmHub,
     /// PC sampling per (session, process, device), its leases and stream (see [`pcsamp`]).
     pub pc: pcsamp::PcHub,
+    /// PC samples waiting for the next OTLP profiles export (see [`otlp_profiles`]).
+    pub otlp_pc: otlp_profiles::PcProfiles,
 }
 
 impl Daemon {

@@ -1,5 +1,6 @@
 //! OTLP metrics export (`[otlp] endpoint`): every `interval`, one `ExportMetricsServiceRequest`
-//! over gRPC (TLS for https:// endpoints) to an OpenTelemetry collector.
+//! over gRPC (TLS for https:// endpoints) to an OpenTelemetry collector, followed by the PC
+//! samples as profiles when `[otlp] profiles` is on ([`crate::otlp_profiles`]).
 //!
 //! Resources: one per GPU (`host.name`, `hw.type` = "gpu", `hw.id` = the GPU UUID, `hw.model`,
 //! `gpu.index`) with the latest PM values and sample counts; one per container or pod of the
@@ -19,6 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{
     AggregationTemporality, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum, metric,
@@ -333,6 +335,7 @@ pub fn channel(cfg: &OtlpConfig) -> Result<Channel> {
 /// The export task: one request per interval until shutdown.
 pub async fn run(d: Arc<Daemon>, channel: Channel, shutdown: CancellationToken) {
     let cfg = d.config.otlp.clone();
+    let mut profiles = ProfilesServiceClient::new(channel.clone());
     let mut client = MetricsServiceClient::new(channel);
     let mut tick = tokio::time::interval(cfg.interval.0);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -368,6 +371,43 @@ pub async fn run(d: Arc<Daemon>, channel: Channel, shutdown: CancellationToken) 
                 failing = false;
             }
             None => {}
+        }
+        if cfg.profiles {
+            export_profiles(&d, &mut profiles, cfg.timeout.0).await;
+        }
+    }
+}
+
+/// Sends the PC samples taken since the last export as OTLP profiles; a failure costs them.
+async fn export_profiles(d: &Daemon, client: &mut ProfilesServiceClient<Channel>, timeout: Duration) {
+    let taken = d.otlp_pc.take();
+    d.stats.otlp_pc_samples_dropped.fetch_add(taken.dropped, Relaxed);
+    let n = taken.samples();
+    if n == 0 {
+        return;
+    }
+    let procs = d
+        .registry
+        .all()
+        .into_iter()
+        .map(|a| {
+            let info =
+                crate::otlp_profiles::ProcInfo { pid: a.pid, exe: a.exe.clone(), placement: a.placement.clone() };
+            (a.id, info)
+        })
+        .collect();
+    let req = crate::otlp_profiles::request(&host_name(), &taken, &procs, crate::clock::now_ns());
+    match tokio::time::timeout(timeout + Duration::from_millis(100), client.export(req)).await {
+        Ok(Ok(_)) => {
+            d.stats.otlp_pc_samples_sent.fetch_add(n, Relaxed);
+        }
+        Ok(Err(status)) => {
+            d.stats.otlp_pc_samples_dropped.fetch_add(n, Relaxed);
+            tracing::debug!(error = %status.message(), code = ?status.code(), "OTLP profiles export failed");
+        }
+        Err(_) => {
+            d.stats.otlp_pc_samples_dropped.fetch_add(n, Relaxed);
+            tracing::debug!(?timeout, "OTLP profiles export not answered");
         }
     }
 }

@@ -243,6 +243,12 @@ pub fn render(d: &Daemon) -> String {
             &s.otlp_points_dropped,
         ),
         ("gpuprof_otlp_failed_exports_total", "OTLP exports that failed.", &s.otlp_failed_exports),
+        ("gpuprof_otlp_pc_samples_sent_total", "PC samples sent as OTLP profiles.", &s.otlp_pc_samples_sent),
+        (
+            "gpuprof_otlp_pc_samples_dropped_total",
+            "PC samples lost to failed OTLP profile exports or over the pending bound.",
+            &s.otlp_pc_samples_dropped,
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {}", v.load(Relaxed));

@@ -60,6 +60,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         gpus,
         pm: pmstream::PmHub::default(),
         pc: crate::pcsamp::PcHub::new(config.sampler.stream_queue),
+        otlp_pc: Default::default(),
         writer,
         config,
     });

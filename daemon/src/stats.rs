@@ -38,6 +38,10 @@ pub struct Stats {
     pub otlp_points_dropped: AtomicU64,
     /// OTLP exports that failed (collector down, slow or refusing).
     pub otlp_failed_exports: AtomicU64,
+    /// PC samples sent as OTLP profiles.
+    pub otlp_pc_samples_sent: AtomicU64,
+    /// PC samples lost to failed profile exports or over the pending bound.
+    pub otlp_pc_samples_dropped: AtomicU64,
 }
 
 impl Default for Stats {
@@ -55,6 +59,8 @@ impl Default for Stats {
             otlp_points_sent: AtomicU64::new(0),
             otlp_points_dropped: AtomicU64::new(0),
             otlp_failed_exports: AtomicU64::new(0),
+            otlp_pc_samples_sent: AtomicU64::new(0),
+            otlp_pc_samples_dropped: AtomicU64::new(0),
         }
     }
 }

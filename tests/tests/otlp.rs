@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use fake_sampler::{Command as SamplerCommand, FakeSampler, METRICS, value};
 use gpuprof_testkit::TestDaemon;
+use gpuprof_testkit::pc_agent::{FakePc, PcAgent, PcCommand, start_session};
 use gpuprof_testkit::traced_agent::{TracedAgent, TracedConfig};
 use serde_json::Value;
 
@@ -34,7 +35,8 @@ fn python_with_deps() -> (String, PathBuf) {
         Command::new(python)
             .args([
                 "-c",
-                "import grpc, google.protobuf, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc",
+                "import grpc, google.protobuf, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc, \
+                 opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc",
             ])
             .env("PYTHONPATH", &pydeps)
             .output()
@@ -202,5 +204,114 @@ fn exports_to_a_collector_and_counts_drops_when_it_is_gone() {
     assert_eq!(st["connected_agents"], 2, "{st}");
     assert!(d.log_text().contains("OTLP export failed"), "{}", d.log_text());
     agent.finish().unwrap();
+    assert_eq!(d.terminate().unwrap(), 0);
+}
+
+#[test]
+fn pc_samples_reach_the_collector_as_profiles() {
+    let (python, pydeps) = python_with_deps();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert_file, key_file) = (dir.path().join("collector.pem"), dir.path().join("collector.key"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let rx = Receiver::start(&python, &pydeps, &dir.path().join("received.jsonl"), (&cert_file, &key_file));
+    let cfg = dir.path().join("gpuprofd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[sampler]\nspawn = false\nalways_on = true\ndevices = [0]\n\
+             [otlp]\nendpoint = \"https://localhost:{}\"\nca_file = \"{}\"\ninterval = \"1s\"\ntimeout = \"2s\"\nprofiles = true\n",
+            rx.port,
+            cert_file.display()
+        ),
+    )
+    .unwrap();
+    let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap()]).unwrap();
+    let mut a = PcAgent::connect(&d.agent_socket, "/usr/bin/pcapp", 1).unwrap();
+    let id = start_session(&d, &["--exe", "pcapp", "--pc-sampling"]);
+    assert!(matches!(a.command(Duration::from_secs(5)).unwrap(), PcCommand::Start(_)));
+    a.batch(
+        id,
+        0,
+        &[
+            FakePc::new(
+                "_Z6gatherPKiPfi",
+                0x40,
+                "smsp__pcsamp_warps_issue_stalled_long_scoreboard",
+                60,
+                "/src/k.cu",
+                15,
+            ),
+            FakePc::new("_Z6gatherPKiPfi", 0x40, "smsp__pcsamp_warps_issue_stalled_selected", 7, "/src/k.cu", 15),
+        ],
+        0,
+    )
+    .unwrap();
+    a.batch(
+        id,
+        0,
+        &[FakePc::new(
+            "_Z6gatherPKiPfi",
+            0x40,
+            "smsp__pcsamp_warps_issue_stalled_long_scoreboard",
+            40,
+            "/src/k.cu",
+            15,
+        )],
+        0,
+    )
+    .unwrap();
+
+    // The profiles of every export so far, until they hold all 107 samples.
+    let t = Instant::now();
+    let (dict, profiles, resource) = loop {
+        let reqs: Vec<Value> = rx.requests().into_iter().filter_map(|r| r.get("profiles").cloned()).collect();
+        let total: i64 = reqs
+            .iter()
+            .flat_map(|r| r["resourceProfiles"].as_array().cloned().unwrap_or_default())
+            .flat_map(|rp| rp["scopeProfiles"][0]["profiles"].as_array().cloned().unwrap_or_default())
+            .flat_map(|p| p["samples"].as_array().cloned().unwrap_or_default())
+            .map(|s| s["values"][0].as_str().and_then(|v| v.parse::<i64>().ok()).unwrap_or(0))
+            .sum();
+        if total == 107 && reqs.len() == 1 {
+            let r = &reqs[0];
+            let rp = &r["resourceProfiles"][0];
+            break (r["dictionary"].clone(), rp["scopeProfiles"][0]["profiles"].clone(), rp["resource"].clone());
+        }
+        assert!(total <= 107, "samples sent twice: {reqs:#?}");
+        assert!(t.elapsed() < Duration::from_secs(15), "profiles so far: {reqs:#?}\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let strings: Vec<String> =
+        dict["stringTable"].as_array().unwrap().iter().map(|s| s.as_str().unwrap_or_default().to_string()).collect();
+    let st = |v: &Value| strings[v.as_i64().unwrap_or(0) as usize].clone();
+    let p = &profiles[0];
+    assert_eq!(
+        (st(&p["sampleType"]["typeStrindex"]), st(&p["sampleType"]["unitStrindex"])),
+        ("pc_samples".into(), "count".into())
+    );
+    let mut by_stall = std::collections::BTreeMap::new();
+    for s in p["samples"].as_array().unwrap() {
+        let stack = &dict["stackTable"][s["stackIndex"].as_u64().unwrap() as usize];
+        let loc = &dict["locationTable"][stack["locationIndices"][0].as_u64().unwrap() as usize];
+        assert_eq!(loc["address"].as_str(), Some("64"), "the PC offset");
+        let line = &loc["lines"][0];
+        assert_eq!(line["line"].as_str(), Some("15"));
+        let f = &dict["functionTable"][line["functionIndex"].as_u64().unwrap() as usize];
+        assert_eq!(st(&f["nameStrindex"]), "gather(int const*, float*, int)");
+        assert_eq!(st(&f["systemNameStrindex"]), "_Z6gatherPKiPfi");
+        assert_eq!(st(&f["filenameStrindex"]), "/src/k.cu");
+        let attr = &dict["attributeTable"][s["attributeIndices"][0].as_u64().unwrap() as usize];
+        assert_eq!(st(&attr["keyStrindex"]), "gpu.pc.stall_reason");
+        let v: i64 = s["values"][0].as_str().unwrap().parse().unwrap();
+        *by_stall.entry(attr["value"]["stringValue"].as_str().unwrap().to_string()).or_insert(0) += v;
+    }
+    assert_eq!(by_stall.get("stalled_long_scoreboard"), Some(&100), "{by_stall:?}");
+    assert_eq!(by_stall.get("stalled_selected"), Some(&7), "{by_stall:?}");
+    let ra = attrs(&resource["attributes"]);
+    assert_eq!(ra["process.pid"], std::process::id().to_string());
+    assert_eq!(ra["process.executable.name"], "pcapp");
+    rx.stop();
     assert_eq!(d.terminate().unwrap(), 0);
 }
