@@ -95,11 +95,14 @@ class Client:
         max_records: int = 0,
         pc_sampling: bool = False,
         pc_period_log2: int = 0,
+        pm_rate_hz: int = 0,
     ) -> pb.Session:
         """Starts a session over the processes that match any of the targets.
 
         ``pc_sampling`` samples the processes' warp PCs continuously (every 2^``pc_period_log2``
         SM cycles, 0: the daemon's default); ``preset="pc"`` collects nothing else.
+        ``pm_rate_hz`` runs CUPTI PM sampling on every GPU at that rate while the session is
+        active (operators only; at most 10000).
         """
         targets = [pb.Target(pid=p) for p in pids]
         targets += [pb.Target(exe_name=e) for e in exe_names]
@@ -110,7 +113,12 @@ class Client:
         req = pb.StartSessionRequest(
             name=name,
             targets=targets,
-            collect=pb.CollectOptions(preset=preset, pc_sampling=pc_sampling, pc_sampling_period_log2=pc_period_log2),
+            collect=pb.CollectOptions(
+                preset=preset,
+                pc_sampling=pc_sampling,
+                pc_sampling_period_log2=pc_period_log2,
+                pm_sampling_rate_hz=pm_rate_hz,
+            ),
             duration_ms=duration_ms,
             max_records=max_records,
         )

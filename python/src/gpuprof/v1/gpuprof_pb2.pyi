@@ -211,11 +211,12 @@ class Target(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ..., pod_uid: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
 
 class CollectOptions(_message.Message):
-    __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics", "pc_stall_reasons", "pc_flush_interval_ms", "pc_hw_buffer_mib", "pc_scratch_buffer_mib")
+    __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics", "pm_sampling_rate_hz", "pc_stall_reasons", "pc_flush_interval_ms", "pc_hw_buffer_mib", "pc_scratch_buffer_mib")
     PRESET_FIELD_NUMBER: _ClassVar[int]
     PC_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PC_SAMPLING_PERIOD_LOG2_FIELD_NUMBER: _ClassVar[int]
     PM_METRICS_FIELD_NUMBER: _ClassVar[int]
+    PM_SAMPLING_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
     PC_STALL_REASONS_FIELD_NUMBER: _ClassVar[int]
     PC_FLUSH_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     PC_HW_BUFFER_MIB_FIELD_NUMBER: _ClassVar[int]
@@ -224,11 +225,12 @@ class CollectOptions(_message.Message):
     pc_sampling: bool
     pc_sampling_period_log2: int
     pm_metrics: _containers.RepeatedScalarFieldContainer[str]
+    pm_sampling_rate_hz: int
     pc_stall_reasons: _containers.RepeatedScalarFieldContainer[str]
     pc_flush_interval_ms: int
     pc_hw_buffer_mib: int
     pc_scratch_buffer_mib: int
-    def __init__(self, preset: _Optional[str] = ..., pc_sampling: _Optional[bool] = ..., pc_sampling_period_log2: _Optional[int] = ..., pm_metrics: _Optional[_Iterable[str]] = ..., pc_stall_reasons: _Optional[_Iterable[str]] = ..., pc_flush_interval_ms: _Optional[int] = ..., pc_hw_buffer_mib: _Optional[int] = ..., pc_scratch_buffer_mib: _Optional[int] = ...) -> None: ...
+    def __init__(self, preset: _Optional[str] = ..., pc_sampling: _Optional[bool] = ..., pc_sampling_period_log2: _Optional[int] = ..., pm_metrics: _Optional[_Iterable[str]] = ..., pm_sampling_rate_hz: _Optional[int] = ..., pc_stall_reasons: _Optional[_Iterable[str]] = ..., pc_flush_interval_ms: _Optional[int] = ..., pc_hw_buffer_mib: _Optional[int] = ..., pc_scratch_buffer_mib: _Optional[int] = ...) -> None: ...
 
 class StartSessionRequest(_message.Message):
     __slots__ = ("name", "targets", "collect", "start_at_ns", "duration_ms", "max_records")
