@@ -87,6 +87,17 @@ impl Receiver {
         Receiver { child, port, out: out.to_path_buf() }
     }
 
+    /// A receiver serving TLS with a fresh self-signed certificate for localhost (written to
+    /// `dir`); the certificate's file, for the daemon's `ca_file`.
+    fn start_tls(dir: &Path) -> (Receiver, PathBuf) {
+        let (python, pydeps) = python_with_deps();
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (cert_file, key_file) = (dir.join("collector.pem"), dir.join("collector.key"));
+        std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+        std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+        (Receiver::start(&python, &pydeps, &dir.join("received.jsonl"), (&cert_file, &key_file)), cert_file)
+    }
+
     /// The requests received so far.
     fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.out)
@@ -127,13 +138,8 @@ fn counter(text: &str, name: &str) -> u64 {
 
 #[test]
 fn exports_to_a_collector_and_counts_drops_when_it_is_gone() {
-    let (python, pydeps) = python_with_deps();
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let (cert_file, key_file) = (dir.path().join("collector.pem"), dir.path().join("collector.key"));
-    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    let rx = Receiver::start(&python, &pydeps, &dir.path().join("received.jsonl"), (&cert_file, &key_file));
+    let (rx, cert_file) = Receiver::start_tls(dir.path());
 
     let prom = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let cfg = dir.path().join("gpuprofd.toml");
@@ -209,13 +215,8 @@ fn exports_to_a_collector_and_counts_drops_when_it_is_gone() {
 
 #[test]
 fn pc_samples_reach_the_collector_as_profiles() {
-    let (python, pydeps) = python_with_deps();
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let (cert_file, key_file) = (dir.path().join("collector.pem"), dir.path().join("collector.key"));
-    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    let rx = Receiver::start(&python, &pydeps, &dir.path().join("received.jsonl"), (&cert_file, &key_file));
+    let (rx, cert_file) = Receiver::start_tls(dir.path());
     let cfg = dir.path().join("gpuprofd.toml");
     std::fs::write(
         &cfg,

@@ -169,6 +169,22 @@ fn until(s: &mut UnixStream, pred: impl Fn(&Out) -> bool) -> Vec<Out> {
     }
 }
 
+/// Accepts the agent's connection, reads its hello and welcomes it (no heartbeats).
+fn accept_welcomed(listener: &UnixListener) -> UnixStream {
+    let (mut s, _) = listener.accept().unwrap();
+    assert!(matches!(next(&mut s), Out::Hello(_)));
+    daemon_send(
+        &mut s,
+        In::Welcome(pb::Welcome {
+            protocol_version: 1,
+            process_id: 1,
+            max_frame_bytes: 4 << 20,
+            heartbeat_interval_ms: 0,
+        }),
+    );
+    s
+}
+
 fn start_agent(
     dir: &std::path::Path,
     displace: bool,
@@ -325,17 +341,7 @@ fn no_daemon_is_a_silent_no_op_and_exit_does_not_wait() {
 fn pc_lease_sends_cubins_strings_batches_and_states() {
     let dir = tempfile::tempdir().unwrap();
     let (listener, control, wake, h, _) = start_agent(dir.path(), false);
-    let (mut s, _) = listener.accept().unwrap();
-    assert!(matches!(next(&mut s), Out::Hello(_)));
-    daemon_send(
-        &mut s,
-        In::Welcome(pb::Welcome {
-            protocol_version: 1,
-            process_id: 1,
-            max_frame_bytes: 4 << 20,
-            heartbeat_interval_ms: 0,
-        }),
-    );
+    let mut s = accept_welcomed(&listener);
     // A lease for a session the process is not tracing is refused.
     daemon_send(&mut s, In::StartPcSampling(pb::StartPcSampling { session_id: 5, device_id: 0, ..Default::default() }));
     let seen = until(&mut s, |m| matches!(m, Out::PcSamplingState(_)));
@@ -414,17 +420,7 @@ fn pc_lease_sends_cubins_strings_batches_and_states() {
 fn pc_samples_read_at_exit_are_sent_before_goodbye() {
     let dir = tempfile::tempdir().unwrap();
     let (listener, control, wake, h, _) = start_agent(dir.path(), false);
-    let (mut s, _) = listener.accept().unwrap();
-    assert!(matches!(next(&mut s), Out::Hello(_)));
-    daemon_send(
-        &mut s,
-        In::Welcome(pb::Welcome {
-            protocol_version: 1,
-            process_id: 1,
-            max_frame_bytes: 4 << 20,
-            heartbeat_interval_ms: 0,
-        }),
-    );
+    let mut s = accept_welcomed(&listener);
     daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 6, config: None }));
     until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
     daemon_send(
