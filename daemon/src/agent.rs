@@ -454,6 +454,10 @@ impl Conn<'_> {
                     tracing::warn!(id, pid = self.agent.pid, device = s.device_id, reason = %r.reason, "PC sampling ended by the agent's report");
                     let _ = d.arbiter.release(r.lease, "gpuprofd", &r.reason);
                 }
+                if s.status == wire::PcSamplingStatus::HardwareBusy as i32 {
+                    // Its retry is one of the supervisor's deadlines now.
+                    d.sessions.wake_supervisor();
+                }
             }
             Msg::Cubin(c) => {
                 if let Some((hash, data)) = self.check.cubin(c, |h| d.pc.cubin_known(h))?

@@ -70,6 +70,9 @@ pub struct SamplerConfig {
     pub hardware_buffer_mib: u32,
     pub restart_backoff_max: Dur,
     pub stream_queue: usize,
+    /// PC sampling stopped by HARDWARE_BUSY (a profiler outside gpuprof took the monitor) asks
+    /// for its lease again this long after.
+    pub pc_busy_retry: Dur,
 }
 
 /// Always-on device metrics from NVML and GPM (`[metrics]`).

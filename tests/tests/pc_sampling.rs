@@ -306,3 +306,43 @@ fn preset_pc_traces_no_activity_and_needs_pc_sampling() -> Result<()> {
     assert_eq!(d.terminate()?, 0);
     Ok(())
 }
+
+#[test]
+fn pc_sampling_stopped_by_an_outside_profiler_asks_again_later() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("gpuprofd.toml");
+    std::fs::write(&cfg, "[sampler]\nspawn = false\nalways_on = true\ndevices = [0]\npc_busy_retry = \"1s\"\n")?;
+    let d = TestDaemon::start_with(&dir.path().join("state"), &["--config", cfg.to_str().unwrap()])?;
+    let a = PcAgent::connect(&d.agent_socket, "/usr/bin/pcapp", 1)?;
+    let id = start_session(&d, &["--exe", "pcapp", "--pc-sampling"]);
+    start_cmd(a.command(Duration::from_secs(5))?);
+    a.state(id, 0, PcSamplingStatus::Sampling, "", 0)?;
+    wait_pc_state(&d, id, a.process_id, 0, |s| s == "sampling");
+    let t = Instant::now();
+    a.state(id, 0, PcSamplingStatus::HardwareBusy, "CUPTI_ERROR_HARDWARE_BUSY", 0)?;
+    wait_pc_state(&d, id, a.process_id, 0, |s| s.starts_with("hardware busy"));
+    // pc_busy_retry later the lease is asked for again and granted: a new start (after the
+    // stop that handed the lease back).
+    let again = loop {
+        match a.command(Duration::from_secs(5))? {
+            PcCommand::Start(s) => break s,
+            PcCommand::Stop(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(t.elapsed() >= Duration::from_millis(900), "asked again after {:?}", t.elapsed());
+    assert_eq!((again.session_id, again.device_id), (id, 0));
+    a.state(id, 0, PcSamplingStatus::Sampling, "", 0)?;
+    assert_eq!(wait_pc_state(&d, id, a.process_id, 0, |s| s == "sampling"), "sampling");
+    assert_eq!(holder_kind(&d, 0), "pc_sampling");
+    // Once the session stops nothing asks again.
+    a.state(id, 0, PcSamplingStatus::HardwareBusy, "CUPTI_ERROR_HARDWARE_BUSY", 0)?;
+    wait_pc_state(&d, id, a.process_id, 0, |s| s.starts_with("hardware busy"));
+    ctl_ok(&d, &["session", "stop", &id.to_string()]);
+    while let Some(c) = a.try_command(Duration::from_millis(1500)) {
+        assert!(!matches!(c, PcCommand::Start(_)), "no start after the session stopped: {c:?}");
+    }
+    a.goodbye()?;
+    assert_eq!(d.terminate()?, 0);
+    Ok(())
+}

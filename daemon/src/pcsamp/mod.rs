@@ -47,6 +47,8 @@ pub struct DevState {
     pub lease: Option<u64>,
     /// The lease holds the device now (granted, not preempted since).
     granted: bool,
+    /// Since when the device has been stopped by HARDWARE_BUSY (asked again later).
+    busy_since: Option<std::time::Instant>,
     /// What `StartPcSampling` carries for this device.
     start: wire::StartPcSampling,
 }
@@ -225,6 +227,7 @@ impl PcHub {
                 };
                 s.granted = false;
                 s.state = format!("hardware busy ({who})");
+                s.busy_since = Some(std::time::Instant::now());
                 s.lease.take().map(|l| Release { lease: l, reason: format!("hardware busy: {who}") })
             }
             S::Unspecified => None,
@@ -233,6 +236,26 @@ impl PcHub {
             g.leases.remove(&r.lease);
         }
         Ok(release)
+    }
+
+    /// Devices stopped by HARDWARE_BUSY at least `after` ago, with what their `StartPcSampling`
+    /// carried; each is counted as asked again from now.
+    pub fn busy_due(&self, after: std::time::Duration) -> Vec<(Key, wire::StartPcSampling)> {
+        let now = std::time::Instant::now();
+        let mut g = self.lock();
+        let mut due = Vec::new();
+        for (key, s) in g.devices.iter_mut() {
+            if s.lease.is_none() && s.busy_since.is_some_and(|t| now.duration_since(t) >= after) {
+                s.busy_since = None;
+                due.push((*key, s.start.clone()));
+            }
+        }
+        due
+    }
+
+    /// When the next device stopped by HARDWARE_BUSY is due to ask again.
+    pub fn next_busy_retry(&self, after: std::time::Duration) -> Option<std::time::Instant> {
+        self.lock().devices.values().filter_map(|s| s.busy_since).min().map(|t| t + after)
     }
 
     /// Counts a batch from agent connection `proc`.

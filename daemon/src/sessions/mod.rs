@@ -55,6 +55,11 @@ pub struct Sessions {
 }
 
 impl Sessions {
+    /// Wakes the supervisor to look at its deadlines again (e.g. a PC-sampling retry became due).
+    pub fn wake_supervisor(&self) {
+        self.wake.notify_one();
+    }
+
     /// The owner of session `id` while it is open; `None` once it has ended (or never was).
     pub fn live_owner(&self, id: u64) -> Option<u32> {
         self.lock().open.get(&id).map(|l| l.owner_uid)

@@ -7,6 +7,7 @@ use gpuprof_proto::agent as wire;
 use gpuprof_proto::api as pb;
 
 use super::spec::Collect;
+use super::state::{Inner, State};
 use super::store::Op;
 use crate::Daemon;
 use crate::arbiter::core::Holder;
@@ -52,20 +53,39 @@ pub(super) fn request(d: &Daemon, session: u64, collect: &Collect, a: &Agent) {
             hw_buffer_mib: collect.pc_hw_buffer_mib,
             scratch_buffer_mib: collect.pc_scratch_buffer_mib,
         };
-        d.pc.request((session, a.id, dev.id), start, || {
-            let gpu = gpu_of(d, dev)?;
-            let holder = Holder::PcSampling {
-                session,
-                proc: a.id,
-                pid: a.pid,
-                agent_device: dev.id,
-                period_log2: collect.pc_sampling_period_log2,
-            };
-            d.arbiter
-                .request_pc_sampling(gpu, holder, format!("PC sampling for session {session}"), None)
-                .map_err(|e| e.to_string())
-        });
+        ask(d, a, dev, start);
     }
+}
+
+/// Asks for the lease of device `dev` of `a` for `start`'s session.
+fn ask(d: &Daemon, a: &Agent, dev: &wire::Device, start: wire::StartPcSampling) {
+    let session = start.session_id;
+    let period_log2 = start.period_log2;
+    d.pc.request((session, a.id, dev.id), start, || {
+        let gpu = gpu_of(d, dev)?;
+        let holder = Holder::PcSampling { session, proc: a.id, pid: a.pid, agent_device: dev.id, period_log2 };
+        d.arbiter
+            .request_pc_sampling(gpu, holder, format!("PC sampling for session {session}"), None)
+            .map_err(|e| e.to_string())
+    });
+}
+
+/// Devices a profiler outside gpuprof stopped (HARDWARE_BUSY) ask for their lease again once
+/// `sampler.pc_busy_retry` has passed, while their process is still in the session.
+pub(super) fn retry_busy(d: &Daemon, g: &Inner) {
+    for ((session, proc, device), start) in d.pc.busy_due(d.config.sampler.pc_busy_retry.0) {
+        let member =
+            g.open.get(&session).is_some_and(|l| l.state == State::Active) && g.busy.get(&proc) == Some(&session);
+        let Some(a) = d.registry.get(proc).filter(|_| member) else { continue };
+        let Some(dev) = a.devices.iter().find(|x| x.id == device) else { continue };
+        tracing::info!(session, process = proc, device, "asking again for the PC-sampling lease after HARDWARE_BUSY");
+        ask(d, &a, dev, start);
+    }
+}
+
+/// When the next device stopped by HARDWARE_BUSY asks again.
+pub(super) fn next_busy_retry(d: &Daemon) -> Option<std::time::Instant> {
+    d.pc.next_busy_retry(d.config.sampler.pc_busy_retry.0)
 }
 
 fn release(d: &Daemon, leases: Vec<Release>) {

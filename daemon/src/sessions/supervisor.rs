@@ -221,6 +221,7 @@ fn next_wakeup(d: &Daemon) -> Option<Instant> {
         }
     }
     consider(super::pm::next_renewal(d, &g));
+    consider(super::pc::next_busy_retry(d));
     next
 }
 
@@ -240,6 +241,7 @@ fn tick(d: &Daemon) {
         }
     }
     super::pm::renew_due(d, &mut g, now);
+    super::pc::retry_busy(d, &g);
 }
 
 fn on_event(d: &Daemon, ev: AgentEvent) {
