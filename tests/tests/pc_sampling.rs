@@ -327,7 +327,6 @@ fn pc_sampling_stopped_by_an_outside_profiler_asks_again_later() -> Result<()> {
         match a.command(Duration::from_secs(5))? {
             PcCommand::Start(s) => break s,
             PcCommand::Stop(_) => {}
-            other => panic!("unexpected {other:?}"),
         }
     };
     assert!(t.elapsed() >= Duration::from_millis(900), "asked again after {:?}", t.elapsed());
