@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0005_attribution.sql", include_str!("../../migrations/0005_attribution.sql")),
     ("0006_demangled.sql", include_str!("../../migrations/0006_demangled.sql")),
     ("0007_pc_sampling.sql", include_str!("../../migrations/0007_pc_sampling.sql")),
+    ("0008_tracks.sql", include_str!("../../migrations/0008_tracks.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.

@@ -1,8 +1,11 @@
-//! The record tables and how a batch becomes rows: multi-row prepared INSERTs, times made
-//! relative to the process's `base_ns`, connection-local string ids mapped to `strings.id`.
+//! The record tables and how a batch becomes rows: multi-row prepared INSERTs into the
+//! `_data` tables, times made relative to the process's `base_ns`, connection-local string
+//! ids mapped to `strings.id`, (session, process, device, context, stream, thread) to `tracks.id`.
+
+use std::collections::HashMap;
 
 use gpuprof_proto::agent::{self as wire, RecordBatch};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 /// What rows of one connection are written with.
 pub(super) struct ProcCtx {
@@ -23,14 +26,14 @@ pub(super) struct Table {
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel", cols: 19, on_conflict: "" };
-const MEMCPY: Table = Table { name: "memcpy", cols: 16, on_conflict: "" };
-const MEMSET: Table = Table { name: "memset", cols: 12, on_conflict: "" };
-const API: Table = Table { name: "api", cols: 9, on_conflict: "" };
-const SYNC: Table = Table { name: "sync", cols: 9, on_conflict: "" };
-const OVERHEAD: Table = Table { name: "overhead", cols: 7, on_conflict: "" };
-const MARKER: Table = Table { name: "marker", cols: 9, on_conflict: "" };
-const EXTCORR: Table = Table { name: "external_correlation", cols: 5, on_conflict: "" };
+const KERNEL: Table = Table { name: "kernel_data", cols: 15, on_conflict: "" };
+const MEMCPY: Table = Table { name: "memcpy_data", cols: 12, on_conflict: "" };
+const MEMSET: Table = Table { name: "memset_data", cols: 8, on_conflict: "" };
+const API: Table = Table { name: "api_data", cols: 7, on_conflict: "" };
+const SYNC: Table = Table { name: "sync_data", cols: 6, on_conflict: "" };
+const OVERHEAD: Table = Table { name: "overhead_data", cols: 6, on_conflict: "" };
+const MARKER: Table = Table { name: "marker_data", cols: 7, on_conflict: "" };
+const EXTCORR: Table = Table { name: "external_correlation_data", cols: 4, on_conflict: "" };
 // A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
 pub(super) const CONTEXT: Table = Table {
     name: "context",
@@ -44,7 +47,45 @@ pub(super) const STREAM: Table = Table {
     on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
                   flags = excluded.flags WHERE excluded.flags != 4294967295",
 };
-const GRAPH: Table = Table { name: "graph", cols: 9, on_conflict: "" };
+const GRAPH: Table = Table { name: "graph_data", cols: 5, on_conflict: "" };
+
+/// The writer's copy of `tracks`: (session, process, device, context, stream, thread) → id.
+/// Emptied whenever something else wrote through the writer's connection (retention deletes
+/// tracks) or a transaction rolled back (its new tracks are gone), then filled again from the
+/// table as records come.
+#[derive(Default)]
+pub(super) struct Tracks {
+    ids: HashMap<[i64; 6], i64>,
+}
+
+impl Tracks {
+    pub(super) fn clear(&mut self) {
+        self.ids.clear();
+    }
+
+    /// The id of track `key`, inserted if the table has none.
+    fn id(&mut self, c: &Connection, key: [i64; 6]) -> rusqlite::Result<i64> {
+        if let Some(id) = self.ids.get(&key) {
+            return Ok(*id);
+        }
+        let found: Option<i64> = c
+            .prepare_cached(
+                "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6",
+            )?
+            .query_row(key, |r| r.get(0))
+            .optional()?;
+        let id = match found {
+            Some(id) => id,
+            None => {
+                c.prepare_cached("INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)")?
+                    .execute(key)?;
+                c.last_insert_rowid()
+            }
+        };
+        self.ids.insert(key, id);
+        Ok(id)
+    }
+}
 
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
@@ -60,7 +101,7 @@ pub(super) fn insert_rows<T>(
     conn: &Connection,
     t: &Table,
     rows: &[T],
-    mut fill: impl FnMut(&T, &mut [i64]),
+    mut fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<()> {
     let mut vals = vec![0i64; t.cols];
     let mut chunks = rows.chunks_exact(MULTI_ROWS);
@@ -69,7 +110,7 @@ pub(super) fn insert_rows<T>(
         for chunk in &mut chunks {
             let mut idx = 1;
             for r in chunk {
-                fill(r, &mut vals);
+                fill(r, &mut vals)?;
                 for v in &vals {
                     stmt.raw_bind_parameter(idx, *v)?;
                     idx += 1;
@@ -82,7 +123,7 @@ pub(super) fn insert_rows<T>(
     if !rest.is_empty() {
         let mut stmt = conn.prepare_cached(&insert_sql(t, 1))?;
         for r in rest {
-            fill(r, &mut vals);
+            fill(r, &mut vals)?;
             for (i, v) in vals.iter().enumerate() {
                 stmt.raw_bind_parameter(i + 1, *v)?;
             }
@@ -93,20 +134,26 @@ pub(super) fn insert_rows<T>(
 }
 
 /// Inserts the records of `b` from process `proc`.
-pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBatch) -> rusqlite::Result<()> {
+pub(super) fn insert_batch(
+    c: &Connection,
+    tracks: &mut Tracks,
+    proc: u64,
+    p: &ProcCtx,
+    b: &RecordBatch,
+) -> rusqlite::Result<()> {
     let s = b.session_id as i64;
     let pr = proc as i64;
     let base = p.base_ns;
     let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
     let rel = |t: u64| t as i64 - base;
     let dur = |a: u64, e: u64| e.saturating_sub(a) as i64;
+    // The track of a record: its (device, context, stream, thread), 0 where the kind has none.
+    let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
+        tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
+    };
     insert_rows(c, &KERNEL, &b.kernels, |k, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
-            k.device_id.into(),
-            k.context_id.into(),
-            k.stream_id.into(),
+            track(k.device_id, k.context_id, k.stream_id, 0)?,
             k.correlation_id.into(),
             st(k.name_id),
             rel(k.start_ns),
@@ -121,15 +168,12 @@ pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBat
             k.static_shared_bytes.into(),
             k.dynamic_shared_bytes.into(),
             k.graph_node_id as i64,
-        ])
+        ]);
+        Ok(())
     })?;
     insert_rows(c, &MEMCPY, &b.memcpys, |m, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
-            m.device_id.into(),
-            m.context_id.into(),
-            m.stream_id.into(),
+            track(m.device_id, m.context_id, m.stream_id, 0)?,
             m.correlation_id.into(),
             rel(m.start_ns),
             dur(m.start_ns, m.end_ns),
@@ -141,15 +185,12 @@ pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBat
             m.dst_device_id.into(),
             m.is_async.into(),
             m.graph_node_id as i64,
-        ])
+        ]);
+        Ok(())
     })?;
     insert_rows(c, &MEMSET, &b.memsets, |m, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
-            m.device_id.into(),
-            m.context_id.into(),
-            m.stream_id.into(),
+            track(m.device_id, m.context_id, m.stream_id, 0)?,
             m.correlation_id.into(),
             rel(m.start_ns),
             dur(m.start_ns, m.end_ns),
@@ -157,79 +198,76 @@ pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBat
             m.value.into(),
             m.memory_kind.into(),
             m.graph_node_id as i64,
-        ])
+        ]);
+        Ok(())
     })?;
     insert_rows(c, &API, &b.api_calls, |a, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, 0, 0, a.thread_id)?,
             a.domain.into(),
             a.cbid.into(),
             a.correlation_id.into(),
-            a.thread_id.into(),
             rel(a.start_ns),
             dur(a.start_ns, a.end_ns),
             a.return_value.into(),
-        ])
+        ]);
+        Ok(())
     })?;
     insert_rows(c, &SYNC, &b.syncs, |y, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, y.context_id, y.stream_id, 0)?,
             y.sync_type.into(),
-            y.context_id.into(),
-            y.stream_id.into(),
             y.event_id.into(),
             y.correlation_id.into(),
             rel(y.start_ns),
             dur(y.start_ns, y.end_ns),
-        ])
+        ]);
+        Ok(())
     })?;
     insert_rows(c, &OVERHEAD, &b.overheads, |o, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, 0, 0, 0)?,
             o.overhead_kind.into(),
             o.object_kind.into(),
             o.object_id as i64,
             rel(o.start_ns),
             dur(o.start_ns, o.end_ns),
-        ])
+        ]);
+        Ok(())
     })?;
     insert_rows(c, &MARKER, &b.markers, |m, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, 0, 0, m.thread_id)?,
             m.id as i64,
             st(m.name_id),
             st(m.domain_id),
-            m.thread_id.into(),
             rel(m.start_ns),
             dur(m.start_ns, m.end_ns),
             m.is_mark.into(),
-        ])
+        ]);
+        Ok(())
     })?;
     insert_rows(c, &EXTCORR, &b.external_correlations, |x, v| {
-        v.copy_from_slice(&[s, pr, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()])
+        v.copy_from_slice(&[track(0, 0, 0, 0)?, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()]);
+        Ok(())
     })?;
     insert_rows(c, &CONTEXT, &b.contexts, |x, v| {
-        v.copy_from_slice(&[s, pr, x.context_id.into(), x.device_id.into(), x.null_stream_id.into()])
+        v.copy_from_slice(&[s, pr, x.context_id.into(), x.device_id.into(), x.null_stream_id.into()]);
+        Ok(())
     })?;
     insert_rows(c, &STREAM, &b.streams, |x, v| {
-        v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()])
+        v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()]);
+        Ok(())
     })?;
     insert_rows(c, &GRAPH, &b.graphs, |g, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
-            g.device_id.into(),
-            g.context_id.into(),
-            g.stream_id.into(),
+            track(g.device_id, g.context_id, g.stream_id, 0)?,
             g.correlation_id.into(),
             g.graph_id.into(),
             rel(g.start_ns),
             dur(g.start_ns, g.end_ns),
-        ])
+        ]);
+        Ok(())
     })?;
     if !b.devices.is_empty() {
         let now = now_ns();

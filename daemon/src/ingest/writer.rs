@@ -12,7 +12,7 @@ use rusqlite::{Connection, params};
 use tokio::sync::mpsc;
 
 use super::msg::{ProcessInfo, WriterMsg};
-use super::rows::{self, ProcCtx, now_ns, upsert_device};
+use super::rows::{self, ProcCtx, Tracks, now_ns, upsert_device};
 use crate::catalog::Kind;
 use crate::stats::Stats;
 
@@ -21,6 +21,7 @@ pub(super) struct Writer {
     stats: Arc<Stats>,
     commit_max_records: u64,
     procs: HashMap<u64, ProcCtx>,
+    tracks: Tracks,
     strings: HashMap<Box<str>, i64>,
     /// The id the next new string gets: the writer allocates string ids itself, so that an id
     /// handed to a connection stays valid when the transaction that inserted it rolls back.
@@ -69,6 +70,7 @@ impl Writer {
             stats,
             commit_max_records: commit_max_records as u64,
             procs: HashMap::new(),
+            tracks: Tracks::default(),
             strings,
             next_string_id,
             txn_strings: Vec::new(),
@@ -168,6 +170,7 @@ impl Writer {
                 for m in self.txn_metrics.drain(..) {
                     self.metrics.remove(&m);
                 }
+                self.tracks.clear();
                 let lost: u64 = pending.iter().sum();
                 for k in Kind::ALL {
                     self.stats.kind(k).dropped_by_daemon.fetch_add(pending[k.index()], Relaxed);
@@ -198,6 +201,8 @@ impl Writer {
             WriterMsg::Call(f) => {
                 self.commit();
                 f(&mut self.conn);
+                // It may have deleted tracks (retention): look them up again.
+                self.tracks.clear();
             }
             WriterMsg::Flush(reply) => {
                 self.commit();
@@ -364,7 +369,7 @@ impl Writer {
         let Some(p) = self.procs.get(&proc) else {
             return Err(rusqlite::Error::InvalidParameterName(format!("records from unregistered process {proc}")));
         };
-        rows::insert_batch(&self.conn, proc, p, b)
+        rows::insert_batch(&self.conn, &mut self.tracks, proc, p, b)
     }
 
     fn metric_id(&mut self, name: &str) -> rusqlite::Result<i64> {

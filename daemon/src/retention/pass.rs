@@ -155,7 +155,15 @@ async fn delete_session(d: &Daemon, id: i64, reason: &'static str, tally: &mut T
             at = next;
         }
     }
-    step(d, move |c| c.execute("DELETE FROM session_rows WHERE session = ?1", [id])).await?;
+    // Its tracks with its last rows: a late record of the session gets a new track (and
+    // `session_rows` entry), which the next pass deletes in turn.
+    step(d, move |c| {
+        let tx = c.transaction()?;
+        tx.execute("DELETE FROM session_rows WHERE session = ?1", [id])?;
+        tx.execute("DELETE FROM tracks WHERE session = ?1", [id])?;
+        tx.commit()
+    })
+    .await?;
     tally.records += records;
     tracing::info!(
         session = id,

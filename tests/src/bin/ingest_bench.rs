@@ -21,6 +21,9 @@ struct Args {
     records_per_agent: u64,
     #[arg(long, default_value_t = 1000)]
     batch: usize,
+    /// Keep the state directory (and the plain loop's database) here instead of a temporary one.
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
 }
 
 const TABLES: &[&str] = &["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"];
@@ -28,10 +31,11 @@ const TABLES: &[&str] = &["kernel", "memcpy", "memset", "api", "sync", "overhead
 fn main() -> Result<()> {
     let args = Args::parse();
     let total = args.agents * args.records_per_agent;
-    let dir = tempfile::tempdir()?;
+    let tmp = tempfile::tempdir()?;
+    let dir = args.state_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
 
     // ---- gpuprofd end to end
-    let d = TestDaemon::start(dir.path())?;
+    let d = TestDaemon::start(&dir)?;
     std::thread::sleep(Duration::from_millis(300));
     let (_, idle_rss) = d.rss();
     // Agents pre-encode their frames so the benchmark measures the daemon, not the generator.
@@ -83,7 +87,7 @@ fn main() -> Result<()> {
     let daemon_rate = total as f64 / secs;
 
     // ---- plain rusqlite loop, same rows, one INSERT per row
-    let plain_path = dir.path().join("plain.db");
+    let plain_path = dir.join("plain.db");
     let (plain_secs, plain_bytes) = plain_loop(&plain_path, &args)?;
     let plain_rate = total as f64 / plain_secs;
 
@@ -113,11 +117,14 @@ fn encode_batches(g: &mut RecordGen, per: u64, batch: usize) -> Vec<Vec<u8>> {
     frames
 }
 
-/// Rows committed so far (rowids are dense in a fresh database).
+/// Rows committed so far (rowids are dense in a fresh database). Read from the `_data`
+/// tables the record views are over (max(rowid) of a view is a scan), else the tables.
 fn committed(db: &Connection) -> Result<u64> {
     let mut n = 0u64;
     for t in TABLES {
-        let m: i64 = db.query_row(&format!("SELECT coalesce(max(rowid), 0) FROM {t}"), [], |r| r.get(0))?;
+        let m: i64 = db
+            .query_row(&format!("SELECT coalesce(max(rowid), 0) FROM {t}_data"), [], |r| r.get(0))
+            .or_else(|_| db.query_row(&format!("SELECT coalesce(max(rowid), 0) FROM {t}"), [], |r| r.get(0)))?;
         n += m as u64;
     }
     Ok(n)
