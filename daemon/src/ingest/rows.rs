@@ -14,10 +14,12 @@ pub(super) struct ProcCtx {
     pub(super) strings: Vec<i64>,
 }
 
-const MULTI_ROWS: usize = 64;
+const MULTI_ROWS: usize = 256;
 
 pub(super) struct Table {
     name: &'static str,
+    /// Index of its buffer in [`RowBufs`] (record tables only).
+    slot: usize,
     cols: usize,
     /// Appended to the INSERT (an upsert clause), or "".
     on_conflict: &'static str,
@@ -26,28 +28,30 @@ pub(super) struct Table {
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel_data", cols: 15, on_conflict: "" };
-const MEMCPY: Table = Table { name: "memcpy_data", cols: 12, on_conflict: "" };
-const MEMSET: Table = Table { name: "memset_data", cols: 8, on_conflict: "" };
-const API: Table = Table { name: "api_data", cols: 7, on_conflict: "" };
-const SYNC: Table = Table { name: "sync_data", cols: 6, on_conflict: "" };
-const OVERHEAD: Table = Table { name: "overhead_data", cols: 6, on_conflict: "" };
-const MARKER: Table = Table { name: "marker_data", cols: 7, on_conflict: "" };
-const EXTCORR: Table = Table { name: "external_correlation_data", cols: 4, on_conflict: "" };
+const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 15, on_conflict: "" };
+const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 12, on_conflict: "" };
+const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "" };
+const API: Table = Table { name: "api_data", slot: 3, cols: 7, on_conflict: "" };
+const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "" };
+const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "" };
+const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "" };
+const EXTCORR: Table = Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "" };
 // A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
 pub(super) const CONTEXT: Table = Table {
     name: "context",
+    slot: usize::MAX,
     cols: 5,
     on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
                   WHERE excluded.null_stream != 4294967295",
 };
 pub(super) const STREAM: Table = Table {
     name: "stream",
+    slot: usize::MAX,
     cols: 6,
     on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
                   flags = excluded.flags WHERE excluded.flags != 4294967295",
 };
-const GRAPH: Table = Table { name: "graph_data", cols: 5, on_conflict: "" };
+const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "" };
 
 /// The writer's copy of `tracks`: (session, process, device, context, stream, thread) → id.
 /// Emptied whenever something else wrote through the writer's connection (retention deletes
@@ -55,7 +59,36 @@ const GRAPH: Table = Table { name: "graph_data", cols: 5, on_conflict: "" };
 /// table as records come.
 #[derive(Default)]
 pub(super) struct Tracks {
-    ids: HashMap<[i64; 6], i64>,
+    ids: HashMap<[i64; 6], i64, std::hash::BuildHasherDefault<KeyHasher>>,
+}
+
+/// A multiply-rotate hash for the writer's small integer keys (looked up once per record;
+/// SipHash's resistance to chosen keys is not needed for ids the daemon itself assigns).
+#[derive(Default)]
+pub(super) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+        }
+        for b in chunks.remainder() {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_i64(&mut self, v: i64) {
+        self.write_u64(v as u64);
+    }
 }
 
 impl Tracks {
@@ -90,6 +123,82 @@ impl Tracks {
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
     format!("INSERT INTO {} VALUES {}{}", t.name, vec![one.as_str(); rows].join(","), t.on_conflict)
+}
+
+/// Executes one INSERT of `vals.len() / t.cols` rows.
+fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(&insert_sql(t, vals.len() / t.cols))?;
+    for (i, v) in vals.iter().enumerate() {
+        stmt.raw_bind_parameter(i + 1, *v)?;
+    }
+    stmt.raw_execute()?;
+    Ok(())
+}
+
+/// Record rows of the open transaction not inserted yet, per record table: full
+/// [`MULTI_ROWS`] statements go in as they fill, the rest at commit ([`RowBufs::flush`]), so
+/// that the rows of many small batches share a few large statements. The transaction
+/// commits all of them or none, as before.
+pub(super) struct RowBufs {
+    vals: [Vec<i64>; 9],
+}
+
+impl Default for RowBufs {
+    fn default() -> Self {
+        RowBufs { vals: Default::default() }
+    }
+}
+
+const BUFFERED: [&Table; 9] = [&KERNEL, &MEMCPY, &MEMSET, &API, &SYNC, &OVERHEAD, &MARKER, &EXTCORR, &GRAPH];
+
+impl RowBufs {
+    /// Appends `rows` to `t`'s buffer, inserting each full chunk.
+    fn push<T>(
+        &mut self,
+        conn: &Connection,
+        t: &Table,
+        rows: &[T],
+        mut fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
+    ) -> rusqlite::Result<()> {
+        let buf = &mut self.vals[t.slot];
+        let chunk = MULTI_ROWS * t.cols;
+        for r in rows {
+            let at = buf.len();
+            buf.resize(at + t.cols, 0);
+            fill(r, &mut buf[at..])?;
+            if buf.len() == chunk {
+                let r = exec_rows(conn, t, buf);
+                buf.clear();
+                r?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts what is buffered, in statements of power-of-two row counts.
+    pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        for t in BUFFERED {
+            let buf = std::mem::take(&mut self.vals[t.slot]);
+            let mut rest = &buf[..];
+            while !rest.is_empty() {
+                let rows = rest.len() / t.cols;
+                let n = 1usize << (usize::BITS - 1 - rows.leading_zeros());
+                let (now, later) = rest.split_at(n * t.cols);
+                exec_rows(conn, t, now)?;
+                rest = later;
+            }
+            self.vals[t.slot] = buf;
+            self.vals[t.slot].clear();
+        }
+        Ok(())
+    }
+
+    /// Forgets what is buffered (the transaction rolls back).
+    pub(super) fn clear(&mut self) {
+        for v in &mut self.vals {
+            v.clear();
+        }
+    }
 }
 
 pub(super) fn now_ns() -> i64 {
@@ -136,6 +245,7 @@ pub(super) fn insert_rows<T>(
 /// Inserts the records of `b` from process `proc`.
 pub(super) fn insert_batch(
     c: &Connection,
+    bufs: &mut RowBufs,
     tracks: &mut Tracks,
     proc: u64,
     p: &ProcCtx,
@@ -151,7 +261,7 @@ pub(super) fn insert_batch(
     let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
         tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
     };
-    insert_rows(c, &KERNEL, &b.kernels, |k, v| {
+    bufs.push(c, &KERNEL, &b.kernels, |k, v| {
         v.copy_from_slice(&[
             track(k.device_id, k.context_id, k.stream_id, 0)?,
             k.correlation_id.into(),
@@ -171,7 +281,7 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    insert_rows(c, &MEMCPY, &b.memcpys, |m, v| {
+    bufs.push(c, &MEMCPY, &b.memcpys, |m, v| {
         v.copy_from_slice(&[
             track(m.device_id, m.context_id, m.stream_id, 0)?,
             m.correlation_id.into(),
@@ -188,7 +298,7 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    insert_rows(c, &MEMSET, &b.memsets, |m, v| {
+    bufs.push(c, &MEMSET, &b.memsets, |m, v| {
         v.copy_from_slice(&[
             track(m.device_id, m.context_id, m.stream_id, 0)?,
             m.correlation_id.into(),
@@ -201,7 +311,7 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    insert_rows(c, &API, &b.api_calls, |a, v| {
+    bufs.push(c, &API, &b.api_calls, |a, v| {
         v.copy_from_slice(&[
             track(0, 0, 0, a.thread_id)?,
             a.domain.into(),
@@ -213,7 +323,7 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    insert_rows(c, &SYNC, &b.syncs, |y, v| {
+    bufs.push(c, &SYNC, &b.syncs, |y, v| {
         v.copy_from_slice(&[
             track(0, y.context_id, y.stream_id, 0)?,
             y.sync_type.into(),
@@ -224,7 +334,7 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    insert_rows(c, &OVERHEAD, &b.overheads, |o, v| {
+    bufs.push(c, &OVERHEAD, &b.overheads, |o, v| {
         v.copy_from_slice(&[
             track(0, 0, 0, 0)?,
             o.overhead_kind.into(),
@@ -235,7 +345,7 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    insert_rows(c, &MARKER, &b.markers, |m, v| {
+    bufs.push(c, &MARKER, &b.markers, |m, v| {
         v.copy_from_slice(&[
             track(0, 0, 0, m.thread_id)?,
             m.id as i64,
@@ -247,7 +357,7 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    insert_rows(c, &EXTCORR, &b.external_correlations, |x, v| {
+    bufs.push(c, &EXTCORR, &b.external_correlations, |x, v| {
         v.copy_from_slice(&[track(0, 0, 0, 0)?, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()]);
         Ok(())
     })?;
@@ -259,7 +369,7 @@ pub(super) fn insert_batch(
         v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()]);
         Ok(())
     })?;
-    insert_rows(c, &GRAPH, &b.graphs, |g, v| {
+    bufs.push(c, &GRAPH, &b.graphs, |g, v| {
         v.copy_from_slice(&[
             track(g.device_id, g.context_id, g.stream_id, 0)?,
             g.correlation_id.into(),
