@@ -1,4 +1,4 @@
--- gpuprof schema, version 8: denser record rows.
+-- gpuprof schema, version 8: denser record rows, and kernel durations per name.
 --
 -- Columns that repeat over a stream of records move out of the rows: each record row keeps a
 -- `track`, the id of one `tracks` row holding its (session, process, device, context, stream,
@@ -212,3 +212,20 @@ CREATE VIEW api_v AS
 CREATE VIEW marker_v AS
     SELECT x.session, x.proc, x.id, x.name, x.domain, x.tid, x.start, x.dur, x.is_mark, p.base_ns + x.start AS start_ns, p.base_ns + x.start + x.dur AS end_ns
     FROM marker x JOIN processes p ON p.id = x.proc;
+
+-- Kernel durations per session, name and bucket: kernel_rollup summed over processes,
+-- devices and streams, which top kernels reads when the filter leaves those alone
+-- (tens of rows per name instead of thousands).
+CREATE TABLE kernel_name_rollup (
+    session INTEGER NOT NULL,
+    name    INTEGER NOT NULL,               -- strings.id
+    bucket  INTEGER NOT NULL,
+    n       INTEGER NOT NULL,
+    total   INTEGER NOT NULL,
+    min     INTEGER NOT NULL,
+    max     INTEGER NOT NULL,
+    PRIMARY KEY (session, name, bucket)
+) WITHOUT ROWID;
+INSERT INTO kernel_name_rollup(session, name, bucket, n, total, min, max)
+    SELECT session, name, bucket, sum(n), sum(total), min(min), max(max) FROM kernel_rollup
+    GROUP BY session, name, bucket;

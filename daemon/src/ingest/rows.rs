@@ -110,8 +110,10 @@ impl Tracks {
         let id = match found {
             Some(id) => id,
             None => {
-                c.prepare_cached("INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)")?
-                    .execute(key)?;
+                c.prepare_cached(
+                    "INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)",
+                )?
+                .execute(key)?;
                 c.last_insert_rowid()
             }
         };

@@ -19,20 +19,24 @@ fn topology_rows_upsert_reported_over_derived() {
     insert_rows(&c, &CONTEXT, &[ctx(1, UNKNOWN)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
-    }).unwrap();
+    })
+    .unwrap();
     insert_rows(&c, &CONTEXT, &[ctx(1, 7)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
-    }).unwrap();
+    })
+    .unwrap();
     // Reported first, then derived: the reported values stay.
     insert_rows(&c, &CONTEXT, &[ctx(2, 9)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
-    }).unwrap();
+    })
+    .unwrap();
     insert_rows(&c, &CONTEXT, &[ctx(2, UNKNOWN)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
-    }).unwrap();
+    })
+    .unwrap();
     let rows = pairs(&c, "SELECT ctx, null_stream FROM context ORDER BY ctx");
     assert_eq!(rows, [(1, 7), (2, 9)]);
     // 70 stream rows (a multi-row statement and a remainder) over 10 keys, derived and
@@ -42,7 +46,8 @@ fn topology_rows_upsert_reported_over_derived() {
     insert_rows(&c, &STREAM, &streams, |x, v| {
         v.copy_from_slice(x);
         Ok(())
-    }).unwrap();
+    })
+    .unwrap();
     let rows = pairs(&c, "SELECT stream, flags FROM stream ORDER BY stream");
     let want: Vec<(i64, i64)> = (0..10).map(|s| (s, if s < 5 { 1 } else { UNKNOWN })).collect();
     assert_eq!(rows, want);

@@ -78,7 +78,8 @@ fn rollup_where(
 }
 
 /// Kernel count and the `top` kernels by total time, from the rollup: one pass over the
-/// session's rollup rows, summed per name and per (name, bucket) here.
+/// session's rollup rows (per name and bucket where the filter allows, else per process,
+/// device, stream too), summed per name and per (name, bucket) here.
 pub fn top_kernels(
     c: &Connection,
     session: u64,
@@ -94,8 +95,15 @@ pub fn top_kernels(
         hist: BTreeMap<i64, (i64, i64, i64)>,
     }
     let (w, p) = rollup_where(session, f, true, true, true);
+    // Without process, device or stream filters the per-name rollup has the same sums in far
+    // fewer rows.
+    let table = if f.process_ids.is_empty() && f.device_ids.is_empty() && f.stream_ids.is_empty() {
+        "kernel_name_rollup"
+    } else {
+        "kernel_rollup"
+    };
     let mut stmt =
-        c.prepare(&format!("SELECT t.name, t.bucket, t.n, t.total, t.min, t.max FROM kernel_rollup t WHERE {w}"))?;
+        c.prepare(&format!("SELECT t.name, t.bucket, t.n, t.total, t.min, t.max FROM {table} t WHERE {w}"))?;
     let mut rows = stmt.query(params_from_iter(p.iter()))?;
     let (mut count, mut sum) = (0i64, 0i64);
     let mut per: HashMap<i64, Agg> = HashMap::new();

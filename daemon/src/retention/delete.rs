@@ -20,6 +20,7 @@ const CALL_BUDGET: Duration = Duration::from_millis(20);
 /// Tables keyed by session first (WITHOUT ROWID, small), with the rest of their primary key.
 pub(super) const SESSION_KEYED: &[(&str, &str)] = &[
     ("kernel_rollup", "name, proc, dev, stream, bucket"),
+    ("kernel_name_rollup", "name, bucket"),
     ("memcpy_rollup", "proc, dev, stream, kind"),
     ("api_rollup", "proc, domain, cbid"),
     ("busy_rollup", "dev"),
@@ -131,6 +132,16 @@ pub(super) fn delete_session_rows_chunk(
     fix_progress(&tx, table)?;
     tx.commit()?;
     Ok(r)
+}
+
+/// The last step of deleting a session: its `session_rows` entries and its tracks, once its
+/// rows are gone. A late record of the session gets a new track (and `session_rows` entry),
+/// which the next pass deletes in turn.
+pub(super) fn finish_session(c: &mut Connection, session: i64) -> rusqlite::Result<()> {
+    let tx = c.transaction()?;
+    tx.execute("DELETE FROM session_rows WHERE session = ?1", [session])?;
+    tx.execute("DELETE FROM tracks WHERE session = ?1", [session])?;
+    tx.commit()
 }
 
 /// One chunk of records outside sessions of `proc` in `table`: all of them (`before` None)

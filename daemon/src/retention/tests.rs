@@ -3,7 +3,7 @@ use std::time::Instant;
 use rusqlite::{Connection, params};
 
 use super::delete::{CHUNK_ROWS, Forget, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk};
-use super::delete::{expire_processes, expire_unsessioned_chunk, forget_session};
+use super::delete::{expire_processes, expire_unsessioned_chunk, finish_session, forget_session};
 use super::pm::{expire_rollups, rollup_step};
 use super::select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
 use super::vacuum::{VACUUM_PAGES, settle_files, vacuum_step};
@@ -99,7 +99,8 @@ fn track(c: &Connection, session: i64, proc: i64) -> i64 {
 
 fn kernel(c: &Connection, session: i64, proc: i64, start: i64) {
     let t = track(c, session, proc);
-    c.execute("INSERT INTO kernel_data VALUES (?1, 0, 1, ?2, 10, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)", params![t, start]).unwrap();
+    c.execute("INSERT INTO kernel_data VALUES (?1, 0, 1, ?2, 10, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)", params![t, start])
+        .unwrap();
 }
 
 /// What the rollup pass would have written for every row so far.
@@ -147,7 +148,7 @@ fn delete_now(c: &mut Connection, id: i64) -> (Forget, u64, usize) {
             at = next;
         }
     }
-    c.execute("DELETE FROM session_rows WHERE session = ?1", [id]).unwrap();
+    finish_session(c, id).unwrap();
     (f, records, calls)
 }
 
@@ -188,6 +189,9 @@ fn deletes_old_finished_sessions_with_everything_they_own() {
     for s in [2, 3] {
         c.execute("INSERT INTO kernel_rollup VALUES (?1, 1, 2, 0, 7, 5, 1, 10, 10, 10)", [s]).unwrap();
     }
+    for s in [1, 2, 3] {
+        c.execute("INSERT INTO kernel_name_rollup VALUES (?1, 1, 5, 1, 10, 10, 10)", [s]).unwrap();
+    }
     roll_up(&c);
 
     assert_eq!(finished_before(&c, 500 * S).unwrap(), [1, 4]);
@@ -203,7 +207,9 @@ fn deletes_old_finished_sessions_with_everything_they_own() {
         ("session_processes", "session"),
         ("session_rows", "session"),
         ("kernel_rollup", "session"),
+        ("kernel_name_rollup", "session"),
         ("busy_rollup", "session"),
+        ("tracks", "session"),
         ("pc_sample", "session"),
         ("pc_sampling", "session"),
     ] {
