@@ -3,7 +3,8 @@
 -- Columns that repeat over a stream of records move out of the rows: each record row keeps a
 -- `track`, the id of one `tracks` row holding its (session, process, device, context, stream,
 -- thread) — those of these the record kind has, 0 for the others. A row of `kernel_data` thus
--- carries one small integer where it carried five columns. The record tables become views of
+-- carries one small integer where it carried five columns, and one `dims` for the grid's and
+-- block's y and z. The record tables become views of
 -- the same name and columns over `<table>_data` joined to `tracks` (plus `rowid`, the data
 -- row's), so readers see what they saw before; the writer and retention use the `_data`
 -- tables. Rowids are kept: `session_rows` and `rollup_progress` stay valid.
@@ -37,18 +38,22 @@ CREATE TABLE kernel_data (
     start INTEGER NOT NULL,
     dur INTEGER NOT NULL,
     gx INTEGER NOT NULL,
-    gy INTEGER NOT NULL,
-    gz INTEGER NOT NULL,
+    -- (gy-1) | (gz-1) << 16 | (by-1) << 32 | (bz-1) << 48: 0 for the usual 1, 1, 1, 1; the text
+    -- 'gy,gz,by,bz' when a value is outside 1..=65536 (bz: 1..=32768), which CUDA never reports.
+    dims INTEGER NOT NULL,
     bx INTEGER NOT NULL,
-    by INTEGER NOT NULL,
-    bz INTEGER NOT NULL,
     regs INTEGER NOT NULL,
     ssmem INTEGER NOT NULL,
     dsmem INTEGER NOT NULL,
     graph_node INTEGER NOT NULL
 );
-INSERT INTO kernel_data(rowid, track, corr, name, start, dur, gx, gy, gz, bx, by, bz, regs, ssmem, dsmem, graph_node)
-    SELECT r.rowid, k.id, r.corr, r.name, r.start, r.dur, r.gx, r.gy, r.gz, r.bx, r.by, r.bz, r.regs, r.ssmem, r.dsmem, r.graph_node
+INSERT INTO kernel_data(rowid, track, corr, name, start, dur, gx, dims, bx, regs, ssmem, dsmem, graph_node)
+    SELECT r.rowid, k.id, r.corr, r.name, r.start, r.dur, r.gx,
+           CASE WHEN r.gy BETWEEN 1 AND 65536 AND r.gz BETWEEN 1 AND 65536 AND r.by BETWEEN 1 AND 65536
+                     AND r.bz BETWEEN 1 AND 32768
+                THEN (r.gy - 1) | ((r.gz - 1) << 16) | ((r.by - 1) << 32) | ((r.bz - 1) << 48)
+                ELSE r.gy || ',' || r.gz || ',' || r.by || ',' || r.bz END,
+           r.bx, r.regs, r.ssmem, r.dsmem, r.graph_node
     FROM kernel r JOIN tracks k ON k.session = r.session AND k.proc = r.proc AND k.dev = r.dev AND k.ctx = r.ctx AND k.stream = r.stream AND k.tid = 0
     ORDER BY r.rowid;
 CREATE TABLE memcpy_data (
@@ -171,7 +176,14 @@ DROP TABLE external_correlation;
 DROP TABLE graph;
 
 CREATE VIEW kernel AS
-    SELECT k.session AS session, k.proc AS proc, k.dev AS dev, k.ctx AS ctx, k.stream AS stream, d.corr AS corr, d.name AS name, d.start AS start, d.dur AS dur, d.gx AS gx, d.gy AS gy, d.gz AS gz, d.bx AS bx, d.by AS by, d.bz AS bz, d.regs AS regs, d.ssmem AS ssmem, d.dsmem AS dsmem, d.graph_node AS graph_node, d.rowid AS rowid
+    SELECT k.session AS session, k.proc AS proc, k.dev AS dev, k.ctx AS ctx, k.stream AS stream, d.corr AS corr,
+           d.name AS name, d.start AS start, d.dur AS dur, d.gx AS gx,
+           CASE WHEN typeof(d.dims) = 'integer' THEN (d.dims & 65535) + 1 ELSE CAST(d.dims AS INTEGER) END AS gy,
+           CASE WHEN typeof(d.dims) = 'integer' THEN ((d.dims >> 16) & 65535) + 1 ELSE CAST(substr(d.dims, instr(d.dims, ',') + 1) AS INTEGER) END AS gz,
+           d.bx AS bx,
+           CASE WHEN typeof(d.dims) = 'integer' THEN ((d.dims >> 32) & 65535) + 1 ELSE CAST(substr(d.dims, instr(d.dims, ',') + instr(substr(d.dims, instr(d.dims, ',') + 1), ',') + 1) AS INTEGER) END AS by,
+           CASE WHEN typeof(d.dims) = 'integer' THEN (d.dims >> 48) + 1 ELSE CAST(substr(d.dims, length(rtrim(d.dims, '0123456789')) + 1) AS INTEGER) END AS bz,
+           d.regs AS regs, d.ssmem AS ssmem, d.dsmem AS dsmem, d.graph_node AS graph_node, d.rowid AS rowid
     FROM kernel_data d CROSS JOIN tracks k ON k.id = d.track;
 CREATE VIEW memcpy AS
     SELECT k.session AS session, k.proc AS proc, k.dev AS dev, k.ctx AS ctx, k.stream AS stream, d.corr AS corr, d.start AS start, d.dur AS dur, d.bytes AS bytes, d.kind AS kind, d.src_kind AS src_kind, d.dst_kind AS dst_kind, d.src_dev AS src_dev, d.dst_dev AS dst_dev, d.async AS async, d.graph_node AS graph_node, d.rowid AS rowid

@@ -28,7 +28,23 @@ pub(super) struct Table {
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 15, on_conflict: "" };
+const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 12, on_conflict: "" };
+/// The column of `kernel_data` holding the grid's y, z and the block's y, z (see [`dims`]).
+const KERNEL_DIMS: usize = 6;
+
+/// `kernel_data.dims`: (gy-1) | (gz-1) << 16 | (by-1) << 32 | (bz-1) << 48, 0 for the usual
+/// 1, 1, 1, 1 (a column header byte and no data, where four columns had four header bytes);
+/// None when a value is out of that range (CUDA's limits are well inside it), in which case
+/// the column holds the text "gy,gz,by,bz" ([`dims_text`]). The `kernel` view decodes both.
+pub(super) fn dims(gy: u32, gz: u32, by: u32, bz: u32) -> Option<i64> {
+    let ok16 = |v: u32| (1..=65536).contains(&v);
+    (ok16(gy) && ok16(gz) && ok16(by) && (1..=32768).contains(&bz))
+        .then(|| i64::from(gy - 1) | i64::from(gz - 1) << 16 | i64::from(by - 1) << 32 | i64::from(bz - 1) << 48)
+}
+
+pub(super) fn dims_text(gy: u32, gz: u32, by: u32, bz: u32) -> String {
+    format!("{gy},{gz},{by},{bz}")
+}
 const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 12, on_conflict: "" };
 const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "" };
 const API: Table = Table { name: "api_data", slot: 3, cols: 7, on_conflict: "" };
@@ -127,11 +143,15 @@ fn insert_sql(t: &Table, rows: usize) -> String {
     format!("INSERT INTO {} VALUES {}{}", t.name, vec![one.as_str(); rows].join(","), t.on_conflict)
 }
 
-/// Executes one INSERT of `vals.len() / t.cols` rows.
-fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()> {
+/// Executes one INSERT of `vals.len() / t.cols` rows; `texts` (index into `vals`, text)
+/// replace the integers at those places.
+fn exec_rows(conn: &Connection, t: &Table, vals: &[i64], texts: &[(usize, String)]) -> rusqlite::Result<()> {
     let mut stmt = conn.prepare_cached(&insert_sql(t, vals.len() / t.cols))?;
     for (i, v) in vals.iter().enumerate() {
         stmt.raw_bind_parameter(i + 1, *v)?;
+    }
+    for (i, v) in texts {
+        stmt.raw_bind_parameter(i + 1, v.as_str())?;
     }
     stmt.raw_execute()?;
     Ok(())
@@ -143,11 +163,13 @@ fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()>
 /// commits all of them or none, as before.
 pub(super) struct RowBufs {
     vals: [Vec<i64>; 9],
+    /// Text values of the kernel buffer (index into its `vals`): escaped `dims`.
+    kernel_texts: Vec<(usize, String)>,
 }
 
 impl Default for RowBufs {
     fn default() -> Self {
-        RowBufs { vals: Default::default() }
+        RowBufs { vals: Default::default(), kernel_texts: Vec::new() }
     }
 }
 
@@ -160,7 +182,19 @@ impl RowBufs {
         conn: &Connection,
         t: &Table,
         rows: &[T],
+        fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
+    ) -> rusqlite::Result<()> {
+        self.push_texts(conn, t, rows, fill, |_| None)
+    }
+
+    /// [`Self::push`], with `text` giving a row's escaped `kernel_data.dims`, if any.
+    fn push_texts<T>(
+        &mut self,
+        conn: &Connection,
+        t: &Table,
+        rows: &[T],
         mut fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
+        text: impl Fn(&T) -> Option<String>,
     ) -> rusqlite::Result<()> {
         let buf = &mut self.vals[t.slot];
         let chunk = MULTI_ROWS * t.cols;
@@ -168,8 +202,12 @@ impl RowBufs {
             let at = buf.len();
             buf.resize(at + t.cols, 0);
             fill(r, &mut buf[at..])?;
+            if let Some(s) = text(r) {
+                self.kernel_texts.push((at + KERNEL_DIMS, s));
+            }
             if buf.len() == chunk {
-                let r = exec_rows(conn, t, buf);
+                let texts = if t.slot == KERNEL.slot { std::mem::take(&mut self.kernel_texts) } else { Vec::new() };
+                let r = exec_rows(conn, t, buf, &texts);
                 buf.clear();
                 r?;
             }
@@ -181,14 +219,18 @@ impl RowBufs {
     pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
         for t in BUFFERED {
             let buf = std::mem::take(&mut self.vals[t.slot]);
-            let mut rest = &buf[..];
-            while !rest.is_empty() {
-                let rows = rest.len() / t.cols;
+            let mut texts = if t.slot == KERNEL.slot { std::mem::take(&mut self.kernel_texts) } else { Vec::new() };
+            let mut done = 0;
+            while done < buf.len() {
+                let rows = (buf.len() - done) / t.cols;
                 let n = 1usize << (usize::BITS - 1 - rows.leading_zeros());
-                let (now, later) = rest.split_at(n * t.cols);
-                exec_rows(conn, t, now)?;
-                rest = later;
+                let end = done + n * t.cols;
+                let mine: Vec<(usize, String)> =
+                    texts.iter().filter(|(i, _)| (done..end).contains(i)).map(|(i, s)| (i - done, s.clone())).collect();
+                exec_rows(conn, t, &buf[done..end], &mine)?;
+                done = end;
             }
+            texts.clear();
             self.vals[t.slot] = buf;
             self.vals[t.slot].clear();
         }
@@ -200,6 +242,7 @@ impl RowBufs {
         for v in &mut self.vals {
             v.clear();
         }
+        self.kernel_texts.clear();
     }
 }
 
@@ -263,26 +306,33 @@ pub(super) fn insert_batch(
     let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
         tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
     };
-    bufs.push(c, &KERNEL, &b.kernels, |k, v| {
-        v.copy_from_slice(&[
-            track(k.device_id, k.context_id, k.stream_id, 0)?,
-            k.correlation_id.into(),
-            st(k.name_id),
-            rel(k.start_ns),
-            dur(k.start_ns, k.end_ns),
-            k.grid_x.into(),
-            k.grid_y.into(),
-            k.grid_z.into(),
-            k.block_x.into(),
-            k.block_y.into(),
-            k.block_z.into(),
-            k.registers_per_thread.into(),
-            k.static_shared_bytes.into(),
-            k.dynamic_shared_bytes.into(),
-            k.graph_node_id as i64,
-        ]);
-        Ok(())
-    })?;
+    bufs.push_texts(
+        c,
+        &KERNEL,
+        &b.kernels,
+        |k, v| {
+            v.copy_from_slice(&[
+                track(k.device_id, k.context_id, k.stream_id, 0)?,
+                k.correlation_id.into(),
+                st(k.name_id),
+                rel(k.start_ns),
+                dur(k.start_ns, k.end_ns),
+                k.grid_x.into(),
+                dims(k.grid_y, k.grid_z, k.block_y, k.block_z).unwrap_or(0),
+                k.block_x.into(),
+                k.registers_per_thread.into(),
+                k.static_shared_bytes.into(),
+                k.dynamic_shared_bytes.into(),
+                k.graph_node_id as i64,
+            ]);
+            Ok(())
+        },
+        |k| {
+            dims(k.grid_y, k.grid_z, k.block_y, k.block_z)
+                .is_none()
+                .then(|| dims_text(k.grid_y, k.grid_z, k.block_y, k.block_z))
+        },
+    )?;
     bufs.push(c, &MEMCPY, &b.memcpys, |m, v| {
         v.copy_from_slice(&[
             track(m.device_id, m.context_id, m.stream_id, 0)?,

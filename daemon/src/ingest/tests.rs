@@ -52,3 +52,52 @@ fn topology_rows_upsert_reported_over_derived() {
     let want: Vec<(i64, i64)> = (0..10).map(|s| (s, if s < 5 { 1 } else { UNKNOWN })).collect();
     assert_eq!(rows, want);
 }
+
+/// A kernel's grid and block read back as sent, packed (`dims`) or, out of its range, as text.
+#[test]
+fn kernel_dimensions_read_back_as_sent() {
+    use gpuprof_proto::agent::{KernelRecord, RecordBatch};
+
+    use super::rows::{ProcCtx, RowBufs, Tracks, insert_batch};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml("").unwrap().storage;
+    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+    let dims: [[u32; 6]; 5] = [
+        [1, 1, 1, 1, 1, 1],
+        [4096, 65535, 65535, 1024, 1024, 64],
+        [7, 65536, 2, 3, 65536, 32768],
+        [1, 70000, 0, 1, 2, 32769],
+        [u32::MAX, u32::MAX, 1, 0, u32::MAX, 0],
+    ];
+    let mut b = RecordBatch { session_id: 3, ..Default::default() };
+    for (i, d) in dims.iter().enumerate() {
+        b.kernels.push(KernelRecord {
+            start_ns: 1000 + i as u64,
+            end_ns: 2000,
+            grid_x: d[0],
+            grid_y: d[1],
+            grid_z: d[2],
+            block_x: d[3],
+            block_y: d[4],
+            block_z: d[5],
+            ..Default::default()
+        });
+    }
+    let mut bufs = RowBufs::default();
+    let p = ProcCtx { base_ns: 0, strings: vec![0] };
+    c.execute_batch("BEGIN").unwrap();
+    // Twice: the second batch stays buffered until the flush.
+    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
+    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
+    bufs.flush(&c).unwrap();
+    c.execute_batch("COMMIT").unwrap();
+    let got: Vec<[u32; 6]> = c
+        .prepare("SELECT gx, gy, gz, bx, by, bz FROM kernel WHERE session = 3 AND proc = 9 ORDER BY rowid")
+        .unwrap()
+        .query_map([], |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?]))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(got, [dims, dims].concat());
+}

@@ -99,8 +99,7 @@ fn track(c: &Connection, session: i64, proc: i64) -> i64 {
 
 fn kernel(c: &Connection, session: i64, proc: i64, start: i64) {
     let t = track(c, session, proc);
-    c.execute("INSERT INTO kernel_data VALUES (?1, 0, 1, ?2, 10, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)", params![t, start])
-        .unwrap();
+    c.execute("INSERT INTO kernel_data VALUES (?1, 0, 1, ?2, 10, 1, 0, 1, 0, 0, 0, 0)", params![t, start]).unwrap();
 }
 
 /// What the rollup pass would have written for every row so far.
@@ -377,7 +376,7 @@ fn database_with_kernels(dir: &std::path::Path, n: u32) -> (std::path::PathBuf, 
     let t = track(&c, 0, 1);
     c.execute(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
-         INSERT INTO kernel_data SELECT ?2, i, 1, i * 1000, 5000, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0 FROM n",
+         INSERT INTO kernel_data SELECT ?2, i, 1, i * 1000, 5000, 1, 0, 1, 0, 0, 0, 0 FROM n",
         [n, t as u32],
     )
     .unwrap();
