@@ -161,17 +161,13 @@ fn exec_rows(conn: &Connection, t: &Table, vals: &[i64], texts: &[(usize, String
 /// [`MULTI_ROWS`] statements go in as they fill, the rest at commit ([`RowBufs::flush`]), so
 /// that the rows of many small batches share a few large statements. The transaction
 /// commits all of them or none, as before.
+#[derive(Default)]
 pub(super) struct RowBufs {
     vals: [Vec<i64>; 9],
     /// Text values of the kernel buffer (index into its `vals`): escaped `dims`.
     kernel_texts: Vec<(usize, String)>,
 }
 
-impl Default for RowBufs {
-    fn default() -> Self {
-        RowBufs { vals: Default::default(), kernel_texts: Vec::new() }
-    }
-}
 
 const BUFFERED: [&Table; 9] = [&KERNEL, &MEMCPY, &MEMSET, &API, &SYNC, &OVERHEAD, &MARKER, &EXTCORR, &GRAPH];
 
