@@ -168,7 +168,6 @@ pub(super) struct RowBufs {
     kernel_texts: Vec<(usize, String)>,
 }
 
-
 const BUFFERED: [&Table; 9] = [&KERNEL, &MEMCPY, &MEMSET, &API, &SYNC, &OVERHEAD, &MARKER, &EXTCORR, &GRAPH];
 
 impl RowBufs {

@@ -53,7 +53,7 @@ struct Checkpointer {
 
 impl Checkpointer {
     /// Pause after each checkpoint, so that one covers many commits.
-    const PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
     fn start(path: &str) -> Option<Checkpointer> {
         let conn = match Connection::open(path) {
