@@ -102,6 +102,24 @@ pub const RECORD_TABLES: &[&str] = &[
     "graph",
 ];
 
+/// Where a record table's rows are stored: the record tables with a `track` column are views
+/// of the same name over `<name>_data` joined to `tracks` (migration 0008), and writes and
+/// deletions go to the `_data` table; `context` and `stream` are tables themselves (None).
+pub fn data_table(table: &str) -> Option<&'static str> {
+    Some(match table {
+        "kernel" => "kernel_data",
+        "memcpy" => "memcpy_data",
+        "memset" => "memset_data",
+        "api" => "api_data",
+        "sync" => "sync_data",
+        "overhead" => "overhead_data",
+        "marker" => "marker_data",
+        "external_correlation" => "external_correlation_data",
+        "graph" => "graph_data",
+        _ => return None,
+    })
+}
+
 /// Records in a batch, per kind (only non-zero kinds).
 pub fn batch_counts(b: &RecordBatch) -> impl Iterator<Item = (Kind, u64)> {
     [

@@ -297,8 +297,24 @@ impl Delta {
                  ON CONFLICT(session, name, proc, dev, stream, bucket) DO UPDATE SET n = n + excluded.n,
                    total = total + excluded.total, min = min(min, excluded.min), max = max(max, excluded.max)",
             )?;
+            let mut per_name: HashMap<(i64, i64, i64), Agg> = HashMap::new();
             for ((s, name, p, dev, stream, b), a) in &self.kernels {
                 st.execute(params![s, name, p, dev, stream, b, a.n, a.total, a.min, a.max])?;
+                let e = per_name.entry((*s, *name, *b)).or_insert(Agg { n: 0, total: 0, min: i64::MAX, max: i64::MIN });
+                e.n += a.n;
+                e.total += a.total;
+                e.min = e.min.min(a.min);
+                e.max = e.max.max(a.max);
+            }
+            // The same per (session, name, bucket): what top kernels read when the filter is on
+            // names at most.
+            let mut st = tx.prepare_cached(
+                "INSERT INTO kernel_name_rollup(session, name, bucket, n, total, min, max) VALUES (?1,?2,?3,?4,?5,?6,?7)
+                 ON CONFLICT(session, name, bucket) DO UPDATE SET n = n + excluded.n,
+                   total = total + excluded.total, min = min(min, excluded.min), max = max(max, excluded.max)",
+            )?;
+            for ((s, name, b), a) in &per_name {
+                st.execute(params![s, name, b, a.n, a.total, a.min, a.max])?;
             }
             let mut st = tx.prepare_cached(
                 "INSERT INTO memcpy_rollup(session, proc, dev, stream, kind, n, bytes, total) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)

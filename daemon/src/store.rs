@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0005_attribution.sql", include_str!("../../migrations/0005_attribution.sql")),
     ("0006_demangled.sql", include_str!("../../migrations/0006_demangled.sql")),
     ("0007_pc_sampling.sql", include_str!("../../migrations/0007_pc_sampling.sql")),
+    ("0008_tracks.sql", include_str!("../../migrations/0008_tracks.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.
@@ -262,8 +263,10 @@ mod tests {
         ]) {
             assert!(tables.iter().any(|x| x == t), "table {t} missing from schema: {tables:?}");
         }
-        // Record tables hold integers only except PM values: every column is INTEGER.
+        // Record tables hold integers only except PM values: every column is INTEGER (of the
+        // `_data` tables behind the record views).
         for t in record_tables().iter().filter(|t| **t != "pm_sample") {
+            let t = crate::catalog::data_table(t).unwrap_or(t);
             let types: Vec<String> = conn
                 .prepare(&format!("SELECT type FROM pragma_table_info('{t}')"))
                 .unwrap()
@@ -315,6 +318,100 @@ mod tests {
         let plan: String =
             conn.query_row("EXPLAIN QUERY PLAN SELECT * FROM sessions WHERE owner_uid = 1", [], |r| r.get(3)).unwrap();
         assert!(plan.contains("sessions_owner"), "{plan}");
+    }
+
+    /// Version 8 moves record rows into `_data` tables with tracks: every row reads back
+    /// the same through the views, with its rowid.
+    #[test]
+    fn version_8_keeps_every_record_row() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("PRAGMA foreign_keys=OFF").unwrap();
+        for (_, sql) in &MIGRATIONS[..7] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch("PRAGMA user_version=7").unwrap();
+        for id in 1..=3 {
+            conn.execute(
+                "INSERT INTO processes(id, pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns,
+                                       connected_ns) VALUES (?1, 1, 0, 0, 'injector', 'x', '[]', '', 0, ?1 * 1000000, 0)",
+                [id],
+            )
+            .unwrap();
+        }
+        // Two sessions and three processes, with rows spread over rowids; every column distinct.
+        let tables = crate::catalog::RECORD_TABLES;
+        for t in tables {
+            let cols: i64 =
+                conn.query_row(&format!("SELECT count(*) FROM pragma_table_info('{t}')"), [], |r| r.get(0)).unwrap();
+            for i in 0..20i64 {
+                let vals: Vec<String> = (0..cols)
+                    .map(|c| match c {
+                        0 => (i % 2 * 5).to_string(),
+                        1 => (1 + i % 3).to_string(),
+                        // context/stream keys must stay unique per (session, proc, ctx[, stream]).
+                        _ => (i * 1000 + c * 7 + (i % 4)).to_string(),
+                    })
+                    .collect();
+                conn.execute(&format!("INSERT INTO {t} VALUES ({})", vals.join(",")), []).unwrap();
+            }
+            conn.execute(&format!("DELETE FROM {t} WHERE rowid IN (3, 4)"), []).unwrap();
+        }
+        // Grid and block sizes CUDA never reports (kept as text by version 8).
+        conn.execute(
+            "INSERT INTO kernel VALUES (5, 2, 0, 1, 7, 1, 1, 10, 5, 4, 70000, 0, 8, 1, 4294967295, 0, 0, 0, 0)",
+            [],
+        )
+        .unwrap();
+        let dump = |c: &Connection| -> Vec<Vec<i64>> {
+            let mut out = Vec::new();
+            for t in tables {
+                let cols: Vec<String> = c
+                    .prepare(&format!("SELECT name FROM pragma_table_info('{t}')"))
+                    .unwrap()
+                    .query_map([], |r| r.get(0))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                let cols: Vec<String> = cols.into_iter().filter(|c| c != "rowid").collect();
+                let mut st = c.prepare(&format!("SELECT rowid, {} FROM {t} ORDER BY rowid", cols.join(", "))).unwrap();
+                let mut rows = st.query([]).unwrap();
+                while let Some(r) = rows.next().unwrap() {
+                    out.push((0..=cols.len()).map(|i| r.get(i).unwrap()).collect());
+                }
+            }
+            out
+        };
+        let before = dump(&conn);
+        let kernel_v: Vec<(i64, i64)> = conn
+            .prepare("SELECT start_ns, end_ns FROM kernel_v ORDER BY start_ns")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(before.len(), tables.len() * 18 + 1);
+        migrate(&conn).unwrap();
+        assert_eq!(dump(&conn), before);
+        let after_v: Vec<(i64, i64)> = conn
+            .prepare("SELECT start_ns, end_ns FROM kernel_v ORDER BY start_ns")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kernel_v.len(), 19);
+        assert_eq!(after_v, kernel_v);
+        let tracks: i64 = conn.query_row("SELECT count(*) FROM tracks", [], |r| r.get(0)).unwrap();
+        assert!(tracks > 0);
+        // A session's rows are read by rowid range through the view, never by scanning.
+        let plan: Vec<String> = conn
+            .prepare("EXPLAIN QUERY PLAN SELECT t.dur FROM kernel t WHERE t.rowid BETWEEN 2 AND 9 AND t.session = 5")
+            .unwrap()
+            .query_map([], |r| r.get(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(plan[0].contains("INTEGER PRIMARY KEY"), "{plan:?}");
     }
 
     #[test]

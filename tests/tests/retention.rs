@@ -35,6 +35,7 @@ const SESSION_TABLES: &[&str] = &[
     "session_processes",
     "session_rows",
     "kernel_rollup",
+    "kernel_name_rollup",
     "memcpy_rollup",
     "api_rollup",
     "busy_rollup",

@@ -37,9 +37,16 @@ pub(super) fn sqlite(db: &Path, tmp_dir: &Path, session: u64, f: &pb::RecordFilt
         c.execute_batch("BEGIN")?;
         for t in crate::catalog::RECORD_TABLES {
             let w = where_for(&c, t, session, f).map_err(ApiError::from)?;
+            // The export's tables are plain (times relative, one table per kind): the columns
+            // are the source's by name (the source's record tables are views with a `rowid`).
+            let cols: Vec<String> = c
+                .prepare(&format!("SELECT name FROM pragma_table_info('{t}', 'main')"))?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let cols = cols.iter().map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
             // where_for reads src tables unqualified; qualify the source table.
             let sql = format!(
-                "INSERT INTO main.{t} SELECT t.* FROM src.{t} t WHERE {}",
+                "INSERT INTO main.{t} SELECT {cols} FROM src.{t} t WHERE {}",
                 w.sql.replace("FROM processes", "FROM src.processes").replace("FROM strings", "FROM src.strings")
             );
             let n = c.execute(&sql, params_from_iter(w.params.iter()))?;

@@ -1,8 +1,11 @@
-//! The record tables and how a batch becomes rows: multi-row prepared INSERTs, times made
-//! relative to the process's `base_ns`, connection-local string ids mapped to `strings.id`.
+//! The record tables and how a batch becomes rows: multi-row prepared INSERTs into the
+//! `_data` tables, times made relative to the process's `base_ns`, connection-local string
+//! ids mapped to `strings.id`, (session, process, device, context, stream, thread) to `tracks.id`.
+
+use std::collections::HashMap;
 
 use gpuprof_proto::agent::{self as wire, RecordBatch};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 /// What rows of one connection are written with.
 pub(super) struct ProcCtx {
@@ -11,10 +14,12 @@ pub(super) struct ProcCtx {
     pub(super) strings: Vec<i64>,
 }
 
-const MULTI_ROWS: usize = 64;
+const MULTI_ROWS: usize = 256;
 
 pub(super) struct Table {
     name: &'static str,
+    /// Index of its buffer in [`RowBufs`] (record tables only).
+    slot: usize,
     cols: usize,
     /// Appended to the INSERT (an upsert clause), or "".
     on_conflict: &'static str,
@@ -23,32 +28,217 @@ pub(super) struct Table {
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel", cols: 19, on_conflict: "" };
-const MEMCPY: Table = Table { name: "memcpy", cols: 16, on_conflict: "" };
-const MEMSET: Table = Table { name: "memset", cols: 12, on_conflict: "" };
-const API: Table = Table { name: "api", cols: 9, on_conflict: "" };
-const SYNC: Table = Table { name: "sync", cols: 9, on_conflict: "" };
-const OVERHEAD: Table = Table { name: "overhead", cols: 7, on_conflict: "" };
-const MARKER: Table = Table { name: "marker", cols: 9, on_conflict: "" };
-const EXTCORR: Table = Table { name: "external_correlation", cols: 5, on_conflict: "" };
+const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 12, on_conflict: "" };
+/// The column of `kernel_data` holding the grid's y, z and the block's y, z (see [`dims`]).
+const KERNEL_DIMS: usize = 6;
+
+/// `kernel_data.dims`: (gy-1) | (gz-1) << 16 | (by-1) << 32 | (bz-1) << 48, 0 for the usual
+/// 1, 1, 1, 1 (a column header byte and no data, where four columns had four header bytes);
+/// None when a value is out of that range (CUDA's limits are well inside it), in which case
+/// the column holds the text "gy,gz,by,bz" ([`dims_text`]). The `kernel` view decodes both.
+pub(super) fn dims(gy: u32, gz: u32, by: u32, bz: u32) -> Option<i64> {
+    let ok16 = |v: u32| (1..=65536).contains(&v);
+    (ok16(gy) && ok16(gz) && ok16(by) && (1..=32768).contains(&bz))
+        .then(|| i64::from(gy - 1) | i64::from(gz - 1) << 16 | i64::from(by - 1) << 32 | i64::from(bz - 1) << 48)
+}
+
+pub(super) fn dims_text(gy: u32, gz: u32, by: u32, bz: u32) -> String {
+    format!("{gy},{gz},{by},{bz}")
+}
+const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 12, on_conflict: "" };
+const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "" };
+const API: Table = Table { name: "api_data", slot: 3, cols: 7, on_conflict: "" };
+const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "" };
+const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "" };
+const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "" };
+const EXTCORR: Table = Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "" };
 // A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
 pub(super) const CONTEXT: Table = Table {
     name: "context",
+    slot: usize::MAX,
     cols: 5,
     on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
                   WHERE excluded.null_stream != 4294967295",
 };
 pub(super) const STREAM: Table = Table {
     name: "stream",
+    slot: usize::MAX,
     cols: 6,
     on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
                   flags = excluded.flags WHERE excluded.flags != 4294967295",
 };
-const GRAPH: Table = Table { name: "graph", cols: 9, on_conflict: "" };
+const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "" };
+
+/// The writer's copy of `tracks`: (session, process, device, context, stream, thread) → id.
+/// Emptied whenever something else wrote through the writer's connection (retention deletes
+/// tracks) or a transaction rolled back (its new tracks are gone), then filled again from the
+/// table as records come.
+#[derive(Default)]
+pub(super) struct Tracks {
+    ids: HashMap<[i64; 6], i64, std::hash::BuildHasherDefault<KeyHasher>>,
+}
+
+/// A multiply-rotate hash for the writer's small integer keys (looked up once per record;
+/// SipHash's resistance to chosen keys is not needed for ids the daemon itself assigns).
+#[derive(Default)]
+pub(super) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+        }
+        for b in chunks.remainder() {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_i64(&mut self, v: i64) {
+        self.write_u64(v as u64);
+    }
+}
+
+impl Tracks {
+    pub(super) fn clear(&mut self) {
+        self.ids.clear();
+    }
+
+    /// The id of track `key`, inserted if the table has none.
+    fn id(&mut self, c: &Connection, key: [i64; 6]) -> rusqlite::Result<i64> {
+        if let Some(id) = self.ids.get(&key) {
+            return Ok(*id);
+        }
+        let found: Option<i64> = c
+            .prepare_cached(
+                "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6",
+            )?
+            .query_row(key, |r| r.get(0))
+            .optional()?;
+        let id = match found {
+            Some(id) => id,
+            None => {
+                c.prepare_cached(
+                    "INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)",
+                )?
+                .execute(key)?;
+                c.last_insert_rowid()
+            }
+        };
+        self.ids.insert(key, id);
+        Ok(id)
+    }
+}
 
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
     format!("INSERT INTO {} VALUES {}{}", t.name, vec![one.as_str(); rows].join(","), t.on_conflict)
+}
+
+/// Executes one INSERT of `vals.len() / t.cols` rows; `texts` (index into `vals`, text)
+/// replace the integers at those places.
+fn exec_rows(conn: &Connection, t: &Table, vals: &[i64], texts: &[(usize, String)]) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(&insert_sql(t, vals.len() / t.cols))?;
+    for (i, v) in vals.iter().enumerate() {
+        stmt.raw_bind_parameter(i + 1, *v)?;
+    }
+    for (i, v) in texts {
+        stmt.raw_bind_parameter(i + 1, v.as_str())?;
+    }
+    stmt.raw_execute()?;
+    Ok(())
+}
+
+/// Record rows of the open transaction not inserted yet, per record table: full
+/// [`MULTI_ROWS`] statements go in as they fill, the rest at commit ([`RowBufs::flush`]), so
+/// that the rows of many small batches share a few large statements. The transaction
+/// commits all of them or none, as before.
+#[derive(Default)]
+pub(super) struct RowBufs {
+    vals: [Vec<i64>; 9],
+    /// Text values of the kernel buffer (index into its `vals`): escaped `dims`.
+    kernel_texts: Vec<(usize, String)>,
+}
+
+const BUFFERED: [&Table; 9] = [&KERNEL, &MEMCPY, &MEMSET, &API, &SYNC, &OVERHEAD, &MARKER, &EXTCORR, &GRAPH];
+
+impl RowBufs {
+    /// Appends `rows` to `t`'s buffer, inserting each full chunk.
+    fn push<T>(
+        &mut self,
+        conn: &Connection,
+        t: &Table,
+        rows: &[T],
+        fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
+    ) -> rusqlite::Result<()> {
+        self.push_texts(conn, t, rows, fill, |_| None)
+    }
+
+    /// [`Self::push`], with `text` giving a row's escaped `kernel_data.dims`, if any.
+    fn push_texts<T>(
+        &mut self,
+        conn: &Connection,
+        t: &Table,
+        rows: &[T],
+        mut fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
+        text: impl Fn(&T) -> Option<String>,
+    ) -> rusqlite::Result<()> {
+        let buf = &mut self.vals[t.slot];
+        let chunk = MULTI_ROWS * t.cols;
+        for r in rows {
+            let at = buf.len();
+            buf.resize(at + t.cols, 0);
+            fill(r, &mut buf[at..])?;
+            if let Some(s) = text(r) {
+                self.kernel_texts.push((at + KERNEL_DIMS, s));
+            }
+            if buf.len() == chunk {
+                let texts = if t.slot == KERNEL.slot { std::mem::take(&mut self.kernel_texts) } else { Vec::new() };
+                let r = exec_rows(conn, t, buf, &texts);
+                buf.clear();
+                r?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts what is buffered, in statements of power-of-two row counts.
+    pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        for t in BUFFERED {
+            let buf = std::mem::take(&mut self.vals[t.slot]);
+            let mut texts = if t.slot == KERNEL.slot { std::mem::take(&mut self.kernel_texts) } else { Vec::new() };
+            let mut done = 0;
+            while done < buf.len() {
+                let rows = (buf.len() - done) / t.cols;
+                let n = 1usize << (usize::BITS - 1 - rows.leading_zeros());
+                let end = done + n * t.cols;
+                let mine: Vec<(usize, String)> =
+                    texts.iter().filter(|(i, _)| (done..end).contains(i)).map(|(i, s)| (i - done, s.clone())).collect();
+                exec_rows(conn, t, &buf[done..end], &mine)?;
+                done = end;
+            }
+            texts.clear();
+            self.vals[t.slot] = buf;
+            self.vals[t.slot].clear();
+        }
+        Ok(())
+    }
+
+    /// Forgets what is buffered (the transaction rolls back).
+    pub(super) fn clear(&mut self) {
+        for v in &mut self.vals {
+            v.clear();
+        }
+        self.kernel_texts.clear();
+    }
 }
 
 pub(super) fn now_ns() -> i64 {
@@ -60,7 +250,7 @@ pub(super) fn insert_rows<T>(
     conn: &Connection,
     t: &Table,
     rows: &[T],
-    mut fill: impl FnMut(&T, &mut [i64]),
+    mut fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<()> {
     let mut vals = vec![0i64; t.cols];
     let mut chunks = rows.chunks_exact(MULTI_ROWS);
@@ -69,7 +259,7 @@ pub(super) fn insert_rows<T>(
         for chunk in &mut chunks {
             let mut idx = 1;
             for r in chunk {
-                fill(r, &mut vals);
+                fill(r, &mut vals)?;
                 for v in &vals {
                     stmt.raw_bind_parameter(idx, *v)?;
                     idx += 1;
@@ -82,7 +272,7 @@ pub(super) fn insert_rows<T>(
     if !rest.is_empty() {
         let mut stmt = conn.prepare_cached(&insert_sql(t, 1))?;
         for r in rest {
-            fill(r, &mut vals);
+            fill(r, &mut vals)?;
             for (i, v) in vals.iter().enumerate() {
                 stmt.raw_bind_parameter(i + 1, *v)?;
             }
@@ -93,43 +283,54 @@ pub(super) fn insert_rows<T>(
 }
 
 /// Inserts the records of `b` from process `proc`.
-pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBatch) -> rusqlite::Result<()> {
+pub(super) fn insert_batch(
+    c: &Connection,
+    bufs: &mut RowBufs,
+    tracks: &mut Tracks,
+    proc: u64,
+    p: &ProcCtx,
+    b: &RecordBatch,
+) -> rusqlite::Result<()> {
     let s = b.session_id as i64;
     let pr = proc as i64;
     let base = p.base_ns;
     let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
     let rel = |t: u64| t as i64 - base;
     let dur = |a: u64, e: u64| e.saturating_sub(a) as i64;
-    insert_rows(c, &KERNEL, &b.kernels, |k, v| {
+    // The track of a record: its (device, context, stream, thread), 0 where the kind has none.
+    let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
+        tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
+    };
+    bufs.push_texts(
+        c,
+        &KERNEL,
+        &b.kernels,
+        |k, v| {
+            v.copy_from_slice(&[
+                track(k.device_id, k.context_id, k.stream_id, 0)?,
+                k.correlation_id.into(),
+                st(k.name_id),
+                rel(k.start_ns),
+                dur(k.start_ns, k.end_ns),
+                k.grid_x.into(),
+                dims(k.grid_y, k.grid_z, k.block_y, k.block_z).unwrap_or(0),
+                k.block_x.into(),
+                k.registers_per_thread.into(),
+                k.static_shared_bytes.into(),
+                k.dynamic_shared_bytes.into(),
+                k.graph_node_id as i64,
+            ]);
+            Ok(())
+        },
+        |k| {
+            dims(k.grid_y, k.grid_z, k.block_y, k.block_z)
+                .is_none()
+                .then(|| dims_text(k.grid_y, k.grid_z, k.block_y, k.block_z))
+        },
+    )?;
+    bufs.push(c, &MEMCPY, &b.memcpys, |m, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
-            k.device_id.into(),
-            k.context_id.into(),
-            k.stream_id.into(),
-            k.correlation_id.into(),
-            st(k.name_id),
-            rel(k.start_ns),
-            dur(k.start_ns, k.end_ns),
-            k.grid_x.into(),
-            k.grid_y.into(),
-            k.grid_z.into(),
-            k.block_x.into(),
-            k.block_y.into(),
-            k.block_z.into(),
-            k.registers_per_thread.into(),
-            k.static_shared_bytes.into(),
-            k.dynamic_shared_bytes.into(),
-            k.graph_node_id as i64,
-        ])
-    })?;
-    insert_rows(c, &MEMCPY, &b.memcpys, |m, v| {
-        v.copy_from_slice(&[
-            s,
-            pr,
-            m.device_id.into(),
-            m.context_id.into(),
-            m.stream_id.into(),
+            track(m.device_id, m.context_id, m.stream_id, 0)?,
             m.correlation_id.into(),
             rel(m.start_ns),
             dur(m.start_ns, m.end_ns),
@@ -141,15 +342,12 @@ pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBat
             m.dst_device_id.into(),
             m.is_async.into(),
             m.graph_node_id as i64,
-        ])
+        ]);
+        Ok(())
     })?;
-    insert_rows(c, &MEMSET, &b.memsets, |m, v| {
+    bufs.push(c, &MEMSET, &b.memsets, |m, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
-            m.device_id.into(),
-            m.context_id.into(),
-            m.stream_id.into(),
+            track(m.device_id, m.context_id, m.stream_id, 0)?,
             m.correlation_id.into(),
             rel(m.start_ns),
             dur(m.start_ns, m.end_ns),
@@ -157,79 +355,76 @@ pub(super) fn insert_batch(c: &Connection, proc: u64, p: &ProcCtx, b: &RecordBat
             m.value.into(),
             m.memory_kind.into(),
             m.graph_node_id as i64,
-        ])
+        ]);
+        Ok(())
     })?;
-    insert_rows(c, &API, &b.api_calls, |a, v| {
+    bufs.push(c, &API, &b.api_calls, |a, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, 0, 0, a.thread_id)?,
             a.domain.into(),
             a.cbid.into(),
             a.correlation_id.into(),
-            a.thread_id.into(),
             rel(a.start_ns),
             dur(a.start_ns, a.end_ns),
             a.return_value.into(),
-        ])
+        ]);
+        Ok(())
     })?;
-    insert_rows(c, &SYNC, &b.syncs, |y, v| {
+    bufs.push(c, &SYNC, &b.syncs, |y, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, y.context_id, y.stream_id, 0)?,
             y.sync_type.into(),
-            y.context_id.into(),
-            y.stream_id.into(),
             y.event_id.into(),
             y.correlation_id.into(),
             rel(y.start_ns),
             dur(y.start_ns, y.end_ns),
-        ])
+        ]);
+        Ok(())
     })?;
-    insert_rows(c, &OVERHEAD, &b.overheads, |o, v| {
+    bufs.push(c, &OVERHEAD, &b.overheads, |o, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, 0, 0, 0)?,
             o.overhead_kind.into(),
             o.object_kind.into(),
             o.object_id as i64,
             rel(o.start_ns),
             dur(o.start_ns, o.end_ns),
-        ])
+        ]);
+        Ok(())
     })?;
-    insert_rows(c, &MARKER, &b.markers, |m, v| {
+    bufs.push(c, &MARKER, &b.markers, |m, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
+            track(0, 0, 0, m.thread_id)?,
             m.id as i64,
             st(m.name_id),
             st(m.domain_id),
-            m.thread_id.into(),
             rel(m.start_ns),
             dur(m.start_ns, m.end_ns),
             m.is_mark.into(),
-        ])
+        ]);
+        Ok(())
     })?;
-    insert_rows(c, &EXTCORR, &b.external_correlations, |x, v| {
-        v.copy_from_slice(&[s, pr, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()])
+    bufs.push(c, &EXTCORR, &b.external_correlations, |x, v| {
+        v.copy_from_slice(&[track(0, 0, 0, 0)?, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()]);
+        Ok(())
     })?;
     insert_rows(c, &CONTEXT, &b.contexts, |x, v| {
-        v.copy_from_slice(&[s, pr, x.context_id.into(), x.device_id.into(), x.null_stream_id.into()])
+        v.copy_from_slice(&[s, pr, x.context_id.into(), x.device_id.into(), x.null_stream_id.into()]);
+        Ok(())
     })?;
     insert_rows(c, &STREAM, &b.streams, |x, v| {
-        v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()])
+        v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()]);
+        Ok(())
     })?;
-    insert_rows(c, &GRAPH, &b.graphs, |g, v| {
+    bufs.push(c, &GRAPH, &b.graphs, |g, v| {
         v.copy_from_slice(&[
-            s,
-            pr,
-            g.device_id.into(),
-            g.context_id.into(),
-            g.stream_id.into(),
+            track(g.device_id, g.context_id, g.stream_id, 0)?,
             g.correlation_id.into(),
             g.graph_id.into(),
             rel(g.start_ns),
             dur(g.start_ns, g.end_ns),
-        ])
+        ]);
+        Ok(())
     })?;
     if !b.devices.is_empty() {
         let now = now_ns();

@@ -16,19 +16,88 @@ fn topology_rows_upsert_reported_over_derived() {
     let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
     let ctx = |ctx: i64, null_stream: i64| [7, 1, ctx, 0, null_stream];
     // Derived first, then reported: the reported values win.
-    insert_rows(&c, &CONTEXT, &[ctx(1, UNKNOWN)], |x, v| v.copy_from_slice(x)).unwrap();
-    insert_rows(&c, &CONTEXT, &[ctx(1, 7)], |x, v| v.copy_from_slice(x)).unwrap();
+    insert_rows(&c, &CONTEXT, &[ctx(1, UNKNOWN)], |x, v| {
+        v.copy_from_slice(x);
+        Ok(())
+    })
+    .unwrap();
+    insert_rows(&c, &CONTEXT, &[ctx(1, 7)], |x, v| {
+        v.copy_from_slice(x);
+        Ok(())
+    })
+    .unwrap();
     // Reported first, then derived: the reported values stay.
-    insert_rows(&c, &CONTEXT, &[ctx(2, 9)], |x, v| v.copy_from_slice(x)).unwrap();
-    insert_rows(&c, &CONTEXT, &[ctx(2, UNKNOWN)], |x, v| v.copy_from_slice(x)).unwrap();
+    insert_rows(&c, &CONTEXT, &[ctx(2, 9)], |x, v| {
+        v.copy_from_slice(x);
+        Ok(())
+    })
+    .unwrap();
+    insert_rows(&c, &CONTEXT, &[ctx(2, UNKNOWN)], |x, v| {
+        v.copy_from_slice(x);
+        Ok(())
+    })
+    .unwrap();
     let rows = pairs(&c, "SELECT ctx, null_stream FROM context ORDER BY ctx");
     assert_eq!(rows, [(1, 7), (2, 9)]);
     // 70 stream rows (a multi-row statement and a remainder) over 10 keys, derived and
     // reported mixed: one row per key, reported flags where any was reported.
     let streams: Vec<[i64; 6]> =
         (0..70).map(|i| [7, 1, i % 10, 1, 0, if i % 10 < 5 && i >= 35 { 1 } else { UNKNOWN }]).collect();
-    insert_rows(&c, &STREAM, &streams, |x, v| v.copy_from_slice(x)).unwrap();
+    insert_rows(&c, &STREAM, &streams, |x, v| {
+        v.copy_from_slice(x);
+        Ok(())
+    })
+    .unwrap();
     let rows = pairs(&c, "SELECT stream, flags FROM stream ORDER BY stream");
     let want: Vec<(i64, i64)> = (0..10).map(|s| (s, if s < 5 { 1 } else { UNKNOWN })).collect();
     assert_eq!(rows, want);
+}
+
+/// A kernel's grid and block read back as sent, packed (`dims`) or, out of its range, as text.
+#[test]
+fn kernel_dimensions_read_back_as_sent() {
+    use gpuprof_proto::agent::{KernelRecord, RecordBatch};
+
+    use super::rows::{ProcCtx, RowBufs, Tracks, insert_batch};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml("").unwrap().storage;
+    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+    let dims: [[u32; 6]; 5] = [
+        [1, 1, 1, 1, 1, 1],
+        [4096, 65535, 65535, 1024, 1024, 64],
+        [7, 65536, 2, 3, 65536, 32768],
+        [1, 70000, 0, 1, 2, 32769],
+        [u32::MAX, u32::MAX, 1, 0, u32::MAX, 0],
+    ];
+    let mut b = RecordBatch { session_id: 3, ..Default::default() };
+    for (i, d) in dims.iter().enumerate() {
+        b.kernels.push(KernelRecord {
+            start_ns: 1000 + i as u64,
+            end_ns: 2000,
+            grid_x: d[0],
+            grid_y: d[1],
+            grid_z: d[2],
+            block_x: d[3],
+            block_y: d[4],
+            block_z: d[5],
+            ..Default::default()
+        });
+    }
+    let mut bufs = RowBufs::default();
+    let p = ProcCtx { base_ns: 0, strings: vec![0] };
+    c.execute_batch("BEGIN").unwrap();
+    // Twice: the second batch stays buffered until the flush.
+    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
+    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
+    bufs.flush(&c).unwrap();
+    c.execute_batch("COMMIT").unwrap();
+    let got: Vec<[u32; 6]> = c
+        .prepare("SELECT gx, gy, gz, bx, by, bz FROM kernel WHERE session = 3 AND proc = 9 ORDER BY rowid")
+        .unwrap()
+        .query_map([], |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?]))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(got, [dims, dims].concat());
 }

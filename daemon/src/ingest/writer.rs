@@ -12,7 +12,7 @@ use rusqlite::{Connection, params};
 use tokio::sync::mpsc;
 
 use super::msg::{ProcessInfo, WriterMsg};
-use super::rows::{self, ProcCtx, now_ns, upsert_device};
+use super::rows::{self, ProcCtx, RowBufs, Tracks, now_ns, upsert_device};
 use crate::catalog::Kind;
 use crate::stats::Stats;
 
@@ -21,6 +21,8 @@ pub(super) struct Writer {
     stats: Arc<Stats>,
     commit_max_records: u64,
     procs: HashMap<u64, ProcCtx>,
+    tracks: Tracks,
+    bufs: RowBufs,
     strings: HashMap<Box<str>, i64>,
     /// The id the next new string gets: the writer allocates string ids itself, so that an id
     /// handed to a connection stays valid when the transaction that inserted it rolls back.
@@ -37,11 +39,55 @@ pub(super) struct Writer {
     failed: Option<String>,
     pending: [u64; 14],
     pending_total: u64,
+    checkpointer: Option<Checkpointer>,
+}
+
+/// A thread that copies committed WAL pages into the database file on its own connection
+/// (PASSIVE checkpoints, which never wait for or block the writer), so that the writer's
+/// automatic checkpoint, which stalls ingest while it runs, finds (almost) nothing left to do.
+/// Durability is the WAL's: a commit is on disk before it is acknowledged either way.
+struct Checkpointer {
+    wake: std::sync::mpsc::SyncSender<()>,
+    join: std::thread::JoinHandle<()>,
+}
+
+impl Checkpointer {
+    /// Pause after each checkpoint, so that one covers many commits.
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+    fn start(path: &str) -> Option<Checkpointer> {
+        let conn = match Connection::open(path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "no background WAL checkpoints: cannot open the database again");
+                return None;
+            }
+        };
+        let (wake, rx) = std::sync::mpsc::sync_channel::<()>(1);
+        let join = std::thread::Builder::new()
+            .name("gpuprof-checkpoint".into())
+            .spawn(move || {
+                while rx.recv().is_ok() {
+                    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        tracing::debug!(error = %e, "background WAL checkpoint failed");
+                    }
+                    std::thread::sleep(Self::PAUSE);
+                }
+            })
+            .ok()?;
+        Some(Checkpointer { wake, join })
+    }
+
+    fn stop(self) {
+        drop(self.wake);
+        let _ = self.join.join();
+    }
 }
 
 impl Writer {
     pub(super) fn new(conn: Connection, stats: Arc<Stats>, commit_max_records: usize) -> Result<Writer> {
-        conn.set_prepared_statement_cache_capacity(64);
+        // Each record table has up to 10 INSERT sizes (see `RowBufs`), plus everything else.
+        conn.set_prepared_statement_cache_capacity(160);
         let filled = crate::demangle::fill_missing(&conn)?;
         if filled > 0 {
             tracing::info!(names = filled, "stored the demangled form of names kept by an older gpuprofd");
@@ -69,6 +115,8 @@ impl Writer {
             stats,
             commit_max_records: commit_max_records as u64,
             procs: HashMap::new(),
+            tracks: Tracks::default(),
+            bufs: RowBufs::default(),
             strings,
             next_string_id,
             txn_strings: Vec::new(),
@@ -79,10 +127,12 @@ impl Writer {
             failed: None,
             pending: [0; 14],
             pending_total: 0,
+            checkpointer: None,
         })
     }
 
     pub(super) fn run(&mut self, mut rx: mpsc::Receiver<WriterMsg>) {
+        self.checkpointer = self.conn.path().filter(|p| !p.is_empty()).and_then(Checkpointer::start);
         'outer: while let Some(first) = rx.blocking_recv() {
             if matches!(first, WriterMsg::Stop) {
                 break;
@@ -99,6 +149,9 @@ impl Writer {
         }
         rx.close();
         self.commit();
+        if let Some(c) = self.checkpointer.take() {
+            c.stop();
+        }
         if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
             tracing::warn!(error = %e, "final WAL checkpoint failed");
         }
@@ -144,13 +197,21 @@ impl Writer {
         let result = if let Some(err) = self.failed.take() {
             Err(err)
         } else if self.in_txn {
-            self.conn.execute_batch("COMMIT").map_err(|e| format!("commit failed: {e}"))
+            self.bufs
+                .flush(&self.conn)
+                .map_err(|e| e.to_string())
+                .and_then(|()| self.conn.execute_batch("COMMIT").map_err(|e| format!("commit failed: {e}")))
         } else {
             Ok(())
         };
         let pending = std::mem::take(&mut self.pending);
         match result {
             Ok(()) => {
+                if let Some(c) = &self.checkpointer
+                    && self.in_txn
+                {
+                    let _ = c.wake.try_send(());
+                }
                 self.txn_strings.clear();
                 self.txn_metrics.clear();
                 for k in Kind::ALL {
@@ -168,6 +229,8 @@ impl Writer {
                 for m in self.txn_metrics.drain(..) {
                     self.metrics.remove(&m);
                 }
+                self.tracks.clear();
+                self.bufs.clear();
                 let lost: u64 = pending.iter().sum();
                 for k in Kind::ALL {
                     self.stats.kind(k).dropped_by_daemon.fetch_add(pending[k.index()], Relaxed);
@@ -198,6 +261,8 @@ impl Writer {
             WriterMsg::Call(f) => {
                 self.commit();
                 f(&mut self.conn);
+                // It may have deleted tracks (retention): look them up again.
+                self.tracks.clear();
             }
             WriterMsg::Flush(reply) => {
                 self.commit();
@@ -364,7 +429,7 @@ impl Writer {
         let Some(p) = self.procs.get(&proc) else {
             return Err(rusqlite::Error::InvalidParameterName(format!("records from unregistered process {proc}")));
         };
-        rows::insert_batch(&self.conn, proc, p, b)
+        rows::insert_batch(&self.conn, &mut self.bufs, &mut self.tracks, proc, p, b)
     }
 
     fn metric_id(&mut self, name: &str) -> rusqlite::Result<i64> {

@@ -2,7 +2,7 @@
 //! table, a session's rowid range, top kernels, copies, API calls and device busy time. The
 //! rollup tables are written by [`crate::rollup`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gpuprof_proto::api as pb;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
@@ -77,50 +77,73 @@ fn rollup_where(
     (sql, p)
 }
 
-/// Kernel count and the `top` kernels by total time, from the rollup.
+/// Kernel count and the `top` kernels by total time, from the rollup: one pass over the
+/// session's rollup rows (per name and bucket where the filter allows, else per process,
+/// device, stream too), summed per name and per (name, bucket) here.
 pub fn top_kernels(
     c: &Connection,
     session: u64,
     f: &pb::RecordFilter,
     top: usize,
 ) -> rusqlite::Result<(u64, u64, Vec<pb::KernelStat>)> {
+    /// One name's sums: count, total, min, max, and (count, min, max) per bucket.
+    struct Agg {
+        n: i64,
+        total: i64,
+        min: i64,
+        max: i64,
+        hist: BTreeMap<i64, (i64, i64, i64)>,
+    }
     let (w, p) = rollup_where(session, f, true, true, true);
-    let (count, sum): (Option<i64>, Option<i64>) = c
-        .prepare(&format!("SELECT sum(t.n), sum(t.total) FROM kernel_rollup t WHERE {w}"))?
-        .query_row(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let mut stmt = c.prepare(&format!(
-        "SELECT t.name, sum(t.n), sum(t.total), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w}
-         GROUP BY t.name ORDER BY sum(t.total) DESC, t.name LIMIT {top}"
-    ))?;
-    let heads: Vec<(i64, i64, i64, i64, i64)> = stmt
-        .query_map(params_from_iter(p.iter()), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    let mut buckets = c.prepare(&format!(
-        "SELECT t.bucket, sum(t.n), min(t.min), max(t.max) FROM kernel_rollup t WHERE {w} AND t.name = ?
-         GROUP BY t.bucket ORDER BY t.bucket"
-    ))?;
+    // Without process, device or stream filters the per-name rollup has the same sums in far
+    // fewer rows.
+    let table = if f.process_ids.is_empty() && f.device_ids.is_empty() && f.stream_ids.is_empty() {
+        "kernel_name_rollup"
+    } else {
+        "kernel_rollup"
+    };
+    let mut stmt =
+        c.prepare(&format!("SELECT t.name, t.bucket, t.n, t.total, t.min, t.max FROM {table} t WHERE {w}"))?;
+    let mut rows = stmt.query(params_from_iter(p.iter()))?;
+    let (mut count, mut sum) = (0i64, 0i64);
+    let mut per: HashMap<i64, Agg> = HashMap::new();
+    while let Some(r) = rows.next()? {
+        let (name, bucket, n, total, min, max): (i64, i64, i64, i64, i64, i64) =
+            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
+        count += n;
+        sum += total;
+        let a = per.entry(name).or_insert(Agg { n: 0, total: 0, min: i64::MAX, max: i64::MIN, hist: BTreeMap::new() });
+        a.n += n;
+        a.total += total;
+        a.min = a.min.min(min);
+        a.max = a.max.max(max);
+        let h = a.hist.entry(bucket).or_insert((0, i64::MAX, i64::MIN));
+        h.0 += n;
+        h.1 = h.1.min(min);
+        h.2 = h.2.max(max);
+    }
+    let mut heads: Vec<(i64, Agg)> = per.into_iter().collect();
+    heads.sort_by(|a, b| b.1.total.cmp(&a.1.total).then(a.0.cmp(&b.0)));
+    heads.truncate(top);
     let mut out = Vec::with_capacity(heads.len());
-    for (name, n, total, min, max) in heads {
-        let mut bp = p.clone();
-        bp.push(rusqlite::types::Value::Integer(name));
-        let hist: Vec<(i64, i64, i64)> = buckets
-            .query_map(params_from_iter(bp.iter()), |r| Ok((r.get(1)?, r.get(2)?, r.get(3)?)))?
-            .collect::<rusqlite::Result<_>>()?;
-        let n = n.max(0) as u64;
+    for (name, a) in heads {
+        let hist: Vec<(i64, i64, i64)> = a.hist.into_values().collect();
+        let n = a.n.max(0) as u64;
+        let total = a.total.max(0) as u64;
         let (name, mangled_name) = names(c, name)?;
         out.push(pb::KernelStat {
             name,
             mangled_name,
             count: n,
-            total_ns: total.max(0) as u64,
-            mean_ns: (total.max(0) as u64).checked_div(n).unwrap_or(0),
+            total_ns: total,
+            mean_ns: total.checked_div(n).unwrap_or(0),
             p50_ns: quantile(&hist, n, 0.5),
             p95_ns: quantile(&hist, n, 0.95),
-            max_ns: max.max(0) as u64,
-            min_ns: min.max(0) as u64,
+            max_ns: a.max.max(0) as u64,
+            min_ns: a.min.max(0) as u64,
         });
     }
-    Ok((count.unwrap_or(0).max(0) as u64, sum.unwrap_or(0).max(0) as u64, out))
+    Ok((count.max(0) as u64, sum.max(0) as u64, out))
 }
 
 /// The nearest-rank quantile from (count, min, max) buckets in order.

@@ -20,6 +20,7 @@ const CALL_BUDGET: Duration = Duration::from_millis(20);
 /// Tables keyed by session first (WITHOUT ROWID, small), with the rest of their primary key.
 pub(super) const SESSION_KEYED: &[(&str, &str)] = &[
     ("kernel_rollup", "name, proc, dev, stream, bucket"),
+    ("kernel_name_rollup", "name, bucket"),
     ("memcpy_rollup", "proc, dev, stream, kind"),
     ("api_rollup", "proc, domain, cbid"),
     ("busy_rollup", "dev"),
@@ -66,19 +67,28 @@ pub(super) fn delete_keyed_chunk(c: &mut Connection, table: &str, key: &str, ses
     Ok(n as u64)
 }
 
-/// Deletes the rows matching `cond` (with parameters `?3`, ... from `extra`) in rowid order
-/// from `lo` up to `hi`, stopping after [`CHUNK_ROWS`] rows, [`SCAN_ROWIDS`] rowids or
-/// [`CALL_BUDGET`]. Returns the rows deleted and the first rowid not looked at.
+/// Deletes the rows of `owner` (a condition on `session` and `proc`) that also match `cond`
+/// (a condition on the row's own columns, or "1"), with parameters `?3`, ... from `extra`,
+/// in rowid order from `lo` up to `hi`, stopping after [`CHUNK_ROWS`] rows, [`SCAN_ROWIDS`]
+/// rowids or [`CALL_BUDGET`]. Returns the rows deleted and the first rowid not looked at.
 fn delete_steps(
     tx: &Transaction<'_>,
     table: &str,
+    owner: &str,
     cond: &str,
     extra: &[i64],
     lo: i64,
     hi: i64,
 ) -> rusqlite::Result<(u64, i64)> {
     let t0 = Instant::now();
-    let mut st = tx.prepare_cached(&format!("DELETE FROM {table} WHERE rowid >= ?1 AND rowid <= ?2 AND {cond}"))?;
+    // Rows of the record views are stored in their `_data` table, owned through `tracks`.
+    let sql = match crate::catalog::data_table(table) {
+        Some(data) => format!(
+            "DELETE FROM {data} WHERE rowid >= ?1 AND rowid <= ?2 AND track IN (SELECT id FROM tracks WHERE {owner}) AND {cond}"
+        ),
+        None => format!("DELETE FROM {table} WHERE rowid >= ?1 AND rowid <= ?2 AND {owner} AND {cond}"),
+    };
+    let mut st = tx.prepare_cached(&sql)?;
     let mut deleted = 0u64;
     let mut at = lo;
     while at <= hi && deleted < CHUNK_ROWS && at - lo < SCAN_ROWIDS && t0.elapsed() < CALL_BUDGET {
@@ -99,9 +109,11 @@ fn delete_steps(
 /// After rows at the end of a table are deleted, SQLite hands their rowids out again: the
 /// rollup's read position must come back so that it reads those new rows.
 fn fix_progress(tx: &Transaction<'_>, table: &str) -> rusqlite::Result<()> {
+    // max(rowid) of the `_data` table is one b-tree descent; of the view, a scan.
+    let stored = crate::catalog::data_table(table).unwrap_or(table);
     tx.prepare_cached(&format!(
-        "UPDATE rollup_progress SET last_rowid = (SELECT coalesce(max(rowid), 0) FROM {table})
-         WHERE tbl = ?1 AND last_rowid > (SELECT coalesce(max(rowid), 0) FROM {table})"
+        "UPDATE rollup_progress SET last_rowid = (SELECT coalesce(max(rowid), 0) FROM {stored})
+         WHERE tbl = ?1 AND last_rowid > (SELECT coalesce(max(rowid), 0) FROM {stored})"
     ))?
     .execute([table])?;
     Ok(())
@@ -116,10 +128,20 @@ pub(super) fn delete_session_rows_chunk(
     hi: i64,
 ) -> rusqlite::Result<(u64, i64)> {
     let tx = c.transaction()?;
-    let r = delete_steps(&tx, table, "session = ?3", &[session], lo, hi)?;
+    let r = delete_steps(&tx, table, "session = ?3", "1", &[session], lo, hi)?;
     fix_progress(&tx, table)?;
     tx.commit()?;
     Ok(r)
+}
+
+/// The last step of deleting a session: its `session_rows` entries and its tracks, once its
+/// rows are gone. A late record of the session gets a new track (and `session_rows` entry),
+/// which the next pass deletes in turn.
+pub(super) fn finish_session(c: &mut Connection, session: i64) -> rusqlite::Result<()> {
+    let tx = c.transaction()?;
+    tx.execute("DELETE FROM session_rows WHERE session = ?1", [session])?;
+    tx.execute("DELETE FROM tracks WHERE session = ?1", [session])?;
+    tx.commit()
 }
 
 /// One chunk of records outside sessions of `proc` in `table`: all of them (`before` None)
@@ -144,8 +166,8 @@ pub fn expire_unsessioned_chunk(
         return Ok((0, true));
     };
     let (deleted, next) = match before {
-        None => delete_steps(&tx, table, "session = 0 AND proc = ?3", &[proc], lo, hi)?,
-        Some(b) => delete_steps(&tx, table, "session = 0 AND proc = ?3 AND start + dur < ?4", &[proc, b], lo, hi)?,
+        None => delete_steps(&tx, table, "session = 0 AND proc = ?3", "1", &[proc], lo, hi)?,
+        Some(b) => delete_steps(&tx, table, "session = 0 AND proc = ?3", "start + dur < ?4", &[proc, b], lo, hi)?,
     };
     // A newer row of the process in the range looked at ends this pass's work on the entry.
     let newer: Option<i64> = match before {
@@ -215,6 +237,7 @@ pub fn expire_processes(c: &mut Connection, cutoff: i64, limit: u64) -> rusqlite
         tx.execute_batch(
             "DELETE FROM process_devices WHERE proc IN (SELECT id FROM temp.expired_procs);
              DELETE FROM drops WHERE proc IN (SELECT id FROM temp.expired_procs);
+             DELETE FROM tracks WHERE proc IN (SELECT id FROM temp.expired_procs);
              DELETE FROM processes WHERE id IN (SELECT id FROM temp.expired_procs);",
         )?;
     }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::delete::{
     CHUNK_ROWS, Forget, PROCESS_BATCH, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk, expire_cubins,
-    expire_processes, expire_unsessioned_chunk, forget_session,
+    expire_processes, expire_unsessioned_chunk, finish_session, forget_session,
 };
 use super::select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
 use super::steps::{Halt, read, step};
@@ -155,7 +155,7 @@ async fn delete_session(d: &Daemon, id: i64, reason: &'static str, tally: &mut T
             at = next;
         }
     }
-    step(d, move |c| c.execute("DELETE FROM session_rows WHERE session = ?1", [id])).await?;
+    step(d, move |c| finish_session(c, id)).await?;
     tally.records += records;
     tracing::info!(
         session = id,

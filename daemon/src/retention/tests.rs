@@ -3,7 +3,7 @@ use std::time::Instant;
 use rusqlite::{Connection, params};
 
 use super::delete::{CHUNK_ROWS, Forget, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk};
-use super::delete::{expire_processes, expire_unsessioned_chunk, forget_session};
+use super::delete::{expire_processes, expire_unsessioned_chunk, finish_session, forget_session};
 use super::pm::{expire_rollups, rollup_step};
 use super::select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
 use super::vacuum::{VACUUM_PAGES, settle_files, vacuum_step};
@@ -84,12 +84,22 @@ fn session(c: &Connection, id: i64, state: &str, stopped_ns: Option<i64>) {
     .unwrap();
 }
 
-fn kernel(c: &Connection, session: i64, proc: i64, start: i64) {
+/// The track of (session, process) on device 0, context 0, stream 7.
+fn track(c: &Connection, session: i64, proc: i64) -> i64 {
     c.execute(
-        "INSERT INTO kernel VALUES (?1, ?2, 0, 0, 7, 0, 1, ?3, 10, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)",
-        params![session, proc, start],
+        "INSERT OR IGNORE INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1, ?2, 0, 0, 7, 0)",
+        params![session, proc],
     )
     .unwrap();
+    c.query_row("SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND stream = 7", params![session, proc], |r| {
+        r.get(0)
+    })
+    .unwrap()
+}
+
+fn kernel(c: &Connection, session: i64, proc: i64, start: i64) {
+    let t = track(c, session, proc);
+    c.execute("INSERT INTO kernel_data VALUES (?1, 0, 1, ?2, 10, 1, 0, 1, 0, 0, 0, 0)", params![t, start]).unwrap();
 }
 
 /// What the rollup pass would have written for every row so far.
@@ -137,7 +147,7 @@ fn delete_now(c: &mut Connection, id: i64) -> (Forget, u64, usize) {
             at = next;
         }
     }
-    c.execute("DELETE FROM session_rows WHERE session = ?1", [id]).unwrap();
+    finish_session(c, id).unwrap();
     (f, records, calls)
 }
 
@@ -178,6 +188,9 @@ fn deletes_old_finished_sessions_with_everything_they_own() {
     for s in [2, 3] {
         c.execute("INSERT INTO kernel_rollup VALUES (?1, 1, 2, 0, 7, 5, 1, 10, 10, 10)", [s]).unwrap();
     }
+    for s in [1, 2, 3] {
+        c.execute("INSERT INTO kernel_name_rollup VALUES (?1, 1, 5, 1, 10, 10, 10)", [s]).unwrap();
+    }
     roll_up(&c);
 
     assert_eq!(finished_before(&c, 500 * S).unwrap(), [1, 4]);
@@ -193,7 +206,9 @@ fn deletes_old_finished_sessions_with_everything_they_own() {
         ("session_processes", "session"),
         ("session_rows", "session"),
         ("kernel_rollup", "session"),
+        ("kernel_name_rollup", "session"),
         ("busy_rollup", "session"),
+        ("tracks", "session"),
         ("pc_sample", "session"),
         ("pc_sampling", "session"),
     ] {
@@ -358,10 +373,11 @@ fn database_with_kernels(dir: &std::path::Path, n: u32) -> (std::path::PathBuf, 
     let cfg = crate::config::Config::from_toml("").unwrap().storage;
     let c = crate::store::open_writer(&path, &cfg).unwrap();
     process(&c, 1, 0, None);
+    let t = track(&c, 0, 1);
     c.execute(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
-         INSERT INTO kernel SELECT 0, 1, 0, 0, 7, i, 1, i * 1000, 5000, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0 FROM n",
-        [n],
+         INSERT INTO kernel_data SELECT ?2, i, 1, i * 1000, 5000, 1, 0, 1, 0, 0, 0, 0 FROM n",
+        [n, t as u32],
     )
     .unwrap();
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
@@ -373,7 +389,7 @@ fn incremental_vacuum_shrinks_a_new_database() {
     let dir = tempfile::tempdir().unwrap();
     let (path, mut c) = database_with_kernels(dir.path(), 300_000);
     let full = std::fs::metadata(&path).unwrap().len();
-    c.execute("DELETE FROM kernel", []).unwrap();
+    c.execute("DELETE FROM kernel_data", []).unwrap();
     let p = Pages::read(&c).unwrap();
     assert_eq!(p.auto_vacuum, 2);
     assert!(p.free * p.page_size > full / 2, "{p:?}");
@@ -409,7 +425,7 @@ fn settle_files_shrinks_the_files_once_readers_let_go() {
     let r = crate::store::open_reader(&path).unwrap();
     r.execute_batch("BEGIN").unwrap();
     let _: i64 = r.query_row("SELECT count(*) FROM kernel", [], |x| x.get(0)).unwrap();
-    c.execute("DELETE FROM kernel", []).unwrap();
+    c.execute("DELETE FROM kernel_data", []).unwrap();
     while vacuum_step(&mut c).unwrap().1 > 0 {}
     let pages = Pages::read(&c).unwrap();
     assert!(pages.count * pages.page_size < full / 2, "{pages:?}, file {full}");

@@ -2,7 +2,14 @@
 //! inserting the same rows one INSERT per row. Prints records/s of both, their ratio,
 //! bytes per record on disk, and the daemon's RSS idle and at peak.
 //!
+//! With `--retention-secs N`, a retention benchmark instead: the agents send at
+//! `--rate-per-agent` records/s each (default 20k: 8 GPUs traced at 20k records/s) for N
+//! seconds into sessions that end every `--session-secs`, with `retention.database_max_size`
+//! at `--cap-mib`. Prints the database's size over time, bytes per stored record, the hours
+//! of that rate that fit in 20 GiB, and whether retention kept the database under its cap.
+//!
 //! Run: cargo run --release -p gpuprof-testkit --bin gpuprof-ingest-bench [-- --records-per-agent N]
+//!      cargo run --release -p gpuprof-testkit --bin gpuprof-ingest-bench -- --retention-secs 180
 
 use std::time::{Duration, Instant};
 
@@ -21,17 +28,39 @@ struct Args {
     records_per_agent: u64,
     #[arg(long, default_value_t = 1000)]
     batch: usize,
+    /// Keep the state directory (and the plain loop's database) here instead of a temporary one.
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
+    /// Run the retention benchmark for this many seconds instead (0: the ingest comparison).
+    #[arg(long, default_value_t = 0)]
+    retention_secs: u64,
+    /// Retention benchmark: records per second each agent sends.
+    #[arg(long, default_value_t = 20_000)]
+    rate_per_agent: u64,
+    /// Retention benchmark: `retention.database_max_size`, MiB.
+    #[arg(long, default_value_t = 256)]
+    cap_mib: u64,
+    /// Retention benchmark: a session ends (and the next begins) this often.
+    #[arg(long, default_value_t = 10)]
+    session_secs: u64,
+    /// Retention benchmark: `retention.interval`, seconds.
+    #[arg(long, default_value_t = 2)]
+    retention_interval_secs: u64,
 }
 
 const TABLES: &[&str] = &["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"];
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if args.retention_secs > 0 {
+        return retention(&args);
+    }
     let total = args.agents * args.records_per_agent;
-    let dir = tempfile::tempdir()?;
+    let tmp = tempfile::tempdir()?;
+    let dir = args.state_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
 
     // ---- gpuprofd end to end
-    let d = TestDaemon::start(dir.path())?;
+    let d = TestDaemon::start(&dir)?;
     std::thread::sleep(Duration::from_millis(300));
     let (_, idle_rss) = d.rss();
     // Agents pre-encode their frames so the benchmark measures the daemon, not the generator.
@@ -83,7 +112,7 @@ fn main() -> Result<()> {
     let daemon_rate = total as f64 / secs;
 
     // ---- plain rusqlite loop, same rows, one INSERT per row
-    let plain_path = dir.path().join("plain.db");
+    let plain_path = dir.join("plain.db");
     let (plain_secs, plain_bytes) = plain_loop(&plain_path, &args)?;
     let plain_rate = total as f64 / plain_secs;
 
@@ -113,11 +142,14 @@ fn encode_batches(g: &mut RecordGen, per: u64, batch: usize) -> Vec<Vec<u8>> {
     frames
 }
 
-/// Rows committed so far (rowids are dense in a fresh database).
+/// Rows committed so far (rowids are dense in a fresh database). Read from the `_data`
+/// tables the record views are over (max(rowid) of a view is a scan), else the tables.
 fn committed(db: &Connection) -> Result<u64> {
     let mut n = 0u64;
     for t in TABLES {
-        let m: i64 = db.query_row(&format!("SELECT coalesce(max(rowid), 0) FROM {t}"), [], |r| r.get(0))?;
+        let m: i64 = db
+            .query_row(&format!("SELECT coalesce(max(rowid), 0) FROM {t}_data"), [], |r| r.get(0))
+            .or_else(|_| db.query_row(&format!("SELECT coalesce(max(rowid), 0) FROM {t}"), [], |r| r.get(0)))?;
         n += m as u64;
     }
     Ok(n)
@@ -268,4 +300,155 @@ fn plain_loop(path: &std::path::Path, args: &Args) -> Result<(f64, u64)> {
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
     drop(c);
     Ok((secs, std::fs::metadata(path)?.len()))
+}
+
+/// Database pages in use (free pages not counted), the WAL's size, and the records stored
+/// (as far as the rollup has counted them).
+fn stored(db: &Connection, wal: &std::path::Path) -> Result<(u64, u64, u64)> {
+    let q = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0));
+    let used = (q("PRAGMA page_count")? - q("PRAGMA freelist_count")?) * q("PRAGMA page_size")?;
+    let wal = std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0);
+    let rows = q("SELECT coalesce(sum(n), 0) FROM session_rows")?;
+    Ok((used as u64, wal, rows as u64))
+}
+
+fn retention(args: &Args) -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+    use gpuprofctl::pb;
+
+    let tmp = tempfile::tempdir()?;
+    let dir = args.state_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    std::fs::create_dir_all(&dir)?;
+    let cfg = dir.join("gpuprofd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[retention]\ninterval = \"{}s\"\ndatabase_max_size = \"{}MiB\"\n",
+            args.retention_interval_secs, args.cap_mib
+        ),
+    )?;
+    let cfg_arg = cfg.to_string_lossy().into_owned();
+    let d = TestDaemon::start_with(&dir, &["--config", &cfg_arg])?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut c = rt.block_on(gpuprofctl::connect(&d.api_socket))?;
+    // FakeAgent says it is /usr/bin/python3: every session targets that name.
+    let start = |c: &mut gpuprofctl::pb::gpuprof_client::GpuprofClient<tonic::transport::Channel>| -> Result<u64> {
+        let targets = vec![pb::Target { target: Some(pb::target::Target::ExeName("python3".into())) }];
+        Ok(rt.block_on(c.start_session(pb::StartSessionRequest { targets, ..Default::default() }))?.into_inner().id)
+    };
+    let session = Arc::new(AtomicU64::new(start(&mut c)?));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..args.agents)
+        .map(|i| {
+            let (socket, session, stop, sent) = (d.agent_socket.clone(), session.clone(), stop.clone(), sent.clone());
+            let (rate, batch) = (args.rate_per_agent as f64, args.batch);
+            std::thread::spawn(move || -> Result<()> {
+                let mut a = FakeAgent::connect(&socket, i + 1, Mix::default())?;
+                let t0 = Instant::now();
+                let mut done = 0u64;
+                let mut buf = Vec::new();
+                while !stop.load(Relaxed) {
+                    let mut b = RecordBatch { session_id: session.load(Relaxed), ..Default::default() };
+                    a.generator.fill(&mut b, batch);
+                    buf.clear();
+                    encode_frame(&AgentMessage { msg: Some(Msg::Records(b)) }, &mut buf);
+                    a.send_raw(&buf)?;
+                    a.flush()?;
+                    done += batch as u64;
+                    sent.fetch_add(batch as u64, Relaxed);
+                    if let Some(wait) = Duration::from_secs_f64(done as f64 / rate).checked_sub(t0.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+                a.goodbye()
+            })
+        })
+        .collect();
+    let reader = Connection::open_with_flags(d.db_path(), OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let wal = d.db_path().with_extension("db-wal");
+    let cap = args.cap_mib << 20;
+    let t0 = Instant::now();
+    let (mut next_session, mut next_print) = (args.session_secs, 0u64);
+    let (mut max_size, mut over, mut samples, mut expired_at) = (0u64, 0u64, 0u64, None);
+    let mut bpr = 0.0;
+    println!(
+        "retention: {} agents x {} records/s, sessions of {} s, cap {} MiB, retention every {} s",
+        args.agents, args.rate_per_agent, args.session_secs, args.cap_mib, args.retention_interval_secs
+    );
+    println!(
+        "{:>6} {:>12} {:>12} {:>11} {:>10} {:>8} {:>9}",
+        "t s", "sent", "stored", "db+wal MiB", "B/record", "expired", "sessions"
+    );
+    while t0.elapsed() < Duration::from_secs(args.retention_secs) {
+        std::thread::sleep(Duration::from_millis(500));
+        let t = t0.elapsed().as_secs();
+        if t >= next_session {
+            let old = session.load(Relaxed);
+            session.store(start(&mut c)?, Relaxed);
+            rt.block_on(c.stop_session(pb::StopSessionRequest { session_id: old }))?;
+            next_session += args.session_secs;
+        }
+        let (used, wal_bytes, rows) = stored(&reader, &wal)?;
+        // What retention holds under the cap: pages in use plus the WAL.
+        let size = used + wal_bytes;
+        let st = d.status()?;
+        let expired = st["expired_sessions"].as_u64().unwrap_or(0);
+        if expired > 0 && expired_at.is_none() {
+            expired_at = Some(t);
+        }
+        // Once retention has had its first go, the size must stay under the cap.
+        if expired_at.is_some() {
+            samples += 1;
+            max_size = max_size.max(size);
+            if size > cap {
+                over += 1;
+            }
+        } else if rows > 0 {
+            bpr = used as f64 / rows as f64;
+        }
+        if t >= next_print {
+            println!(
+                "{t:>6} {:>12} {rows:>12} {:>11.1} {:>10.1} {expired:>8} {:>9}",
+                sent.load(Relaxed),
+                size as f64 / (1 << 20) as f64,
+                used as f64 / rows.max(1) as f64,
+                st["active_sessions"].as_u64().unwrap_or(0)
+            );
+            next_print = t + 10;
+        }
+    }
+    stop.store(true, Relaxed);
+    for h in handles {
+        h.join().map_err(|_| anyhow::anyhow!("agent thread panicked"))??;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let rate = sent.load(Relaxed) as f64 / secs;
+    let target = (args.agents * args.rate_per_agent) as f64;
+    let st = d.status()?;
+    println!("records sent: {} in {secs:.0} s = {rate:.0} records/s (target {target:.0})", sent.load(Relaxed));
+    println!("bytes per stored record (pages in use, before the first deletion): {bpr:.1}");
+    println!(
+        "hours of {target:.0} records/s that fit in 20 GiB: {:.1}",
+        (20u64 << 30) as f64 / (bpr * target) / 3600.0
+    );
+    println!(
+        "retention: {} sessions and {} records deleted; after its first deletion the database was over the {} MiB cap in {over} of {samples} samples, at most {:.1} MiB",
+        st["expired_sessions"].as_u64().unwrap_or(0),
+        st["expired_records"].as_u64().unwrap_or(0),
+        args.cap_mib,
+        max_size as f64 / (1 << 20) as f64
+    );
+    println!(
+        "dropped by the daemon: {}",
+        st["records"]
+            .as_array()
+            .map(|v| v.iter().map(|k| k["dropped_by_daemon"].as_u64().unwrap_or(0)).sum::<u64>())
+            .unwrap_or(0)
+    );
+    drop(reader);
+    d.terminate()?;
+    Ok(())
 }
