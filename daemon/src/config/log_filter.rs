@@ -4,8 +4,15 @@
 /// plain text. tracing reads such a value as a regular expression and compiles it to a DFA up
 /// front, which for some patterns of a few hundred characters (`.*` followed by many `.`) takes
 /// minutes and memory without bound; plain text compiles in linear time.
+///
+/// Also that the whole filter is ASCII: tracing-subscriber 0.3's directive parser slices a
+/// directive at byte offsets and panics inside a multi-byte character (found by the `config`
+/// fuzz target); targets, span names and levels are ASCII anyway.
 pub(super) fn check_field_values(filter: &str) -> Result<(), String> {
-    let plain = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | ':' | '/' | ' ' | '"');
+    if let Some(c) = filter.chars().find(|c| !c.is_ascii()) {
+        return Err(format!("must be ASCII (targets, span names, fields and levels), found {c:?}"));
+    }
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | ':' | '/' | ' ' | '"');
     let mut rest = filter;
     while let Some(open) = rest.find('{') {
         let fields = &rest[open + 1..];
@@ -46,5 +53,16 @@ mod tests {
             assert_eq!(check_field_values(ok), Ok(()), "{ok}");
             assert!(crate::config::Config::from_toml(&format!("log_level = {ok:?}\n")).is_ok(), "{ok}");
         }
+    }
+
+    /// Found by the `config` fuzz target: tracing-subscriber's directive parser panicked on
+    /// this `log_level` ("byte index is not a char boundary") instead of refusing it.
+    #[test]
+    fn non_ascii_filters_are_refused_not_a_panic() {
+        let found = include_str!("../../../fuzz/regressions/config-log-level-non-ascii-panic");
+        let e = crate::config::Config::from_toml(found).unwrap_err();
+        assert!(format!("{e:#}").contains("must be ASCII"), "{e:#}");
+        assert!(check_field_values("gpuprofd=débug").is_err());
+        assert!(check_field_values("[conn{peer=ü}]=trace").is_err());
     }
 }
