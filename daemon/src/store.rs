@@ -227,6 +227,16 @@ impl Pages {
 mod tests {
     use super::*;
 
+    /// One column of `pragma_table_info` for `table` ("name", "type", ...).
+    fn table_info(conn: &Connection, table: &str, what: &str) -> Vec<String> {
+        conn.prepare(&format!("SELECT {what} FROM pragma_table_info('{table}')"))
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
     /// Activity record tables plus the sample tables.
     fn record_tables() -> Vec<&'static str> {
         crate::catalog::RECORD_TABLES.iter().copied().chain(["pm_sample", "pc_sample"]).collect()
@@ -267,13 +277,7 @@ mod tests {
         // `_data` tables behind the record views).
         for t in record_tables().iter().filter(|t| **t != "pm_sample") {
             let t = crate::catalog::data_table(t).unwrap_or(t);
-            let types: Vec<String> = conn
-                .prepare(&format!("SELECT type FROM pragma_table_info('{t}')"))
-                .unwrap()
-                .query_map([], |r| r.get(0))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap();
+            let types = table_info(&conn, t, "type");
             assert!(!types.is_empty());
             assert!(types.iter().all(|ty| ty == "INTEGER"), "{t}: {types:?}");
         }
@@ -365,13 +369,7 @@ mod tests {
         let dump = |c: &Connection| -> Vec<Vec<i64>> {
             let mut out = Vec::new();
             for t in tables {
-                let cols: Vec<String> = c
-                    .prepare(&format!("SELECT name FROM pragma_table_info('{t}')"))
-                    .unwrap()
-                    .query_map([], |r| r.get(0))
-                    .unwrap()
-                    .collect::<Result<_, _>>()
-                    .unwrap();
+                let cols = table_info(c, t, "name");
                 let cols: Vec<String> = cols.into_iter().filter(|c| c != "rowid").collect();
                 let mut st = c.prepare(&format!("SELECT rowid, {} FROM {t} ORDER BY rowid", cols.join(", "))).unwrap();
                 let mut rows = st.query([]).unwrap();
