@@ -79,6 +79,9 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let rollup_task = tokio::spawn(rollup::run(d.clone()));
     let retention_task = tokio::spawn(retention::run(d.clone(), shutdown.clone()));
 
+    // The handlers exist before anything serves: a SIGTERM sent as soon as the sockets answer
+    // (or right after READY=1) must stop the daemon cleanly, not kill it.
+    let signals = Signals::install();
     let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
     let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));
 
@@ -91,7 +94,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     );
     systemd::ready();
 
-    serve_signals(&d, &mut reloader).await;
+    serve_signals(signals, &d, &mut reloader).await;
     tracing::info!("shutting down: no new connections, draining queued records");
     systemd::stopping();
     shutdown.cancel();
@@ -196,12 +199,23 @@ async fn bounded<T>(what: &str, task: tokio::task::JoinHandle<T>) -> Option<T> {
     }
 }
 
+/// SIGTERM, SIGINT and SIGHUP, caught from the moment they are installed.
+struct Signals(
+    std::io::Result<(tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+);
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals((|| {
+            Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?))
+        })())
+    }
+}
+
 /// Returns at SIGTERM or SIGINT; reloads the configuration at each SIGHUP meanwhile.
-async fn serve_signals(d: &Daemon, reloader: &mut reload::Reloader) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
-    else {
+async fn serve_signals(signals: Signals, d: &Daemon, reloader: &mut reload::Reloader) {
+    let Ok((mut term, mut int, mut hup)) = signals.0 else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
         std::future::pending::<()>().await;
         return;
