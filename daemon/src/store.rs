@@ -380,25 +380,21 @@ mod tests {
             out
         };
         let before = dump(&conn);
-        let kernel_v: Vec<(i64, i64)> = conn
-            .prepare("SELECT start_ns, end_ns FROM kernel_v ORDER BY start_ns")
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let kernel_v = |c: &Connection| -> Vec<(i64, i64)> {
+            c.prepare("SELECT start_ns, end_ns FROM kernel_v ORDER BY start_ns")
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        let before_v = kernel_v(&conn);
         assert_eq!(before.len(), tables.len() * 18 + 1);
         migrate(&conn).unwrap();
         assert_eq!(dump(&conn), before);
-        let after_v: Vec<(i64, i64)> = conn
-            .prepare("SELECT start_ns, end_ns FROM kernel_v ORDER BY start_ns")
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(kernel_v.len(), 19);
-        assert_eq!(after_v, kernel_v);
+        let after_v = kernel_v(&conn);
+        assert_eq!(before_v.len(), 19);
+        assert_eq!(after_v, before_v);
         let tracks: i64 = conn.query_row("SELECT count(*) FROM tracks", [], |r| r.get(0)).unwrap();
         assert!(tracks > 0);
         // A session's rows are read by rowid range through the view, never by scanning.
