@@ -121,7 +121,11 @@ pub fn render(d: &Daemon) -> String {
     };
     let host = crate::otlp::host_name();
     let agents: Vec<_> = d.registry.all().into_iter().filter(|a| a.kind == "injector").collect();
-    let labels = |dev: u32| gpu_labels(d, dev, &host, &agents);
+    // Each GPU's labels are built once per scrape (they look through every connected process).
+    let cache = std::cell::RefCell::new(std::collections::HashMap::<u32, String>::new());
+    let labels = |dev: u32| -> String {
+        cache.borrow_mut().entry(dev).or_insert_with(|| gpu_labels(d, dev, &host, &agents)).clone()
+    };
     let latest = d.pm.latest();
     // NVML and GPM: a family per metric, its unit in its name.
     for (name, _, counter, help) in crate::nvml::METRICS {
