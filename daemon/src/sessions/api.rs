@@ -124,6 +124,7 @@ pub async fn start(d: &Daemon, caller: &Caller, req: pb::StartSessionRequest) ->
         start_deadline,
         stop_deadline: None,
         flush_deadline: None,
+        flush_from: None,
         stop_reason: String::new(),
         waiters: Vec::new(),
     };

@@ -13,6 +13,11 @@ use crate::registry::Agent;
 
 /// How long a stopping session waits for its processes to flush and report idle.
 pub const STOP_FLUSH_TIMEOUT: Duration = Duration::from_secs(3);
+/// A flush timeout that passes while the session's records are still arriving (the daemon is
+/// behind reading them, e.g. under load) moves on by this much each time...
+pub const STOP_FLUSH_GRACE: Duration = Duration::from_secs(1);
+/// ...but never further than this after the stop began.
+pub const STOP_FLUSH_MAX: Duration = Duration::from_secs(30);
 
 /// Session states as stored in `sessions.state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +116,9 @@ pub(super) struct Live {
     pub(super) start_deadline: Option<Instant>,
     pub(super) stop_deadline: Option<Instant>,
     pub(super) flush_deadline: Option<Instant>,
+    /// Stopping: when the stop began, and the session's records received when the flush
+    /// deadline was last set.
+    pub(super) flush_from: Option<(Instant, u64)>,
     pub(super) stop_reason: String,
     pub(super) waiters: Vec<oneshot::Sender<()>>,
 }
@@ -207,7 +215,7 @@ impl Live {
     /// (nothing changed) when the session is already stopping or has ended (an ended session
     /// stays in memory until its rows are written). The caller tells the members that are not
     /// settled to stop, and marks those it cannot tell settled.
-    pub(super) fn begin_stop(&mut self, reason: &str, now: Instant) -> bool {
+    pub(super) fn begin_stop(&mut self, reason: &str, now: Instant, records: u64) -> bool {
         if !matches!(self.state, State::Pending | State::Active) {
             return false;
         }
@@ -216,17 +224,32 @@ impl Live {
         self.start_deadline = None;
         self.stop_deadline = None;
         self.flush_deadline = Some(now + STOP_FLUSH_TIMEOUT);
+        self.flush_from = Some((now, records));
         true
     }
 
     /// Whether stopping → completed/failed is due at `now`: every process settled, or the flush
-    /// timeout passed.
-    pub(super) fn should_finish(&self, now: Instant) -> bool {
+    /// timeout passed with no record received (`records`: the session's count so far) since the
+    /// deadline was set. A deadline passing while records still arrive is moved on by
+    /// [`STOP_FLUSH_GRACE`], at most to [`STOP_FLUSH_MAX`] after the stop.
+    pub(super) fn should_finish(&mut self, now: Instant, records: u64) -> bool {
         if self.state != State::Stopping {
             return false;
         }
-        let timed_out = self.flush_deadline.is_some_and(|t| now >= t);
-        timed_out || self.procs.values().all(|m| m.settled)
+        if self.procs.values().all(|m| m.settled) {
+            return true;
+        }
+        if !self.flush_deadline.is_some_and(|t| now >= t) {
+            return false;
+        }
+        match &mut self.flush_from {
+            Some((began, seen)) if records > *seen && now < *began + STOP_FLUSH_MAX => {
+                *seen = records;
+                self.flush_deadline = Some((now + STOP_FLUSH_GRACE).min(*began + STOP_FLUSH_MAX));
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Ends the session in a final state (`forced`, or else completed, or failed when no

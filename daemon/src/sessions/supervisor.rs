@@ -80,8 +80,9 @@ fn join_any(d: &Daemon, g: &mut Inner, a: &Agent) {
 
 /// active/pending → stopping: tells every tracing process to stop.
 pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
+    let records = session_records(d, id);
     let Some(l) = g.open.get_mut(&id) else { return };
-    if !l.begin_stop(reason, Instant::now()) {
+    if !l.begin_stop(reason, Instant::now(), records) {
         return;
     }
     d.sessions.op(Op::State {
@@ -109,10 +110,16 @@ pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
 
 /// stopping → completed/failed once every process settled (or the flush timeout passed).
 fn maybe_finish(d: &Daemon, g: &mut Inner, id: u64) {
-    let Some(l) = g.open.get(&id) else { return };
-    if l.should_finish(Instant::now()) {
+    let records = session_records(d, id);
+    let Some(l) = g.open.get_mut(&id) else { return };
+    if l.should_finish(Instant::now(), records) {
         finish(d, g, id, None);
     }
+}
+
+/// Records received for session `id` so far.
+fn session_records(d: &Daemon, id: u64) -> u64 {
+    d.session_records.get(&id).map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// Ends a session in a final state (`None`: completed, or failed when no process could be traced).
@@ -232,8 +239,7 @@ fn tick(d: &Daemon) {
     let ids: Vec<u64> = g.open.keys().copied().collect();
     for id in ids {
         let Some(l) = g.open.get(&id) else { continue };
-        let records = || d.session_records.get(&id).map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
-        match l.due(now, records) {
+        match l.due(now, || session_records(d, id)) {
             Due::Activate => activate(d, &mut g, id, now_ns()),
             Due::Stop(reason) => begin_stop(d, &mut g, id, reason),
             Due::MaybeFinish => maybe_finish(d, &mut g, id),

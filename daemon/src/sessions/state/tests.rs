@@ -20,6 +20,8 @@ fn state_names_round_trip() {
 
 const MS: u64 = 1_000_000;
 const FLUSH_MS: u64 = STOP_FLUSH_TIMEOUT.as_millis() as u64;
+const FLUSH_GRACE_MS: u64 = STOP_FLUSH_GRACE.as_millis() as u64;
+const FLUSH_MAX_MS: u64 = STOP_FLUSH_MAX.as_millis() as u64;
 const TRACING: i32 = wire::TraceStatus::Tracing as i32;
 const IDLE: i32 = wire::TraceStatus::Idle as i32;
 const DISPLACED: i32 = wire::TraceStatus::Displaced as i32;
@@ -106,6 +108,8 @@ fn sendable(agents: &Agents, id: u64) -> bool {
 struct Real {
     live: Option<Live>,
     t0: Instant,
+    /// Records received so far.
+    records: u64,
 }
 
 impl Real {
@@ -129,10 +133,11 @@ impl Real {
             start_deadline: pending.then(|| t0 + Duration::from_millis(p.start_in)),
             stop_deadline: None,
             flush_deadline: None,
+            flush_from: None,
             stop_reason: String::new(),
             waiters: Vec::new(),
         };
-        let mut r = Real { live: Some(live), t0 };
+        let mut r = Real { live: Some(live), t0, records: 0 };
         if !pending {
             r.activate(0, agents);
         }
@@ -165,7 +170,7 @@ impl Real {
     fn begin_stop(&mut self, ms: u64, reason: &str, agents: &Agents) {
         let now = self.at(ms);
         let Some(l) = self.live.as_mut() else { return };
-        if !l.begin_stop(reason, now) {
+        if !l.begin_stop(reason, now, self.records) {
             return;
         }
         for (pid, m) in l.procs.iter_mut() {
@@ -179,7 +184,7 @@ impl Real {
     fn maybe_finish(&mut self, ms: u64) {
         let now = self.at(ms);
         let Some(l) = self.live.as_mut() else { return };
-        if l.should_finish(now) {
+        if l.should_finish(now, self.records) {
             l.finish(None, ns(ms));
         }
     }
@@ -238,6 +243,10 @@ struct Model {
     start_at: Option<u64>,
     stop_at: Option<u64>,
     flush_at: Option<u64>,
+    /// Stopping: when the stop began and the records received when `flush_at` was last set.
+    flush_from: Option<(u64, u64)>,
+    /// Records received so far.
+    records: u64,
     duration: u64,
     max_records: u64,
     /// Member → (state, settled).
@@ -253,6 +262,8 @@ impl Model {
             start_at: Some(p.start_in),
             stop_at: None,
             flush_at: None,
+            flush_from: None,
+            records: 0,
             duration: p.duration,
             max_records: p.max_records,
             members: BTreeMap::new(),
@@ -293,6 +304,7 @@ impl Model {
         self.start_at = None;
         self.stop_at = None;
         self.flush_at = Some(now + FLUSH_MS);
+        self.flush_from = Some((now, self.records));
         for (id, (_, settled)) in self.members.iter_mut() {
             if !sendable(agents, *id) {
                 *settled = true;
@@ -301,8 +313,19 @@ impl Model {
         self.check_finish(now);
     }
 
+    /// A stopping session ends once every member settled, or at the flush timeout; a timeout
+    /// passing while records still arrive moves on by the grace, never past the maximum.
     fn check_finish(&mut self, now: u64) {
-        let timed_out = self.flush_at.is_some_and(|t| now >= t);
+        let mut timed_out = self.flush_at.is_some_and(|t| now >= t);
+        if timed_out
+            && let Some((began, seen)) = self.flush_from
+            && self.records > seen
+            && now < began + FLUSH_MAX_MS
+        {
+            self.flush_from = Some((began, self.records));
+            self.flush_at = Some((now + FLUSH_GRACE_MS).min(began + FLUSH_MAX_MS));
+            timed_out = false;
+        }
         if self.state == State::Stopping && (timed_out || self.members.values().all(|(_, s)| *s)) {
             let failed = !self.members.is_empty() && self.members.values().all(|(st, _)| *st == "failed");
             self.end(if failed { State::Failed } else { State::Completed });
@@ -432,7 +455,11 @@ proptest! {
                     real.tick(ms, records, &agents);
                     model.tick(ms, records, &agents);
                 }
-                Step::Records(n) => records += n,
+                Step::Records(n) => {
+                    records += n;
+                    real.records = records;
+                    model.records = records;
+                }
                 Step::Connect { agent, queue_ok } => {
                     // Agent ids are per connection: a known one does not connect again.
                     if !seen.insert(agent) {
