@@ -239,7 +239,7 @@ impl Live {
         if self.procs.values().all(|m| m.settled) {
             return true;
         }
-        if !self.flush_deadline.is_some_and(|t| now >= t) {
+        if self.flush_deadline.is_none_or(|t| now < t) {
             return false;
         }
         match &mut self.flush_from {
