@@ -27,10 +27,10 @@ pub struct Config {
     /// `GPUPROF_CUPTI_ZEROED`: activity buffers are handed to CUPTI already zeroed (zeroed on
     /// the background thread when they come back), and CUPTI is told so
     /// (`CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER`) instead of zeroing each buffer on the
-    /// application thread that asks for it. Default: on only with `GPUPROF_DETACH=off`. With
-    /// detaching, a PyTorch process on the H100 whose traces were stopped while it launched
-    /// kernels corrupted its heap within 4–13 detaches with pre-zeroed buffers, and ran 25 of
-    /// 25 without them.
+    /// application thread that asks for it. Default: on. (Before the stop moved onto the
+    /// application's thread, pre-zeroed buffers and `cuptiFinalize` together corrupted the heap
+    /// of a PyTorch process stopped while it launched kernels; since, 30 of 30 such stops were
+    /// clean on the H100.)
     pub zeroed_buffers: bool,
     /// `GPUPROF_PREFILL_BUFFERS`: buffers allocated and zeroed at trace start, so the first
     /// requests do not fault in fresh pages on the application thread.
@@ -54,16 +54,16 @@ pub struct Config {
 /// How a stopped trace leaves the process's CUPTI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DetachMode {
-    /// `finalize`: `cuptiFinalize` at the exit of the application's next CUDA synchronization
-    /// after the last flush, so no CUPTI hook stays in the process; the next trace initialises
-    /// CUPTI again (see `tracer::detach`). Not the default: on the H100 a PyTorch process whose
-    /// traces were stopped while it launched kernels corrupted its heap within 4–8 such
-    /// detaches (stops while it waited: 99 of 99 clean).
-    Finalize,
-    /// `off` (default): kinds and callback ids switched off only; CUPTI stays attached (a
-    /// late-attached process keeps paying for CUPTI's runtime hooks, 1.2–1.4x on launch-bound
-    /// loops).
+    /// `finalize` (default): the whole stop (kinds and callback ids off, the trace's work
+    /// waited for, the last flush, `cuptiFinalize`) on the application's thread at the exit of
+    /// its next CUDA synchronization, so no CUPTI hook stays in the process and nothing of
+    /// CUPTI changes under the application's launches; the next trace initialises CUPTI again
+    /// (see `tracer::detach`).
     #[default]
+    Finalize,
+    /// `off`: kinds and callback ids switched off from the library's thread only; CUPTI stays
+    /// attached (a late-attached process keeps paying for CUPTI's runtime hooks, 1.2–1.4x on
+    /// launch-bound loops).
     Off,
 }
 
@@ -109,13 +109,13 @@ impl Default for Config {
             exit_timeout: Duration::from_millis(800),
             max_backoff: Duration::from_secs(5),
             skip: Vec::new(),
-            zeroed_buffers: false,
+            zeroed_buffers: true,
             prefill_buffers: 4,
             cupti_pinned: None,
             cupti_device_buffer: None,
             api_mode: ApiMode::Kind,
             api_at_init: None,
-            detach: DetachMode::Off,
+            detach: DetachMode::Finalize,
         }
     }
 }
@@ -143,7 +143,7 @@ impl Config {
             c.detach = m;
         }
         let flag = |k: &str| get(k).map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"));
-        c.zeroed_buffers = flag("GPUPROF_CUPTI_ZEROED").unwrap_or(c.detach == DetachMode::Off);
+        c.zeroed_buffers = flag("GPUPROF_CUPTI_ZEROED").unwrap_or(true);
         if let Some(n) = get("GPUPROF_PREFILL_BUFFERS").and_then(|s| s.parse::<usize>().ok()) {
             c.prefill_buffers = n;
         }
@@ -189,8 +189,7 @@ mod tests {
             })
             .zeroed_buffers
         };
-        assert!(!zeroed("finalize", None), "detaching: CUPTI zeroes its buffers itself");
-        assert!(zeroed("off", None), "not detaching: pre-zeroed buffers");
+        assert!(zeroed("finalize", None) && zeroed("off", None), "pre-zeroed buffers whatever the detach");
         assert!(zeroed("finalize", Some("1")) && !zeroed("off", Some("0")), "the variable decides when set");
         assert_eq!(d.api_mode, ApiMode::Kind);
         let mode = |v: &str| Config::from_lookup(|k| (k == "GPUPROF_API_MODE").then(|| v.into())).api_mode;
@@ -217,11 +216,11 @@ mod tests {
     #[test]
     fn detach_mode() {
         let mode = |v: &str| Config::from_lookup(|k| (k == "GPUPROF_DETACH").then(|| v.into())).detach;
-        assert_eq!(Config::from_lookup(|_| None).detach, DetachMode::Off);
+        assert_eq!(Config::from_lookup(|_| None).detach, DetachMode::Finalize);
         assert_eq!(mode("finalize"), DetachMode::Finalize);
         assert_eq!(mode("callback"), DetachMode::Finalize);
         assert_eq!(mode(" OFF "), DetachMode::Off);
         assert_eq!(mode("none"), DetachMode::Off);
-        assert_eq!(mode("bogus"), DetachMode::Off, "an unknown mode keeps the default");
+        assert_eq!(mode("bogus"), DetachMode::Finalize, "an unknown mode keeps the default");
     }
 }

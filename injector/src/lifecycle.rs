@@ -190,6 +190,9 @@ impl Backend for LazyCupti {
     fn poll_detach(&mut self) -> Option<String> {
         self.inner.as_mut().and_then(|b| b.poll_detach())
     }
+    fn detach_pending(&self) -> bool {
+        self.inner.as_ref().is_some_and(|b| b.detach_pending())
+    }
     fn tick(&mut self) -> Option<String> {
         self.inner.as_mut().and_then(|b| b.tick())
     }

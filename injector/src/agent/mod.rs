@@ -39,6 +39,9 @@ use crate::log::log;
 use crate::tracer::{Backend, Completed};
 use crate::wake::{Wake, poll_readable};
 
+/// While a detach left pending at the stop waits for the application: how often it is looked at.
+const DETACH_POLL: Duration = Duration::from_millis(100);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
     Idle,
@@ -172,6 +175,9 @@ impl<B: Backend> Agent<B> {
         }
         if let Some(t) = self.pc.next {
             consider(t);
+        }
+        if self.status == Status::Idle && self.backend.detach_pending() {
+            consider(now + DETACH_POLL);
         }
         if let Some(c) = &self.conn
             && c.welcomed

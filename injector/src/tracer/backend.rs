@@ -41,6 +41,11 @@ pub trait Backend: Send + PcBackend {
     fn poll_detach(&mut self) -> Option<String> {
         None
     }
+    /// Whether a detach left pending at the stop waits for the application (polled often
+    /// meanwhile, so that its outcome is reported soon after it happens).
+    fn detach_pending(&self) -> bool {
+        false
+    }
     /// Periodic flush while tracing. `Some(detail)` when another client displaced the trace.
     fn tick(&mut self) -> Option<String>;
     /// Drops counted outside the converter: (per-kind queue drops, CUPTI's own drops).

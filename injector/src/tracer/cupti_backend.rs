@@ -54,6 +54,67 @@ static DRIVER_API: ApiDomain = ApiDomain {
     set: Cupti::enable_driver_api,
 };
 
+/// What a trace switched on: its activity kinds, and the API domains it records (by kind, or
+/// else by callback id).
+pub(super) struct Switches {
+    kinds: Vec<u32>,
+    apis: Vec<(&'static ApiDomain, bool)>,
+}
+
+impl Switches {
+    /// The stop on gpuprof's thread, CUPTI staying attached: everything off, CUPTI's default
+    /// callback ids back for the next client, the trace's work waited for, the last records
+    /// flushed.
+    pub(super) fn off_here(self, c: &Cupti) {
+        for kind in self.kinds {
+            let _ = c.activity_disable(kind);
+        }
+        for (d, by_kind) in self.apis {
+            if by_kind {
+                // Back to CUPTI's default (every cbid on with the kind), for the next client.
+                for cbid in 1..d.ids {
+                    let _ = (d.set)(c, cbid, true);
+                }
+            } else {
+                for &cbid in d.recorded {
+                    let _ = (d.set)(c, cbid, false);
+                }
+            }
+        }
+        wait_and_flush(c);
+    }
+
+    /// The stop on an application thread inside a synchronization's exit callback, right
+    /// before `cuptiFinalize` (which resets the callback ids anyway): the kinds and recorded
+    /// ids off, the trace's work waited for, the last records flushed.
+    pub(super) fn off_before_finalize(self, c: &Cupti) {
+        for kind in self.kinds {
+            let _ = c.activity_disable(kind);
+        }
+        for (d, by_kind) in self.apis {
+            if !by_kind {
+                for &cbid in d.recorded {
+                    let _ = (d.set)(c, cbid, false);
+                }
+            }
+        }
+        wait_and_flush(c);
+    }
+}
+
+/// Work launched while tracing completes before the last flush (its records are then whole)
+/// and before CUPTI may be finalized; completed buffers first, then the partly filled ones.
+fn wait_and_flush(c: &Cupti) {
+    if let Some(driver) = gpuprof_cupti::device::Driver::already_loaded() {
+        match driver.synchronize_active_primary_contexts() {
+            Ok(n) => log!(Debug, "waited for {n} primary context(s) before the last flush"),
+            Err(e) => log!(Warn, "{e}"),
+        }
+    }
+    let _ = c.flush_all(false);
+    let _ = c.flush_all(true);
+}
+
 /// CUPTI buffer settings applied at each trace start (see [`crate::config::Config`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Tuning {
@@ -241,32 +302,15 @@ impl Backend for CuptiBackend {
             self.apis.clear();
             return;
         }
-        for kind in self.enabled.drain(..) {
-            let _ = self.shared.cupti.activity_disable(kind);
+        let switches = Switches { kinds: std::mem::take(&mut self.enabled), apis: std::mem::take(&mut self.apis) };
+        if self.detacher.can_finalize(self.tuning.detach) {
+            // The whole stop on an application thread, at a synchronization's exit: nothing of
+            // CUPTI changes under the application's launches (see `detach`).
+            let cupti = self.shared.cupti.clone();
+            self.detacher.stop_and_finalize(&cupti, switches);
+            return;
         }
-        for (d, by_kind) in std::mem::take(&mut self.apis) {
-            if by_kind {
-                // Back to CUPTI's default (every cbid on with the kind), for the next client.
-                for cbid in 1..d.ids {
-                    let _ = (d.set)(&self.shared.cupti, cbid, true);
-                }
-            } else {
-                for &cbid in d.recorded {
-                    let _ = (d.set)(&self.shared.cupti, cbid, false);
-                }
-            }
-        }
-        // Work launched while tracing completes before the last flush (its records are then
-        // whole) and before CUPTI may be finalized (see `detach`).
-        if let Some(driver) = gpuprof_cupti::device::Driver::already_loaded() {
-            match driver.synchronize_active_primary_contexts() {
-                Ok(n) => log!(Debug, "waited for {n} primary context(s) before the last flush"),
-                Err(e) => log!(Warn, "{e}"),
-            }
-        }
-        // Completed buffers first, then the partly filled ones.
-        let _ = self.cupti().flush_all(false);
-        let _ = self.cupti().flush_all(true);
+        switches.off_here(self.cupti());
     }
 
     fn detach(&mut self) -> String {
@@ -275,6 +319,10 @@ impl Backend for CuptiBackend {
         log!(Info, "trace stopped, {}", d.detail());
         self.after_detach(&d);
         d.detail()
+    }
+
+    fn detach_pending(&self) -> bool {
+        self.detacher.is_pending()
     }
 
     fn poll_detach(&mut self) -> Option<String> {

@@ -7,20 +7,23 @@
 //! queued (it completes into CUPTI state that finalize frees), and no application thread may be
 //! inside CUPTI. On the H100 a PyTorch process stopped while launching kernels crashed: with a
 //! corrupted heap after 18 such detaches from the background thread, with a segfault after 3
-//! at any API exit, and after 12 at any API exit once `stop` waited for the active primary
+//! at any API exit, after 12 at any API exit once `stop` waited for the active primary
 //! contexts ([`gpuprof_cupti::device::Driver::synchronize_active_primary_contexts`]) before
-//! the last flush (the application kept launching kernels after it). So finalize runs where
-//! CUPTI documents it safe, at the exit of a CUDA API call on an application thread, and only
-//! of a call that waited for the GPU ([`SYNC_CALLS`]: device, context, stream and event
-//! synchronization, which PyTorch makes at every `.item()` and `torch.cuda.synchronize()`):
-//! the process's subscriber, taken at the trace's start ([`hooks`]), has the callbacks of those
-//! calls on, and the stop arms it to finalize at the first
-//! such exit. A synchronization is never made inside a stream capture, so a CUDA graph being
-//! captured is never disturbed. The background thread waits at most [`CALLBACK_WAIT`] for
-//! that (the application's threads never wait); when the application does not synchronize
-//! meanwhile, the detach stays armed ([`Detached::Pending`]) and happens at its next
-//! synchronization, or is called off by the next trace start ([`Detacher::settle`]) or at exit
-//! ([`disarm`]).
+//! the last flush, and after 4–8 when the kinds were switched off and flushed from the
+//! background thread while finalize alone waited for a synchronization's exit. So the whole
+//! stop ([`Switches::off_before_finalize`]: kinds and callback ids off, the contexts waited
+//! for, the last flush) and the finalize run together where CUPTI documents finalize safe, at
+//! the exit of a CUDA API call on an application thread, and only of a call that waited for
+//! the GPU ([`SYNC_CALLS`]: device, context, stream and event synchronization, which PyTorch
+//! makes at every `.item()` and `torch.cuda.synchronize()`): nothing of CUPTI changes under
+//! the application's launches (50 of 50 busy stops clean). The process's subscriber, taken at
+//! the trace's start ([`hooks`]), has the callbacks of those calls on, and the stop arms it
+//! with what to switch off. A synchronization is never made inside a stream capture, so a CUDA
+//! graph being captured is never disturbed. The background thread waits at most
+//! [`CALLBACK_WAIT`] for that (the application's threads never wait); when the application
+//! does not synchronize meanwhile, the stop stays armed ([`Detached::Pending`]) and happens at
+//! its next synchronization, or is called off by the next trace start ([`Detacher::settle`],
+//! which switches the trace off from the background thread) or at exit ([`disarm`]).
 //!
 //! Not detached: when another CUPTI client (torch.profiler) holds CUPTI, or NVTX was routed
 //! through CUPTI (NVTX calls into CUPTI's hooks for the life of the process).
@@ -32,6 +35,9 @@ use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::{Mutex, MutexGuard};
+
+use super::cupti_backend::Switches;
 use super::hooks::{self, User};
 use crate::config::DetachMode;
 use gpuprof_cupti::sys::cupti as sys;
@@ -92,6 +98,8 @@ pub struct Detacher {
     pending: bool,
     /// Why the subscriber could not be had at the trace's start.
     unavailable: Option<String>,
+    /// The outcome of the last stop, for [`Detacher::detach`].
+    staged: Option<Detached>,
 }
 
 impl Detacher {
@@ -111,39 +119,53 @@ impl Detacher {
         }
     }
 
-    /// Detaches from CUPTI after a trace's last flush (see the module doc). `displaced`:
-    /// another CUPTI client took over during the trace.
-    pub fn detach(&mut self, cupti: &Cupti, mode: DetachMode, displaced: bool) -> Detached {
-        self.settle(cupti);
-        let kept = |why: String| {
-            hooks::release(cupti, User::Detach);
-            Detached::Kept(why)
-        };
-        if mode == DetachMode::Off {
-            return kept("GPUPROF_DETACH=off".into());
-        }
-        if displaced {
-            return kept("another CUPTI client holds CUPTI".into());
-        }
-        if NVTX_FORWARDED.load(Ordering::SeqCst) {
-            return kept("NVTX is routed through CUPTI".into());
-        }
-        if !hooks::held_by(User::Detach) {
-            return kept(self.unavailable.clone().unwrap_or_else(|| "no CUPTI subscriber".into()));
-        }
+    /// Whether a stop can end in `cuptiFinalize`: asked for, NVTX not routed through CUPTI, and
+    /// the process's subscriber held since the trace's start.
+    pub fn can_finalize(&self, mode: DetachMode) -> bool {
+        mode == DetachMode::Finalize && !NVTX_FORWARDED.load(Ordering::SeqCst) && hooks::held_by(User::Detach)
+    }
+
+    /// The whole stop at the exit of the application's next CUDA synchronization, on its
+    /// thread: `switches` off, the trace's work waited for, the last flush, `cuptiFinalize`.
+    /// Waits at most [`CALLBACK_WAIT`]; after that the stop stays armed ([`Detached::Pending`])
+    /// and the records CUPTI holds so far are flushed from here (later ones belong to no
+    /// session). [`Detacher::detach`] reports the outcome.
+    pub(super) fn stop_and_finalize(&mut self, cupti: &Cupti, switches: Switches) {
+        *plan() = Some(switches);
         RESULT.store(PENDING, Ordering::SeqCst);
         ARMED.store(true, Ordering::SeqCst);
         let deadline = Instant::now() + CALLBACK_WAIT;
-        loop {
+        let d = loop {
             if let Some(d) = outcome() {
-                return self.done(cupti, d);
+                break self.done(cupti, d);
             }
             if Instant::now() >= deadline {
                 self.pending = true;
-                return Detached::Pending;
+                let _ = cupti.flush_all(false);
+                let _ = cupti.flush_all(true);
+                break Detached::Pending;
             }
             std::thread::sleep(Duration::from_millis(1));
+        };
+        self.staged = Some(d);
+    }
+
+    /// After a trace's stop and its last records were sent: how the trace left CUPTI (see the
+    /// module doc). `displaced`: another CUPTI client took over during the trace.
+    pub fn detach(&mut self, cupti: &Cupti, mode: DetachMode, displaced: bool) -> Detached {
+        if let Some(d) = self.staged.take() {
+            return d;
         }
+        hooks::release(cupti, User::Detach);
+        Detached::Kept(if mode == DetachMode::Off {
+            "GPUPROF_DETACH=off".into()
+        } else if displaced {
+            "another CUPTI client holds CUPTI".into()
+        } else if NVTX_FORWARDED.load(Ordering::SeqCst) {
+            "NVTX is routed through CUPTI".into()
+        } else {
+            self.unavailable.clone().unwrap_or_else(|| "no CUPTI subscriber".into())
+        })
     }
 
     /// A finalize that failed leaves the subscriber to be let go here.
@@ -153,6 +175,11 @@ impl Detacher {
             hooks::release(cupti, User::Detach);
         }
         d
+    }
+
+    /// Whether a detach waits for the application's next synchronization.
+    pub fn is_pending(&self) -> bool {
+        self.pending
     }
 
     /// A pending detach that an application thread has carried out since: what became of it
@@ -173,8 +200,12 @@ impl Detacher {
             return None;
         }
         if ARMED.swap(false, Ordering::SeqCst) {
-            // No CUDA synchronization came since the stop: CUPTI was never finalized.
+            // No CUDA synchronization came since the stop: the trace is switched off here and
+            // CUPTI stays attached.
             self.pending = false;
+            if let Some(switches) = plan().take() {
+                switches.off_here(cupti);
+            }
             return Some(Detached::Kept("called off by the next trace".into()));
         }
         // An application thread took it: wait for its result.
@@ -188,6 +219,13 @@ impl Detacher {
         self.pending = false;
         Some(Detached::Kept("cuptiFinalize at an API exit did not return within 2 s".into()))
     }
+}
+
+/// What the armed stop switches off before it finalizes.
+static PLAN: Mutex<Option<Switches>> = Mutex::new(None);
+
+fn plan() -> MutexGuard<'static, Option<Switches>> {
+    PLAN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The callback's result, once it has finalized.
@@ -221,8 +259,11 @@ pub(super) extern "C" fn on_api(
         }
         let code = match gpuprof_cupti::loader::shared() {
             Ok(c) => {
-                // Records of kernels still running at the stop's flush completed since, into a
-                // buffer CUPTI still holds: hand every buffer back before CUPTI is torn down.
+                // The stop itself, here where no CUDA call of this thread is under way; then
+                // every buffer back before CUPTI is torn down.
+                if let Some(switches) = plan().take() {
+                    switches.off_before_finalize(c);
+                }
                 let _ = c.flush_all(true);
                 let r = c.finalize();
                 if r.is_ok() {
