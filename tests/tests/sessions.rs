@@ -275,6 +275,59 @@ fn member_is_starting_until_the_agent_confirms() {
     });
 }
 
+/// A process whose stop left its detach from CUPTI pending reports the outcome after the
+/// session ended: the member's detail says how it ended, its state stays "stopped"; another
+/// process cannot rewrite it, nor can a non-detach detail.
+#[test]
+fn a_detach_finished_after_the_session_updates_the_members_detail() {
+    use gpuprof_proto::agent as wire;
+    use gpuprof_testkit::fake_agent::FakeAgent;
+    use gpuprof_testkit::records::Mix;
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(dir.path()).unwrap();
+    let mut a = FakeAgent::connect(&d.agent_socket, 7, Mix::default()).unwrap();
+    let state = |a: &mut FakeAgent, session_id: u64, status: wire::TraceStatus, detail: &str| {
+        a.send(wire::agent_message::Msg::TraceState(wire::TraceState {
+            status: status as i32,
+            session_id,
+            detail: detail.into(),
+        }))
+        .unwrap();
+        a.flush().unwrap();
+    };
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&d).await;
+        let pid = a.process_id;
+        let member = |s: &pb::Session| s.processes.iter().find(|p| p.process_id == pid).cloned().unwrap();
+        let s = c.start_session(start_req(vec![target(pb::target::Target::All(true))])).await.unwrap().into_inner();
+        wait_state(&mut c, s.id, pb::SessionState::Active, Duration::from_secs(5)).await;
+        state(&mut a, s.id, wire::TraceStatus::Tracing, "");
+        c.stop_session(pb::StopSessionRequest { session_id: s.id }).await.unwrap();
+        state(&mut a, s.id, wire::TraceStatus::Idle, "detached: finalize pending (at the next CUDA synchronization)");
+        let done = wait_state(&mut c, s.id, pb::SessionState::Completed, Duration::from_secs(10)).await;
+        assert_eq!(member(&done).detail, "detached: finalize pending (at the next CUDA synchronization)");
+        // Not a detach outcome, or from a process that was not in the session: nothing changes.
+        let mut other = FakeAgent::connect(&d.agent_socket, 8, Mix::default()).unwrap();
+        state(&mut a, s.id, wire::TraceStatus::Idle, "something else");
+        state(&mut other, s.id, wire::TraceStatus::Idle, "detached: not finalized (test)");
+        state(&mut a, s.id, wire::TraceStatus::Idle, "detached: finalized");
+        let t = Instant::now();
+        loop {
+            let s = c.get_session(pb::GetSessionRequest { session_id: s.id }).await.unwrap().into_inner();
+            let m = member(&s);
+            if m.detail == "detached: finalized" {
+                assert_eq!(m.state, "stopped");
+                assert_eq!(s.processes.len(), 1, "{s:?}");
+                break;
+            }
+            assert_eq!(m.detail, "detached: finalize pending (at the next CUDA synchronization)");
+            assert!(t.elapsed() < Duration::from_secs(5), "detail not updated: {m:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
 /// The new-process hint next to the agent socket lists the targets of the active sessions that
 /// record runtime API calls, follows sessions starting and stopping, and does not outlive them
 /// (nor a daemon that did not remove it).

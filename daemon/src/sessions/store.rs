@@ -37,6 +37,13 @@ pub(super) enum Op {
         detail: String,
         left_ns: Option<u64>,
     },
+    /// A member's detail, its state kept: how a process that stopped left CUPTI, reported after
+    /// the session ended (a detach left pending at the stop).
+    Detail {
+        session: u64,
+        proc: u64,
+        detail: String,
+    },
     /// The last PC-sampling state of a process's device in the session.
     PcState {
         session: u64,
@@ -315,6 +322,12 @@ fn apply(c: &mut Connection, ops: Vec<Op>) -> rusqlite::Result<()> {
                          ELSE coalesce(drops_at_leave, (SELECT coalesce(sum(dropped), 0) FROM drops WHERE proc = ?2)) END
                      WHERE session = ?1 AND proc = ?2",
                     params![session as i64, proc as i64, state, detail, left_ns.map(|v| v as i64)],
+                )?;
+            }
+            Op::Detail { session, proc, detail } => {
+                tx.execute(
+                    "UPDATE session_processes SET detail = ?3 WHERE session = ?1 AND proc = ?2",
+                    params![session as i64, proc as i64, detail],
                 )?;
             }
             Op::PcState { session, proc, device, state, heals } => {

@@ -276,6 +276,14 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
         AgentEvent::TraceState { id, status, session_id, detail } => {
             let sid = if session_id != 0 { Some(session_id) } else { g.busy.get(&id).copied() };
             let Some(sid) = sid else { return };
+            let open = g.open.get(&sid).is_some_and(|l| l.state.is_open());
+            if !open {
+                // How a process that stopped left CUPTI, known only after the session ended.
+                if session_id != 0 && status == wire::TraceStatus::Idle as i32 && detail.starts_with("detached: ") {
+                    d.sessions.op(Op::Detail { session: sid, proc: id, detail });
+                }
+                return;
+            }
             let Some(l) = g.open.get_mut(&sid) else { return };
             let stopping = l.state == State::Stopping;
             let Some(m) = l.procs.get_mut(&id) else { return };

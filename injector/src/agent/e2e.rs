@@ -44,6 +44,8 @@ struct FakeBackend {
     reapplied: Arc<std::sync::atomic::AtomicU32>,
     pc: Option<(PcRequest, u32)>,
     pc_stopped: Option<String>,
+    /// The stop leaves the detach pending; it is done at the third poll.
+    pending_detach: Option<u32>,
 }
 impl PcBackend for FakeBackend {
     fn pc_start(&mut self, req: PcRequest) -> Result<(), String> {
@@ -133,7 +135,18 @@ impl Backend for FakeBackend {
         self.queue(self.n + 1, self.tail);
     }
     fn detach(&mut self) -> String {
-        "detached: finalized".into()
+        match self.pending_detach {
+            Some(_) => "detached: finalize pending (at the next CUDA synchronization)".into(),
+            None => "detached: finalized".into(),
+        }
+    }
+    fn detach_pending(&self) -> bool {
+        self.pending_detach.is_some_and(|n| n < 3)
+    }
+    fn poll_detach(&mut self) -> Option<String> {
+        let n = self.pending_detach.as_mut().filter(|n| **n < 3)?;
+        *n += 1;
+        (*n == 3).then(|| "detached: finalized".into())
     }
     fn tick(&mut self) -> Option<String> {
         self.displace_on_tick.then(|| "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39): test".to_string())
@@ -185,10 +198,13 @@ fn accept_welcomed(listener: &UnixListener) -> UnixStream {
     s
 }
 
-fn start_agent(
-    dir: &std::path::Path,
-    displace: bool,
-) -> (UnixListener, Arc<Control>, Arc<Wake>, std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicU32>) {
+type Started = (UnixListener, Arc<Control>, Arc<Wake>, std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicU32>);
+
+fn start_agent(dir: &std::path::Path, displace: bool) -> Started {
+    start_agent_with(dir, displace, None)
+}
+
+fn start_agent_with(dir: &std::path::Path, displace: bool, pending_detach: Option<u32>) -> Started {
     let sock = dir.join("agent.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let (tx, rx) = crossbeam_channel::bounded(16);
@@ -206,6 +222,7 @@ fn start_agent(
         reapplied: reapplied.clone(),
         pc: None,
         pc_stopped: None,
+        pending_detach,
     };
     let (c2, w2) = (control.clone(), wake.clone());
     let h = std::thread::spawn(move || Agent::new(cfg, ident, backend, rx, w2, c2).run());
@@ -287,6 +304,32 @@ fn hello_trace_stop_and_exit_over_a_socket() {
     h.join().unwrap();
 }
 
+/// A detach left pending at the stop: the idle state says so, and once the application carried
+/// it out the session is told how it ended (the daemon updates the member's detail).
+#[test]
+fn a_pending_detach_is_reported_to_its_session_once_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent_with(dir.path(), false, Some(0));
+    let mut s = accept_welcomed(&listener);
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 9, config: None }));
+    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    daemon_send(&mut s, In::StopTrace(pb::StopTrace { session_id: 9 }));
+    let idle = |m: &Out| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Idle as i32);
+    let Some(Out::TraceState(first)) = until(&mut s, idle).pop() else { panic!() };
+    assert_eq!(
+        (first.session_id, first.detail.as_str()),
+        (9, "detached: finalize pending (at the next CUDA synchronization)")
+    );
+    let t0 = Instant::now();
+    let Some(Out::TraceState(done)) = until(&mut s, idle).pop() else { panic!() };
+    assert_eq!((done.session_id, done.detail.as_str()), (9, "detached: finalized"));
+    assert!(t0.elapsed() < Duration::from_secs(2), "polled while pending, not at the next heartbeat");
+    assert!(control.request_exit(&wake, Duration::from_secs(2)));
+    until(&mut s, |m| matches!(m, Out::Goodbye(_)));
+    h.join().unwrap();
+}
+
 #[test]
 fn reports_displacement_and_reconnects_after_a_daemon_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -327,6 +370,7 @@ fn no_daemon_is_a_silent_no_op_and_exit_does_not_wait() {
         reapplied: Default::default(),
         pc: None,
         pc_stopped: None,
+        pending_detach: None,
     };
     let (c2, w2) = (control.clone(), wake.clone());
     let h = std::thread::spawn(move || Agent::new(cfg, Identity::default(), backend, rx, w2, c2).run());

@@ -62,6 +62,8 @@ pub struct Agent<B: Backend> {
     backoff: Duration,
     status: Status,
     session: u64,
+    /// The session whose stop left a detach pending: told how it ended.
+    detach_session: u64,
     flush_every: Duration,
     next_flush: Instant,
     /// Watches a trace with API records on until the first one arrives (see `check_api`).
@@ -97,6 +99,7 @@ impl<B: Backend> Agent<B> {
             backoff: FIRST_BACKOFF,
             status: Status::Idle,
             session: 0,
+            detach_session: 0,
             flush_every,
             next_flush: Instant::now(),
             api_watch: None,
@@ -153,6 +156,10 @@ impl<B: Backend> Agent<B> {
             && let Some(detail) = self.backend.poll_detach()
         {
             log!(Info, "the detach left pending at the stop is done: {detail}");
+            let s = std::mem::take(&mut self.detach_session);
+            if s != 0 {
+                self.send_state(pb::TraceStatus::Idle, s, detail);
+            }
         }
         if let Some(c) = &self.conn
             && c.welcomed

@@ -12,6 +12,8 @@ use crate::tracer::{Backend, StartOutcome, effective_config};
 
 impl<B: Backend> Agent<B> {
     pub(super) fn start_trace(&mut self, s: pb::StartTrace) {
+        // A detach still pending is settled by the start (logged there), not reported.
+        self.detach_session = 0;
         if self.status != Status::Idle {
             let prev = self.session;
             self.stop_trace(prev);
@@ -66,6 +68,7 @@ impl<B: Backend> Agent<B> {
         }
         self.send_drops();
         let ended = self.session;
+        self.detach_session = if self.backend.detach_pending() { ended } else { 0 };
         self.status = Status::Idle;
         self.session = 0;
         self.conv.set_session(0);
