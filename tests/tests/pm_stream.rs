@@ -84,9 +84,14 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
     const N: u64 = 4000;
     let rt = rt();
     let sock = d.api_socket.clone();
+    // Samples each reader has read: the stream is paced so that no reader that keeps reading
+    // falls a queue behind, however slow this machine is (the bound under test is the slow one's).
+    let progress: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>> =
+        std::sync::Arc::new((0..100).map(|_| std::sync::atomic::AtomicU64::new(0)).collect());
     let (readers, slow) = rt.block_on(async {
         let mut readers = Vec::new();
         for i in 0..100 {
+            let progress = progress.clone();
             // Each subscriber on its own connection, like separate clients.
             let mut c = gpuprofctl::connect(&sock).await?;
             let metrics = if i % 2 == 0 { vec![] } else { vec![METRICS[1].to_string()] };
@@ -113,6 +118,7 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
                         p.values[0]
                     );
                     k += 1;
+                    progress[i].store(k, std::sync::atomic::Ordering::Relaxed);
                 }
                 Ok::<_, anyhow::Error>(k)
             }));
@@ -132,7 +138,16 @@ fn hundred_subscribers_get_every_sample_and_a_slow_one_is_dropped() -> Result<()
     })?;
 
     let t = Instant::now();
-    s.stream(N, 50, 1000.0)?;
+    // 1 kHz in chunks of 500; before each chunk every reader is at most 1000 behind (the
+    // queue holds 2000).
+    for sent in (0..N).step_by(500) {
+        let waited = Instant::now();
+        while progress.iter().any(|p| p.load(std::sync::atomic::Ordering::Relaxed) + 1000 < sent) {
+            anyhow::ensure!(waited.elapsed() < Duration::from_secs(60), "readers stalled before sample {sent}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        s.stream(500, 50, 1000.0)?;
+    }
     let sent_in = t.elapsed();
     let counts = rt.block_on(async {
         let mut v = Vec::new();
