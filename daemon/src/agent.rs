@@ -382,9 +382,10 @@ impl Conn<'_> {
                 if b.session_id != 0 {
                     d.count_session_records(b.session_id, count);
                 }
+                let permit = d.writer.reserve_records(count).await.map_err(|_| ConnError::Shutdown)?;
                 d.stats.queued_records.fetch_add(count, Relaxed);
                 d.writer
-                    .send(WriterMsg::Records { proc: id, batch: b, count })
+                    .send(WriterMsg::Records { proc: id, batch: b, count, permit: Some(permit) })
                     .await
                     .map_err(|_| ConnError::Shutdown)?;
             }

@@ -225,6 +225,8 @@ pub struct AgentConfig {
 #[serde(deny_unknown_fields)]
 pub struct IngestConfig {
     pub queue_messages: usize,
+    /// Records queued for the writer at most (bounds the queue's memory).
+    pub queue_records: usize,
     pub commit_max_records: usize,
 }
 
@@ -369,6 +371,12 @@ impl Config {
         }
         if self.ingest.queue_messages == 0 {
             bail!("ingest.queue_messages must be greater than 0");
+        }
+        if self.ingest.queue_records < 8192 || self.ingest.queue_records > 1 << 30 {
+            bail!(
+                "ingest.queue_records must be between 8192 (one full agent batch) and 1073741824, not {}",
+                self.ingest.queue_records
+            );
         }
         if self.ingest.commit_max_records == 0 {
             bail!("ingest.commit_max_records must be greater than 0");
@@ -545,6 +553,8 @@ mod tests {
         assert!(format!("{e:#}").contains("agent.max_frame_bytes"), "{e:#}");
         let e = Config::from_toml("[agent]\nmax_frame_bytes = \"big\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("max_frame_bytes"), "{e:#}");
+        let e = Config::from_toml("[ingest]\nqueue_records = 100\n").unwrap_err();
+        assert!(format!("{e:#}").contains("ingest.queue_records must be between 8192"), "{e:#}");
     }
 
     #[test]

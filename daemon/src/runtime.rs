@@ -33,8 +33,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let arbiter = arbiter::open(&conn, &config).context("restoring performance-monitor leases")?;
     let (nvml, nvml_state) = open_nvml(&config);
     let gpus = Arc::new(sampler::Gpus::from_nvml(&config, &nvml_state));
-    let (writer, writer_thread) =
-        ingest::spawn(conn, config.ingest.queue_messages, config.ingest.commit_max_records, stats.clone())?;
+    let (writer, writer_thread) = ingest::spawn(conn, &config.ingest, stats.clone())?;
     // TCP first: once the sockets answer, the whole API is up (tests and units rely on it).
     let api_tcp = api::bind_tcp(&config.api).await?;
     let agent_listener = agent::bind(&config.agent_socket)?;

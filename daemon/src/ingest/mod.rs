@@ -22,8 +22,9 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use rusqlite::Connection;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use crate::config::IngestConfig;
 use crate::error::WriterGone;
 use crate::stats::Stats;
 use writer::Writer;
@@ -35,9 +36,20 @@ pub use rows::{UNKNOWN, batch_totals};
 #[derive(Clone)]
 pub struct WriterHandle {
     tx: mpsc::Sender<WriterMsg>,
+    /// Records that may be queued, as permits held by the queued batches.
+    records: Arc<Semaphore>,
+    records_max: u32,
 }
 
 impl WriterHandle {
+    /// Waits until `count` more records may be queued (at most the whole budget for one batch);
+    /// the permit goes with the batch ([`WriterMsg::Records`]) and is returned when the writer
+    /// has taken it.
+    pub async fn reserve_records(&self, count: u64) -> Result<OwnedSemaphorePermit, WriterGone> {
+        let n = count.clamp(1, u64::from(self.records_max)) as u32;
+        self.records.clone().acquire_many_owned(n).await.map_err(|_| WriterGone)
+    }
+
     /// Queues a message, waiting while the queue is full (backpressure).
     pub async fn send(&self, msg: WriterMsg) -> Result<(), WriterGone> {
         self.tx.send(msg).await.map_err(|_| WriterGone)
@@ -77,12 +89,12 @@ impl WriterHandle {
 /// Starts the writer thread on an open connection.
 pub fn spawn(
     conn: Connection,
-    queue: usize,
-    commit_max_records: usize,
+    cfg: &IngestConfig,
     stats: Arc<Stats>,
 ) -> Result<(WriterHandle, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = mpsc::channel(queue);
-    let mut w = Writer::new(conn, stats, commit_max_records)?;
+    let (tx, rx) = mpsc::channel(cfg.queue_messages);
+    let mut w = Writer::new(conn, stats, cfg.commit_max_records)?;
     let join = std::thread::Builder::new().name("gpuprof-writer".into()).spawn(move || w.run(rx))?;
-    Ok((WriterHandle { tx }, join))
+    let records_max = u32::try_from(cfg.queue_records).unwrap_or(u32::MAX).min(Semaphore::MAX_PERMITS as u32);
+    Ok((WriterHandle { tx, records: Arc::new(Semaphore::new(records_max as usize)), records_max }, join))
 }

@@ -35,7 +35,9 @@ pub enum WriterMsg {
     /// Strings defined by a connection, in id order starting after the previous ones.
     Strings { proc: u64, values: Vec<String> },
     /// Activity records; `count` is the number of records in the batch.
-    Records { proc: u64, batch: RecordBatch, count: u64 },
+    /// `permit`: the batch's share of the queue's record budget
+    /// ([`super::WriterHandle::reserve_records`]), returned when the writer takes the batch.
+    Records { proc: u64, batch: RecordBatch, count: u64, permit: Option<tokio::sync::OwnedSemaphorePermit> },
     /// Cumulative drop counters of a connection (`None`: CUPTI's own drops, kind unknown).
     Drops { proc: u64, counts: Vec<(Option<Kind>, u64)> },
     /// PM samples from a sampler.

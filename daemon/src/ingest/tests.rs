@@ -101,3 +101,45 @@ fn kernel_dimensions_read_back_as_sent() {
         .unwrap();
     assert_eq!(got, [dims, dims].concat());
 }
+
+/// The queue's record budget: a batch's permit is held until the writer takes the batch, so
+/// connections wait once `queue_records` records are queued, and go on when the writer drains.
+#[test]
+fn queued_records_are_bounded_by_the_budget() {
+    use std::time::Duration;
+
+    use gpuprof_proto::agent::{KernelRecord, RecordBatch};
+
+    use super::WriterMsg;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml("[ingest]\nqueue_records = 10000\n").unwrap();
+    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg.storage).unwrap();
+    let stats = std::sync::Arc::new(crate::stats::Stats::default());
+    let (w, join) = super::spawn(c, &cfg.ingest, stats).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // 6000 + 4000 fill the budget; a third batch waits for a permit.
+        let a = w.reserve_records(6000).await.unwrap();
+        let b = w.reserve_records(4000).await.unwrap();
+        assert!(tokio::time::timeout(Duration::from_millis(200), w.reserve_records(1)).await.is_err());
+        drop(b);
+        let c = tokio::time::timeout(Duration::from_secs(5), w.reserve_records(4000)).await.unwrap().unwrap();
+        // A batch larger than the whole budget takes all of it, not forever.
+        drop(a);
+        drop(c);
+        let all = tokio::time::timeout(Duration::from_secs(5), w.reserve_records(50_000)).await.unwrap().unwrap();
+        assert_eq!(all.num_permits(), 10_000);
+        // The writer gives a batch's permit back once it has taken the batch.
+        let batch = RecordBatch {
+            kernels: vec![KernelRecord { correlation_id: 1, ..Default::default() }],
+            ..Default::default()
+        };
+        w.send(WriterMsg::Records { proc: 0, batch, count: 1, permit: Some(all) }).await.unwrap();
+        w.flush().await.unwrap();
+        let again = tokio::time::timeout(Duration::from_secs(5), w.reserve_records(10_000)).await;
+        assert!(again.is_ok_and(|p| p.is_ok()), "the writer kept the batch's permit");
+        w.stop().await.unwrap();
+    });
+    join.join().unwrap();
+}

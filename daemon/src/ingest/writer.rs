@@ -293,7 +293,7 @@ impl Writer {
                     }
                 }
             }
-            WriterMsg::Records { proc, batch, count } => {
+            WriterMsg::Records { proc, batch, count, permit: _permit } => {
                 self.begin();
                 if self.failed.is_some() {
                     self.count_pending_batch(&batch);
