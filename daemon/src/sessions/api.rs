@@ -190,11 +190,16 @@ pub async fn get(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session>
     if id == 0 {
         return Err(ApiError::invalid("session_id", "session ids start at 1"));
     }
-    let live = d.sessions.lock().open.get(&id).map(|l| (l.owner_uid, l.to_pb()));
+    let live = d.sessions.lock().open.get(&id).map(|l| (l.owner_uid, l.state.is_open(), l.to_pb()));
     let s = match live {
-        Some((owner, s)) => {
+        Some((owner, open, s)) => {
             if !caller.may_access(owner) {
                 return Err(caller.denied(&format!("session {id}"), owner, &d.config.api.admin_group));
+            }
+            if !open {
+                // Ended but not yet written: the records its processes sent before they
+                // reported idle may still be queued for the writer. Counted once committed.
+                let _ = d.writer.flush().await;
             }
             s
         }
@@ -295,13 +300,20 @@ pub async fn list(d: &Daemon, caller: &Caller, req: pb::ListSessionsRequest) -> 
     })
     .await??;
     // Open sessions: the in-memory state is the freshest.
-    {
+    let ended_unwritten = {
         let g = d.sessions.lock();
+        let mut ended = false;
         for s in &mut sessions {
             if let Some(l) = g.open.get(&s.id) {
                 *s = l.to_pb();
+                ended |= !l.state.is_open();
             }
         }
+        ended
+    };
+    if ended_unwritten {
+        // As in GetSession: their last records may still be queued for the writer.
+        let _ = d.writer.flush().await;
     }
     let next = if more { sessions.last().map(|s| s.id.to_string()).unwrap_or_default() } else { String::new() };
     Ok(pb::ListSessionsResponse { sessions: fill_counts_all(d, sessions).await, next_page_token: next })
