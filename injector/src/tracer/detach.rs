@@ -33,9 +33,8 @@
 use std::ffi::c_void;
 use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
-
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::cupti_backend::Switches;
 use super::hooks::{self, User};
