@@ -52,7 +52,8 @@ pub fn format_of(path: &Path) -> Result<Format, Usage> {
         Usage(format!(
             "-o {}: cannot tell the format from the name; use --format, or a name ending in \
              .json (chrome), .json.gz (chrome-gz), .pftrace or .perfetto-trace (perfetto), \
-             .sqlite, .sqlite3 or .db (sqlite), .pb.gz or .pprof (pprof)",
+             .sqlite, .sqlite3 or .db (sqlite), .pb.gz or .pprof (pprof); Parquet files go into a \
+             directory: --format parquet -o DIR",
             path.display()
         ))
     })

@@ -1,7 +1,8 @@
 //! The Parquet export: one Apache Parquet file per record kind present in the session
 //! (`kernel.parquet`, `memcpy.parquet`, ...), for DuckDB, Spark, ClickHouse or pandas.
 //!
-//! Columns are plain: ids as integers, times as ns since the Unix epoch (`start_ns`, `end_ns`,
+//! Columns are plain: the node's host name first (so that files from many nodes can be read
+//! together), ids as integers, times as ns since the Unix epoch (`start_ns`, `end_ns`,
 //! `duration_ns`), interned names as strings (kernel names demangled in `name`, as CUPTI
 //! reported them in `mangled_name`), enums as their names beside the numbers. Each table is
 //! read with one cursor; rows go into Arrow builders of [`BATCH`] rows, and the Parquet writer
@@ -9,6 +10,7 @@
 //! memory stays bounded whatever the session's size. Files are Snappy-compressed.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -24,7 +26,7 @@ use rusqlite::{Connection, params_from_iter};
 
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
 use crate::error::ApiError;
-use crate::query::{NAME_GLOB, Strings, copy_kind_name, sync_type_name, where_for};
+use crate::query::{NAME_GLOB, copy_kind_name, names, sync_type_name, where_for};
 
 /// Rows per Arrow record batch handed to the Parquet writer.
 const BATCH: usize = 16 << 10;
@@ -50,6 +52,8 @@ enum Conv {
     ApiDomain,
     /// `domain << 32 | cbid` as the API function's name.
     ApiName,
+    /// The node's host name (the value is not used).
+    Host,
 }
 
 /// One column: its name in the file, the SQL expression it is read from (table alias `t`,
@@ -57,8 +61,12 @@ enum Conv {
 type Col = (&'static str, &'static str, Conv);
 
 /// The columns every record kind starts with.
-const COMMON: &[Col] =
-    &[("session_id", "t.session", Conv::Int), ("process_id", "t.proc", Conv::Int), ("pid", "p.pid", Conv::Int)];
+const COMMON: &[Col] = &[
+    ("host", "0", Conv::Host),
+    ("session_id", "t.session", Conv::Int),
+    ("process_id", "t.proc", Conv::Int),
+    ("pid", "p.pid", Conv::Int),
+];
 
 /// Start, end and duration of timed records.
 const TIMES: &[Col] = &[
@@ -348,7 +356,7 @@ pub(super) fn parquet_files(db: &std::path::Path, session: u64, f: &pb::RecordFi
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, crate::catalog::RECORD_TABLES)?;
     let mut written = 0u64;
-    let mut strings = Strings::default();
+    let mut names = Names { host: crate::otlp::host_name(), cache: HashMap::new(), api: HashMap::new() };
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_size(ROW_GROUP)
@@ -374,7 +382,7 @@ pub(super) fn parquet_files(db: &std::path::Path, session: u64, f: &pb::RecordFi
                 match b {
                     Builder::Int(b) => b.append_value(v),
                     Builder::Bool(b) => b.append_value(v != 0),
-                    Builder::Str(b) => b.append_value(text(&c, &mut strings, *conv, v)?),
+                    Builder::Str(b) => b.append_value(names.text(&c, *conv, v)?),
                 }
             }
             in_batch += 1;
@@ -428,20 +436,37 @@ fn write_batch(
     w.write(&batch).map_err(|e| failed(tx, "writing the Parquet file", e))
 }
 
-/// The string column value of `v`.
-fn text<'s>(c: &Connection, strings: &'s mut Strings, conv: Conv, v: i64) -> rusqlite::Result<Cow<'s, str>> {
-    Ok(match conv {
-        Conv::Name => Cow::Owned(strings.get(c, v)?),
-        Conv::Stored => {
-            let (shown, stored) = strings.both(c, v)?;
-            Cow::Owned(if stored.is_empty() { shown } else { stored })
-        }
-        Conv::CopyKind => Cow::Owned(copy_kind_name(v)),
-        Conv::SyncType => Cow::Borrowed(sync_type_name(v)),
-        Conv::ApiDomain => Cow::Borrowed(crate::cbid::domain_name(v)),
-        Conv::ApiName => Cow::Owned(crate::cbid::name(v >> 32, v & 0xffff_ffff)),
-        Conv::Int | Conv::Bool => Cow::Borrowed(""),
-    })
+/// Interned strings of one export, as shown and as stored, read once each.
+struct Names {
+    host: String,
+    cache: HashMap<i64, (String, String)>,
+    /// API function names by `domain << 32 | cbid`.
+    api: HashMap<i64, String>,
+}
+
+impl Names {
+    /// The string column value of `v`.
+    fn text(&mut self, c: &Connection, conv: Conv, v: i64) -> rusqlite::Result<Cow<'_, str>> {
+        Ok(match conv {
+            Conv::Name | Conv::Stored => {
+                if let std::collections::hash_map::Entry::Vacant(e) = self.cache.entry(v) {
+                    let (shown, stored) = names(c, v)?;
+                    let stored = if stored.is_empty() { shown.clone() } else { stored };
+                    e.insert((shown, stored));
+                }
+                let (shown, stored) = &self.cache[&v];
+                Cow::Borrowed(if matches!(conv, Conv::Name) { shown } else { stored })
+            }
+            Conv::CopyKind => Cow::Owned(copy_kind_name(v)),
+            Conv::SyncType => Cow::Borrowed(sync_type_name(v)),
+            Conv::ApiDomain => Cow::Borrowed(crate::cbid::domain_name(v)),
+            Conv::ApiName => {
+                Cow::Borrowed(self.api.entry(v).or_insert_with(|| crate::cbid::name(v >> 32, v & 0xffff_ffff)))
+            }
+            Conv::Host => Cow::Borrowed(&self.host),
+            Conv::Int | Conv::Bool => Cow::Borrowed(""),
+        })
+    }
 }
 
 #[cfg(test)]
