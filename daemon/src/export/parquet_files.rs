@@ -21,6 +21,7 @@ use gpuprof_proto::api as pb;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use rusqlite::types::Value;
 use rusqlite::{Connection, params_from_iter};
 
@@ -357,13 +358,9 @@ pub(super) fn parquet_files(db: &std::path::Path, session: u64, f: &pb::RecordFi
     let total = total_rows(&c, session, crate::catalog::RECORD_TABLES)?;
     let mut written = 0u64;
     let mut names = Names { host: crate::otlp::host_name(), cache: HashMap::new(), api: HashMap::new() };
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_max_row_group_size(ROW_GROUP)
-        .set_created_by(format!("gpuprofd {}", env!("CARGO_PKG_VERSION")))
-        .build();
     for kind in KINDS {
         let cols = all_columns(kind);
+        let props = properties(&cols);
         let (w, params) = where_clause(&c, kind, session, f)?;
         let select = cols.iter().map(|(_, e, _)| *e).collect::<Vec<_>>().join(", ");
         let mut st =
@@ -406,6 +403,23 @@ pub(super) fn parquet_files(db: &std::path::Path, session: u64, f: &pb::RecordFi
         sink.send()?;
     }
     Ok(())
+}
+
+/// Snappy, row groups of [`ROW_GROUP`] rows, dictionaries for the string columns only (few
+/// distinct names; the integers are mostly distinct, where a dictionary is only tried and
+/// dropped).
+fn properties(cols: &[Col]) -> WriterProperties {
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_size(ROW_GROUP)
+        .set_created_by(format!("gpuprofd {}", env!("CARGO_PKG_VERSION")))
+        .set_dictionary_enabled(false);
+    for (name, _, conv) in cols {
+        if !matches!(conv, Conv::Int | Conv::Bool) {
+            b = b.set_column_dictionary_enabled(ColumnPath::from(*name), true);
+        }
+    }
+    b.build()
 }
 
 /// A Parquet writer whose bytes go to the client, the first chunk naming the file;
@@ -496,8 +510,7 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
         let cols: Vec<Col> = vec![("v", "", Conv::Int), ("name", "", Conv::Name), ("flag", "", Conv::Bool)];
         let schema = schema(&cols);
-        let props =
-            WriterProperties::builder().set_compression(Compression::SNAPPY).set_max_row_group_size(ROW_GROUP).build();
+        let props = properties(&cols);
         let n = 3 * ROW_GROUP + 5;
         let Ok(mut w) = file_writer(&tx, "t.parquet".into(), schema.clone(), &props, 7, 0) else { panic!() };
         let mut b: Vec<Builder> = cols.iter().map(|c| Builder::new(c.2)).collect();
@@ -530,6 +543,9 @@ mod tests {
         assert_eq!(last, Some((7 + n as u64, 7 + n as u64)));
         let r = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(data)).unwrap();
         assert_eq!(r.metadata().num_row_groups(), 4);
+        let g = r.metadata().row_group(0);
+        assert!(g.column(0).dictionary_page_offset().is_none(), "no dictionary for integers");
+        assert!(g.column(1).dictionary_page_offset().is_some(), "a dictionary for names");
         assert_eq!(r.metadata().file_metadata().num_rows(), n as i64);
         let (mut rows, mut sum, mut marks) = (0usize, 0i64, 0usize);
         for batch in r.build().unwrap() {
