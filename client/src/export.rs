@@ -1,5 +1,5 @@
 //! `gpuprofctl export`: a session to a file, or to stdout, in the format its name or
-//! `--format` asks for.
+//! `--format` asks for; Parquet to one file per record kind in a directory.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -26,6 +26,10 @@ pub enum Format {
     /// The session's PC samples as a gzipped pprof profile (.pb.gz, .pprof): go tool pprof,
     /// Pyroscope, Speedscope.
     Pprof,
+    /// Apache Parquet, one file per record kind present (kernel.parquet, api.parquet, ...) in
+    /// the directory `-o` names (created if missing; files of the same names are replaced):
+    /// DuckDB, Spark, ClickHouse, pandas.
+    Parquet,
 }
 
 /// File name endings and the format each means, longest first.
@@ -48,7 +52,8 @@ pub fn format_of(path: &Path) -> Result<Format, Usage> {
         Usage(format!(
             "-o {}: cannot tell the format from the name; use --format, or a name ending in \
              .json (chrome), .json.gz (chrome-gz), .pftrace or .perfetto-trace (perfetto), \
-             .sqlite, .sqlite3 or .db (sqlite), .pb.gz or .pprof (pprof)",
+             .sqlite, .sqlite3 or .db (sqlite), .pb.gz or .pprof (pprof); Parquet files go into a \
+             directory: --format parquet -o DIR",
             path.display()
         ))
     })
@@ -59,8 +64,8 @@ pub struct ExportArgs {
     /// Session id.
     pub session: u64,
     /// Output file, written beside itself under a temporary name and then renamed; `-` writes
-    /// to stdout.
-    #[arg(short, long, value_name = "FILE")]
+    /// to stdout. With `--format parquet`, the directory for the files.
+    #[arg(short, long, value_name = "FILE|DIR")]
     pub output: PathBuf,
     /// File format (default: from the file name; chrome for `-o -`).
     #[arg(long, value_enum)]
@@ -79,12 +84,16 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         None if to_stdout => Format::Chrome,
         None => format_of(&a.output)?,
     };
+    if format == Format::Parquet {
+        return export_parquet(c, a, json).await;
+    }
     let wire = match format {
         Format::Chrome | Format::ChromeGz => pb::ExportFormat::ChromeJson,
         Format::Perfetto => pb::ExportFormat::Perfetto,
         Format::Sqlite => pb::ExportFormat::Sqlite,
         // gzipped by gpuprofd already
         Format::Pprof => pb::ExportFormat::Pprof,
+        Format::Parquet => pb::ExportFormat::Parquet,
     };
     let mut stream = c
         .export_trace(pb::ExportTraceRequest {
@@ -151,7 +160,125 @@ fn format_name(f: Format) -> &'static str {
         Format::Perfetto => "perfetto",
         Format::Sqlite => "sqlite",
         Format::Pprof => "pprof",
+        Format::Parquet => "parquet",
     }
+}
+
+/// One file of a Parquet export, as written.
+struct Written {
+    name: String,
+    rows: u64,
+    bytes: u64,
+}
+
+/// `--format parquet`: the files the daemon streams (each starts with a chunk naming it), each
+/// written under a temporary name in the directory and renamed once complete.
+async fn export_parquet(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
+    let dir = &a.output;
+    if dir.as_os_str() == "-" {
+        return Err(Usage(
+            "--format parquet writes one file per record kind: -o must name a directory, not - (stdout)".into(),
+        )
+        .into());
+    }
+    if dir.exists() && !dir.is_dir() {
+        return Err(Usage(format!(
+            "-o {}: --format parquet writes one file per record kind into a directory, and this is a file",
+            dir.display()
+        ))
+        .into());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut stream = c
+        .export_trace(pb::ExportTraceRequest {
+            session_id: a.session,
+            format: pb::ExportFormat::Parquet as i32,
+            filter: Some(a.filter.to_pb()?),
+        })
+        .await?
+        .into_inner();
+    let progress = (!a.quiet && std::io::stderr().is_terminal()).then(progress_bar);
+    let started = Instant::now();
+    let mut files: Vec<Written> = Vec::new();
+    // The file being written and its partial path; events_written when it started.
+    let mut current: Option<(PartPath, std::io::BufWriter<std::fs::File>)> = None;
+    let (mut bytes, mut events, mut events_before) = (0u64, 0u64, 0u64);
+    while let Some(m) = stream.message().await? {
+        if !m.file_name.is_empty() {
+            finish_part(&mut current, dir, files.last())?;
+            let name = safe_name(&m.file_name)?;
+            current = Some(part_file(&dir.join(name))?);
+            files.push(Written { name: name.to_string(), rows: 0, bytes: 0 });
+            events_before = events;
+        }
+        let (Some((_, w)), Some(f)) = (current.as_mut(), files.last_mut()) else {
+            anyhow::bail!("gpuprofd sent Parquet data before naming its file");
+        };
+        w.write_all(&m.data).context("writing the export")?;
+        bytes += m.data.len() as u64;
+        f.bytes += m.data.len() as u64;
+        events = m.events_written.max(events);
+        // events_written counts over the whole export: this file's rows are what it added.
+        f.rows = events - events_before;
+        if let Some(p) = &progress {
+            p.set_length(m.events_total.max(events));
+            p.set_position(events);
+            p.set_message(human_bytes(bytes));
+        }
+    }
+    finish_part(&mut current, dir, files.last())?;
+    if let Some(p) = &progress {
+        p.finish_and_clear();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if json {
+        let list: Vec<_> = files
+            .iter()
+            .map(|f| {
+                serde_json::json!({"file": f.name, "path": dir.join(&f.name).display().to_string(),
+                    "rows": f.rows, "bytes": f.bytes})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"session": a.session, "dir": dir.display().to_string(), "format": "parquet",
+                "files": list, "bytes": bytes, "events": events, "seconds": secs})
+        );
+    } else {
+        for f in &files {
+            println!("wrote {} ({} rows, {})", dir.join(&f.name).display(), f.rows, human_bytes(f.bytes));
+        }
+        let none = if files.is_empty() { " (the session has no records)" } else { "" };
+        println!(
+            "wrote {} Parquet files to {}{none} ({events} events, {}) in {secs:.2} s",
+            files.len(),
+            dir.display(),
+            human_bytes(bytes)
+        );
+    }
+    Ok(())
+}
+
+/// Flushes the file being written and renames it into place.
+fn finish_part(
+    current: &mut Option<(PartPath, std::io::BufWriter<std::fs::File>)>,
+    dir: &Path,
+    file: Option<&Written>,
+) -> Result<()> {
+    let (Some((part, mut w)), Some(file)) = (current.take(), file) else { return Ok(()) };
+    w.flush().context("writing the export")?;
+    let target = dir.join(&file.name);
+    std::fs::rename(&part.0, &target).with_context(|| format!("renaming into {}", target.display()))?;
+    Ok(())
+}
+
+/// A file name from gpuprofd, refused unless it is a plain name (no directories).
+fn safe_name(name: &str) -> Result<&str> {
+    let plain = !name.is_empty()
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    anyhow::ensure!(plain, "gpuprofd sent an unexpected file name {name:?}");
+    Ok(name)
 }
 
 /// Where the export goes: the file or stdout, gzipped or not.
@@ -219,6 +346,8 @@ mod tests {
         assert_eq!(f("x.perfetto-trace"), Some(Format::Perfetto));
         assert_eq!(f("x.db"), Some(Format::Sqlite));
         assert_eq!(f("x.sqlite"), Some(Format::Sqlite));
+        assert!(safe_name("kernel.parquet").is_ok());
+        assert!(safe_name("../x.parquet").is_err() && safe_name("a/b").is_err() && safe_name("").is_err());
         let e = format_of(Path::new("trace.txt")).unwrap_err().0;
         assert!(e.contains(".json.gz") && e.contains(".pftrace") && e.contains("--format"), "{e}");
     }

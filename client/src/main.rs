@@ -97,6 +97,7 @@ enum Cmd {
     Query(records::QueryArgs),
     /// Write a session to a file: Chrome trace JSON (.json, .json.gz), Perfetto trace
     /// (.pftrace), SQLite (.sqlite) or its PC samples as pprof (.pb.gz); `-o -` writes to stdout.
+    /// `--format parquet -o DIR` writes one Parquet file per record kind into DIR.
     #[command(after_help = "--json: one JSON object saying what was written (on stderr with `-o -`).")]
     Export(export::ExportArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).

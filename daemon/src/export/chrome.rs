@@ -25,7 +25,7 @@ pub(super) type Procs = BTreeMap<i64, (i64, String, i64)>;
 pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, EVENT_TABLES)?;
-    let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total };
+    let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
     let flows = Flows::build(&c, session, f)?;
     let procs = session_procs(&c, session)?;
     let (mut stmts, params) = record_queries(&c, session, f)?;

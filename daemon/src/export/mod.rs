@@ -1,6 +1,6 @@
 //! ExportTrace: a session as Chrome trace JSON (Perfetto UI, chrome://tracing), as a Perfetto
-//! protobuf trace, as a standalone SQLite file, or its PC samples as a gzipped pprof profile,
-//! streamed to the client in chunks.
+//! protobuf trace, as a standalone SQLite file, as Parquet files (one per record kind), or its
+//! PC samples as a gzipped pprof profile, streamed to the client in chunks.
 //!
 //! Chrome JSON layout:
 //! - one trace process per gpuprof process (its host threads: API calls and NVTX ranges
@@ -20,14 +20,16 @@
 //!
 //! Where things are: `chrome` writes the Chrome trace from `records` (the session's rows,
 //! merged) and `flows` (launch arrows), with the helpers in `json`; `perfetto` writes the
-//! same records and flows as Perfetto track events; `sqlite` builds the SQLite file; `pprof`
-//! the PC-sampling profile; `out`
-//! sends any of them to the client in chunks.
+//! same records and flows as Perfetto track events; `sqlite` builds the SQLite file;
+//! `parquet_files` writes one Parquet file per record kind as the rows stream (the chunk that
+//! starts each file names it); `pprof` the PC-sampling profile; `out` sends any of them to the
+//! client in chunks.
 
 mod chrome;
 mod flows;
 mod json;
 mod out;
+mod parquet_files;
 mod perfetto;
 pub mod pprof;
 mod records;
@@ -47,6 +49,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::query::check_filter;
 use chrome::chrome;
 use out::Stop;
+use parquet_files::parquet_files;
 use perfetto::perfetto;
 use pprof::pprof;
 use sqlite::sqlite;
@@ -75,6 +78,7 @@ pub async fn export(
             pb::ExportFormat::Sqlite => sqlite(&db, &tmp_dir, session, &f, &tx),
             pb::ExportFormat::Perfetto => perfetto(&db, session, &f, &tx),
             pb::ExportFormat::Pprof => pprof(&db, session, &f, &tx),
+            pb::ExportFormat::Parquet => parquet_files(&db, session, &f, &tx),
         };
         match r {
             Ok(()) => {}

@@ -29,6 +29,9 @@ pub(super) struct Out<'a> {
     pub(super) buf: Vec<u8>,
     pub(super) written: u64,
     pub(super) total: u64,
+    /// Sent with the next chunk, then cleared: the name of the file that chunk starts
+    /// (multi-file exports).
+    pub(super) file_name: String,
 }
 
 impl Out<'_> {
@@ -41,6 +44,7 @@ impl Out<'_> {
             data: std::mem::take(&mut self.buf),
             events_written: self.written,
             events_total: self.total.max(self.written),
+            file_name: std::mem::take(&mut self.file_name),
         };
         self.buf.reserve(CHUNK + 4096);
         self.tx.blocking_send(Ok(m)).map_err(|_| Stop::ClientGone)

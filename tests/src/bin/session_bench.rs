@@ -5,10 +5,11 @@
 //!    sending on StartTrace), p50/p99 over `--runs` sessions (target p99 < 50 ms).
 //! 2. Top kernels over `--kernels` stored kernel rows of one session (target < 300 ms),
 //!    from the rollup, next to the same summary computed by scanning the rows.
-//! 3. ExportTrace throughput in events/s (Chrome JSON and SQLite) over `--export-records`
-//!    records of the default mix.
+//! 3. ExportTrace throughput in events/s (Chrome JSON, SQLite and Parquet) over
+//!    `--export-records` records of the default mix.
 //!
 //! Run: cargo run --release -p gpuprof-testkit --bin gpuprof-session-bench
+//! (`-- --only export`: that measurement alone).
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,16 @@ struct Args {
     /// Keep the state directory here instead of a temporary one.
     #[arg(long)]
     state_dir: Option<std::path::PathBuf>,
+    /// Only this measurement.
+    #[arg(long, value_enum)]
+    only: Option<Only>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum Only {
+    Latency,
+    TopKernels,
+    Export,
 }
 
 type Client = GpuprofClient<Channel>;
@@ -185,7 +196,11 @@ async fn export(d: &TestDaemon, c: &mut Client, records: u64) -> Result<()> {
     println!("export of a session of {records} records (default mix):");
     // The previous session is over, so a new one on the same name holds only these records.
     let (id, _) = fill(d, c, "python3", records, Mix::default()).await?;
-    for (name, format) in [("Chrome JSON", pb::ExportFormat::ChromeJson), ("SQLite", pb::ExportFormat::Sqlite)] {
+    for (name, format) in [
+        ("Chrome JSON", pb::ExportFormat::ChromeJson),
+        ("SQLite", pb::ExportFormat::Sqlite),
+        ("Parquet", pb::ExportFormat::Parquet),
+    ] {
         let t = Instant::now();
         let mut st = c
             .export_trace(pb::ExportTraceRequest { session_id: id, format: format as i32, filter: None })
@@ -223,12 +238,19 @@ fn main() -> Result<()> {
                 peak as f64 / 1048576.0
             );
         };
-        latency(&d, &mut c, a.runs).await?;
-        rss("the latency runs");
-        top_kernels(&d, &mut c, a.kernels).await?;
-        rss("the top-kernels runs");
-        export(&d, &mut c, a.export_records).await?;
-        rss("the exports");
+        let run = |m: Only| a.only.is_none_or(|o| o == m);
+        if run(Only::Latency) {
+            latency(&d, &mut c, a.runs).await?;
+            rss("the latency runs");
+        }
+        if run(Only::TopKernels) {
+            top_kernels(&d, &mut c, a.kernels).await?;
+            rss("the top-kernels runs");
+        }
+        if run(Only::Export) {
+            export(&d, &mut c, a.export_records).await?;
+            rss("the exports");
+        }
         anyhow::Ok(())
     })?;
     drop(rt);

@@ -24,6 +24,7 @@ class ExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXPORT_FORMAT_SQLITE: _ClassVar[ExportFormat]
     EXPORT_FORMAT_PERFETTO: _ClassVar[ExportFormat]
     EXPORT_FORMAT_PPROF: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_PARQUET: _ClassVar[ExportFormat]
 
 class PcGroupBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -44,6 +45,7 @@ EXPORT_FORMAT_CHROME_JSON: ExportFormat
 EXPORT_FORMAT_SQLITE: ExportFormat
 EXPORT_FORMAT_PERFETTO: ExportFormat
 EXPORT_FORMAT_PPROF: ExportFormat
+EXPORT_FORMAT_PARQUET: ExportFormat
 PC_GROUP_BY_UNSPECIFIED: PcGroupBy
 PC_GROUP_BY_FUNCTION: PcGroupBy
 PC_GROUP_BY_LINE: PcGroupBy
@@ -637,14 +639,16 @@ class ExportTraceRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., format: _Optional[_Union[ExportFormat, str]] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ...) -> None: ...
 
 class ExportTraceResponse(_message.Message):
-    __slots__ = ("data", "events_written", "events_total")
+    __slots__ = ("data", "events_written", "events_total", "file_name")
     DATA_FIELD_NUMBER: _ClassVar[int]
     EVENTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     EVENTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     events_written: int
     events_total: int
-    def __init__(self, data: _Optional[bytes] = ..., events_written: _Optional[int] = ..., events_total: _Optional[int] = ...) -> None: ...
+    file_name: str
+    def __init__(self, data: _Optional[bytes] = ..., events_written: _Optional[int] = ..., events_total: _Optional[int] = ..., file_name: _Optional[str] = ...) -> None: ...
 
 class StreamPmSamplesRequest(_message.Message):
     __slots__ = ("devices", "metrics", "downsample_ms", "sources", "cupti_rate_hz")

@@ -1,0 +1,568 @@
+//! The Parquet export: one Apache Parquet file per record kind present in the session
+//! (`kernel.parquet`, `memcpy.parquet`, ...), for DuckDB, Spark, ClickHouse or pandas.
+//!
+//! Columns are plain: the node's host name first (so that files from many nodes can be read
+//! together), ids as integers, times as ns since the Unix epoch (`start_ns`, `end_ns`,
+//! `duration_ns`), interned names as strings (kernel names demangled in `name`, as CUPTI
+//! reported them in `mangled_name`), enums as their names beside the numbers. Each table is
+//! read with one cursor; rows go into Arrow builders of [`BATCH`] rows, and the Parquet writer
+//! keeps at most one row group ([`ROW_GROUP`] rows) before its bytes go to the client, so
+//! memory stays bounded whatever the session's size. Files are Snappy-compressed.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+
+use arrow_array::builder::{BooleanBuilder, Int64Builder, StringBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use gpuprof_proto::api as pb;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
+use rusqlite::types::Value;
+use rusqlite::{Connection, params_from_iter};
+
+use super::out::{CHUNK, Out, Stop, Tx, total_rows};
+use crate::error::ApiError;
+use crate::query::{NAME_GLOB, copy_kind_name, names, sync_type_name, where_for};
+
+/// Rows per Arrow record batch handed to the Parquet writer.
+const BATCH: usize = 16 << 10;
+/// Rows per Parquet row group (the writer buffers one).
+pub(super) const ROW_GROUP: usize = 128 << 10;
+
+/// How a selected integer becomes a column.
+#[derive(Clone, Copy)]
+enum Conv {
+    /// The integer as it is.
+    Int,
+    /// 0 or 1 as a boolean.
+    Bool,
+    /// An interned string as shown (demangled when it is a mangled symbol; "" for 0).
+    Name,
+    /// An interned string as stored (as CUPTI reported it).
+    Stored,
+    /// A CUpti_ActivityMemcpyKind as "HtoD", "DtoH", ...
+    CopyKind,
+    /// A CUpti_ActivitySynchronizationType as "event", "stream", ...
+    SyncType,
+    /// An API domain as "runtime" or "driver".
+    ApiDomain,
+    /// `domain << 32 | cbid` as the API function's name.
+    ApiName,
+    /// The node's host name (the value is not used).
+    Host,
+}
+
+/// One column: its name in the file, the SQL expression it is read from (table alias `t`,
+/// its process `p`), and how the value is converted.
+type Col = (&'static str, &'static str, Conv);
+
+/// The columns every record kind starts with.
+const COMMON: &[Col] = &[
+    ("host", "0", Conv::Host),
+    ("session_id", "t.session", Conv::Int),
+    ("process_id", "t.proc", Conv::Int),
+    ("pid", "p.pid", Conv::Int),
+];
+
+/// Start, end and duration of timed records.
+const TIMES: &[Col] = &[
+    ("start_ns", "t.start + p.base_ns", Conv::Int),
+    ("end_ns", "t.start + t.dur + p.base_ns", Conv::Int),
+    ("duration_ns", "t.dur", Conv::Int),
+];
+
+/// The record kinds (tables) that become files, in file order.
+pub(super) const KINDS: &[&str] = &[
+    "kernel",
+    "memcpy",
+    "memset",
+    "graph",
+    "api",
+    "sync",
+    "marker",
+    "overhead",
+    "external_correlation",
+    "context",
+    "stream",
+    "pc_sample",
+];
+
+/// The columns of a kind after [`COMMON`] (and whether [`TIMES`] follow them).
+fn columns(kind: &str) -> (&'static [Col], bool) {
+    match kind {
+        "kernel" => (
+            &[
+                ("device_id", "t.dev", Conv::Int),
+                ("context_id", "t.ctx", Conv::Int),
+                ("stream_id", "t.stream", Conv::Int),
+                ("correlation_id", "t.corr", Conv::Int),
+                ("name", "t.name", Conv::Name),
+                ("mangled_name", "t.name", Conv::Stored),
+                ("grid_x", "t.gx", Conv::Int),
+                ("grid_y", "t.gy", Conv::Int),
+                ("grid_z", "t.gz", Conv::Int),
+                ("block_x", "t.bx", Conv::Int),
+                ("block_y", "t.by", Conv::Int),
+                ("block_z", "t.bz", Conv::Int),
+                ("registers_per_thread", "t.regs", Conv::Int),
+                ("static_shared_bytes", "t.ssmem", Conv::Int),
+                ("dynamic_shared_bytes", "t.dsmem", Conv::Int),
+                ("graph_node_id", "t.graph_node", Conv::Int),
+            ],
+            true,
+        ),
+        "memcpy" => (
+            &[
+                ("device_id", "t.dev", Conv::Int),
+                ("context_id", "t.ctx", Conv::Int),
+                ("stream_id", "t.stream", Conv::Int),
+                ("correlation_id", "t.corr", Conv::Int),
+                ("bytes", "t.bytes", Conv::Int),
+                ("direction", "t.kind", Conv::CopyKind),
+                ("copy_kind", "t.kind", Conv::Int),
+                ("src_memory_kind", "t.src_kind", Conv::Int),
+                ("dst_memory_kind", "t.dst_kind", Conv::Int),
+                ("src_device_id", "t.src_dev", Conv::Int),
+                ("dst_device_id", "t.dst_dev", Conv::Int),
+                ("is_async", "t.async", Conv::Bool),
+                ("graph_node_id", "t.graph_node", Conv::Int),
+            ],
+            true,
+        ),
+        "memset" => (
+            &[
+                ("device_id", "t.dev", Conv::Int),
+                ("context_id", "t.ctx", Conv::Int),
+                ("stream_id", "t.stream", Conv::Int),
+                ("correlation_id", "t.corr", Conv::Int),
+                ("bytes", "t.bytes", Conv::Int),
+                ("value", "t.value", Conv::Int),
+                ("memory_kind", "t.mem_kind", Conv::Int),
+                ("graph_node_id", "t.graph_node", Conv::Int),
+            ],
+            true,
+        ),
+        "graph" => (
+            &[
+                ("device_id", "t.dev", Conv::Int),
+                ("context_id", "t.ctx", Conv::Int),
+                ("stream_id", "t.stream", Conv::Int),
+                ("correlation_id", "t.corr", Conv::Int),
+                ("graph_id", "t.graph_id", Conv::Int),
+            ],
+            true,
+        ),
+        "api" => (
+            &[
+                ("thread_id", "t.tid", Conv::Int),
+                ("correlation_id", "t.corr", Conv::Int),
+                ("domain", "t.domain", Conv::ApiDomain),
+                ("name", "(t.domain << 32) | t.cbid", Conv::ApiName),
+                ("cbid", "t.cbid", Conv::Int),
+                ("return_code", "t.ret", Conv::Int),
+            ],
+            true,
+        ),
+        "sync" => (
+            &[
+                ("sync_type", "t.type", Conv::SyncType),
+                ("context_id", "t.ctx", Conv::Int),
+                ("stream_id", "t.stream", Conv::Int),
+                ("event_id", "t.event", Conv::Int),
+                ("correlation_id", "t.corr", Conv::Int),
+            ],
+            true,
+        ),
+        "marker" => (
+            &[
+                ("thread_id", "t.tid", Conv::Int),
+                ("marker_id", "t.id", Conv::Int),
+                ("name", "t.name", Conv::Name),
+                ("domain", "t.domain", Conv::Name),
+                ("is_mark", "t.is_mark", Conv::Bool),
+            ],
+            true,
+        ),
+        "overhead" => (
+            &[
+                ("overhead_kind", "t.kind", Conv::Int),
+                ("object_kind", "t.obj_kind", Conv::Int),
+                ("object_id", "t.obj_id", Conv::Int),
+            ],
+            true,
+        ),
+        "external_correlation" => (
+            &[
+                ("external_kind", "t.ext_kind", Conv::Int),
+                ("external_id", "t.ext_id", Conv::Int),
+                ("correlation_id", "t.corr", Conv::Int),
+            ],
+            false,
+        ),
+        "context" => (
+            &[
+                ("context_id", "t.ctx", Conv::Int),
+                ("device_id", "t.dev", Conv::Int),
+                ("null_stream_id", "t.null_stream", Conv::Int),
+            ],
+            false,
+        ),
+        "stream" => (
+            &[
+                ("stream_id", "t.stream", Conv::Int),
+                ("context_id", "t.ctx", Conv::Int),
+                ("priority", "t.priority", Conv::Int),
+                ("flags", "t.flags", Conv::Int),
+            ],
+            false,
+        ),
+        // pc_sample: samples per (process, function, PC, stall reason), summed over the session.
+        _ => (
+            &[
+                ("function", "t.function", Conv::Name),
+                ("mangled_function", "t.function", Conv::Stored),
+                ("pc_offset", "t.pc", Conv::Int),
+                ("stall_reason", "t.stall", Conv::Stored),
+                ("module", "t.module", Conv::Stored),
+                ("source_file", "t.file", Conv::Stored),
+                ("line", "t.line", Conv::Int),
+                ("samples", "t.count", Conv::Int),
+            ],
+            false,
+        ),
+    }
+}
+
+/// All columns of a kind, in file order.
+fn all_columns(kind: &str) -> Vec<Col> {
+    let (own, timed) = columns(kind);
+    let mut v = COMMON.to_vec();
+    if timed {
+        // Times right after the common columns, before the kind's own.
+        v.extend_from_slice(TIMES);
+    }
+    v.extend_from_slice(own);
+    v
+}
+
+/// The Arrow schema of a kind's file.
+fn schema(cols: &[Col]) -> Arc<Schema> {
+    Arc::new(Schema::new(
+        cols.iter()
+            .map(|(name, _, conv)| {
+                let t = match conv {
+                    Conv::Int => DataType::Int64,
+                    Conv::Bool => DataType::Boolean,
+                    _ => DataType::Utf8,
+                };
+                Field::new(*name, t, false)
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// One column of the batch under construction.
+enum Builder {
+    Int(Int64Builder),
+    Bool(BooleanBuilder),
+    Str(StringBuilder),
+}
+
+impl Builder {
+    fn new(conv: Conv) -> Builder {
+        match conv {
+            Conv::Int => Builder::Int(Int64Builder::with_capacity(BATCH)),
+            Conv::Bool => Builder::Bool(BooleanBuilder::with_capacity(BATCH)),
+            _ => Builder::Str(StringBuilder::with_capacity(BATCH, BATCH * 16)),
+        }
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            Builder::Int(b) => Arc::new(b.finish()),
+            Builder::Bool(b) => Arc::new(b.finish()),
+            Builder::Str(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+/// The Parquet bytes of one file, sent to the client in chunks; the first names the file.
+struct Sink<'a> {
+    out: Out<'a>,
+    /// Set until the file's first chunk is sent.
+    name: Option<String>,
+}
+
+impl Sink<'_> {
+    fn send(&mut self) -> Result<(), Stop> {
+        if let Some(n) = self.name.take() {
+            self.out.file_name = n;
+        }
+        self.out.send()
+    }
+}
+
+impl Write for Sink<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.out.buf.extend_from_slice(b);
+        if self.out.buf.len() >= CHUNK {
+            self.send().map_err(|_| std::io::Error::other("the client went away"))?;
+        }
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A Parquet error as the export's: the client gone when the channel is closed.
+fn failed(tx: &Tx, what: &str, e: impl std::fmt::Display) -> Stop {
+    if tx.is_closed() { Stop::ClientGone } else { Stop::Failed(ApiError::Internal(format!("{what}: {e}"))) }
+}
+
+/// The WHERE clause of `kind`'s rows in the session that pass `f` (alias `t`).
+fn where_clause(
+    c: &Connection,
+    kind: &str,
+    session: u64,
+    f: &pb::RecordFilter,
+) -> rusqlite::Result<(String, Vec<Value>)> {
+    if kind != "pc_sample" {
+        let w = where_for(c, kind, session, f)?;
+        return Ok((w.sql, w.params));
+    }
+    // PC samples are aggregated per session (no rowid ranges, no device or time columns).
+    let mut sql = "t.session = ?".to_string();
+    let mut params = vec![Value::Integer(session as i64)];
+    if !f.process_ids.is_empty() {
+        let list = f.process_ids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+        sql.push_str(&format!(" AND t.proc IN ({list})"));
+    }
+    if !f.name_pattern.is_empty() {
+        sql.push_str(&format!(" AND t.function IN (SELECT id FROM strings WHERE {NAME_GLOB})"));
+        params.push(Value::Text(f.name_pattern.clone()));
+        params.push(Value::Text(f.name_pattern.clone()));
+    }
+    Ok((sql, params))
+}
+
+/// The Parquet export of a session's records (see the module's comment).
+pub(super) fn parquet_files(db: &std::path::Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
+    let c = crate::store::open_reader(db)?;
+    let total = total_rows(&c, session, crate::catalog::RECORD_TABLES)?;
+    let mut written = 0u64;
+    let mut names = Names { host: crate::otlp::host_name(), cache: HashMap::new(), api: HashMap::new() };
+    for kind in KINDS {
+        let cols = all_columns(kind);
+        let props = properties(&cols);
+        let (w, params) = where_clause(&c, kind, session, f)?;
+        let select = cols.iter().map(|(_, e, _)| *e).collect::<Vec<_>>().join(", ");
+        let mut st =
+            c.prepare(&format!("SELECT {select} FROM {kind} t JOIN processes p ON p.id = t.proc WHERE {w}"))?;
+        let mut rows = st.query(params_from_iter(params.iter()))?;
+        let mut writer: Option<ArrowWriter<Sink<'_>>> = None;
+        let schema = schema(&cols);
+        let mut builders: Vec<Builder> = cols.iter().map(|(_, _, conv)| Builder::new(*conv)).collect();
+        let mut in_batch = 0usize;
+        while let Some(r) = rows.next()? {
+            if writer.is_none() {
+                writer = Some(file_writer(tx, format!("{kind}.parquet"), schema.clone(), &props, written, total)?);
+            }
+            for (i, ((_, _, conv), b)) in cols.iter().zip(builders.iter_mut()).enumerate() {
+                let v: i64 = r.get(i)?;
+                match b {
+                    Builder::Int(b) => b.append_value(v),
+                    Builder::Bool(b) => b.append_value(v != 0),
+                    Builder::Str(b) => b.append_value(names.text(&c, *conv, v)?),
+                }
+            }
+            in_batch += 1;
+            if in_batch == BATCH
+                && let Some(w) = writer.as_mut()
+            {
+                write_batch(w, &schema, &mut builders, tx)?;
+                written += in_batch as u64;
+                w.inner_mut().out.written = written;
+                in_batch = 0;
+            }
+        }
+        let Some(mut w) = writer else { continue };
+        if in_batch > 0 {
+            write_batch(&mut w, &schema, &mut builders, tx)?;
+            written += in_batch as u64;
+            w.inner_mut().out.written = written;
+        }
+        let mut sink = w.into_inner().map_err(|e| failed(tx, "finishing the Parquet file", e))?;
+        // The file's last chunk (the first too when it is small) with its final count.
+        sink.send()?;
+    }
+    Ok(())
+}
+
+/// Snappy, row groups of [`ROW_GROUP`] rows, dictionaries for the string columns only (few
+/// distinct names; the integers are mostly distinct, where a dictionary is only tried and
+/// dropped).
+fn properties(cols: &[Col]) -> WriterProperties {
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_size(ROW_GROUP)
+        .set_created_by(format!("gpuprofd {}", env!("CARGO_PKG_VERSION")))
+        .set_dictionary_enabled(false);
+    for (name, _, conv) in cols {
+        if !matches!(conv, Conv::Int | Conv::Bool) {
+            b = b.set_column_dictionary_enabled(ColumnPath::from(*name), true);
+        }
+    }
+    b.build()
+}
+
+/// A Parquet writer whose bytes go to the client, the first chunk naming the file;
+/// `written` and `total` are the export's progress so far.
+fn file_writer<'a>(
+    tx: &'a Tx,
+    name: String,
+    schema: Arc<Schema>,
+    props: &WriterProperties,
+    written: u64,
+    total: u64,
+) -> Result<ArrowWriter<Sink<'a>>, Stop> {
+    let sink = Sink {
+        out: Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written, total, file_name: String::new() },
+        name: Some(name),
+    };
+    ArrowWriter::try_new(sink, schema, Some(props.clone())).map_err(|e| failed(tx, "starting the Parquet file", e))
+}
+
+fn write_batch(
+    w: &mut ArrowWriter<Sink<'_>>,
+    schema: &Arc<Schema>,
+    builders: &mut [Builder],
+    tx: &Tx,
+) -> Result<(), Stop> {
+    let arrays = builders.iter_mut().map(Builder::finish).collect();
+    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| failed(tx, "building a record batch", e))?;
+    w.write(&batch).map_err(|e| failed(tx, "writing the Parquet file", e))
+}
+
+/// Interned strings of one export, as shown and as stored, read once each.
+struct Names {
+    host: String,
+    cache: HashMap<i64, (String, String)>,
+    /// API function names by `domain << 32 | cbid`.
+    api: HashMap<i64, String>,
+}
+
+impl Names {
+    /// The string column value of `v`.
+    fn text(&mut self, c: &Connection, conv: Conv, v: i64) -> rusqlite::Result<Cow<'_, str>> {
+        Ok(match conv {
+            Conv::Name | Conv::Stored => {
+                if let std::collections::hash_map::Entry::Vacant(e) = self.cache.entry(v) {
+                    let (shown, stored) = names(c, v)?;
+                    let stored = if stored.is_empty() { shown.clone() } else { stored };
+                    e.insert((shown, stored));
+                }
+                let (shown, stored) = &self.cache[&v];
+                Cow::Borrowed(if matches!(conv, Conv::Name) { shown } else { stored })
+            }
+            Conv::CopyKind => Cow::Owned(copy_kind_name(v)),
+            Conv::SyncType => Cow::Borrowed(sync_type_name(v)),
+            Conv::ApiDomain => Cow::Borrowed(crate::cbid::domain_name(v)),
+            Conv::ApiName => {
+                Cow::Borrowed(self.api.entry(v).or_insert_with(|| crate::cbid::name(v >> 32, v & 0xffff_ffff)))
+            }
+            Conv::Host => Cow::Borrowed(&self.host),
+            Conv::Int | Conv::Bool => Cow::Borrowed(""),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_a_record_table_and_has_unique_columns() {
+        for k in KINDS {
+            assert!(*k == "pc_sample" || crate::catalog::RECORD_TABLES.contains(k), "{k}");
+            let cols = all_columns(k);
+            let mut names: Vec<&str> = cols.iter().map(|c| c.0).collect();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), cols.len(), "{k}: a column name twice");
+        }
+        for t in crate::catalog::RECORD_TABLES {
+            assert!(KINDS.contains(t), "{t} has no Parquet file");
+        }
+    }
+
+    #[test]
+    fn a_file_streams_in_chunks_the_first_naming_it_and_reads_back() {
+        use arrow_array::{Array, Int64Array, StringArray};
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+        let cols: Vec<Col> = vec![("v", "", Conv::Int), ("name", "", Conv::Name), ("flag", "", Conv::Bool)];
+        let schema = schema(&cols);
+        let props = properties(&cols);
+        let n = 3 * ROW_GROUP + 5;
+        let Ok(mut w) = file_writer(&tx, "t.parquet".into(), schema.clone(), &props, 7, 0) else { panic!() };
+        let mut b: Vec<Builder> = cols.iter().map(|c| Builder::new(c.2)).collect();
+        for i in 0..n {
+            if let [Builder::Int(v), Builder::Str(s), Builder::Bool(f)] = b.as_mut_slice() {
+                v.append_value(i as i64 * 7919);
+                s.append_value(format!("kernel_{}", i % 13));
+                f.append_value(i % 2 == 0);
+            }
+            if (i + 1) % BATCH == 0 || i + 1 == n {
+                assert!(write_batch(&mut w, &schema, &mut b, &tx).is_ok());
+                w.inner_mut().out.written = 7 + i as u64 + 1;
+            }
+        }
+        let Ok(mut sink) = w.into_inner() else { panic!() };
+        assert!(sink.send().is_ok());
+        drop(sink);
+        drop(tx);
+        let mut data = Vec::new();
+        let mut names = Vec::new();
+        let mut last = None;
+        while let Ok(Ok(m)) = rx.try_recv() {
+            names.push(m.file_name);
+            data.extend_from_slice(&m.data);
+            last = Some((m.events_written, m.events_total));
+        }
+        assert!(names.len() > 2, "{} chunks", names.len());
+        assert_eq!(names[0], "t.parquet");
+        assert!(names[1..].iter().all(String::is_empty));
+        assert_eq!(last, Some((7 + n as u64, 7 + n as u64)));
+        let r = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(data)).unwrap();
+        assert_eq!(r.metadata().num_row_groups(), 4);
+        let g = r.metadata().row_group(0);
+        assert!(g.column(0).dictionary_page_offset().is_none(), "no dictionary for integers");
+        assert!(g.column(1).dictionary_page_offset().is_some(), "a dictionary for names");
+        assert_eq!(r.metadata().file_metadata().num_rows(), n as i64);
+        let (mut rows, mut sum, mut marks) = (0usize, 0i64, 0usize);
+        for batch in r.build().unwrap() {
+            let batch = batch.unwrap();
+            let v = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let s = batch.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            let f = batch.column(2).as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+            for i in 0..batch.num_rows() {
+                assert_eq!(s.value(i), format!("kernel_{}", (rows + i) % 13));
+                sum += v.value(i);
+                marks += usize::from(f.value(i));
+            }
+            assert_eq!(v.null_count(), 0);
+            rows += batch.num_rows();
+        }
+        assert_eq!(rows, n);
+        assert_eq!(sum, (0..n as i64).map(|i| i * 7919).sum::<i64>());
+        assert_eq!(marks, n.div_ceil(2));
+    }
+}
