@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod fake_agent;
 pub mod layout;
 pub mod pc_agent;
+pub mod python;
 pub mod records;
 pub mod traced_agent;
 

@@ -349,3 +349,35 @@ impl Drop for AgentProcess {
         }
     }
 }
+
+/// A finished session over one traced agent (exe `python3`) that sent `per` records, started
+/// and stopped with `gpuprofctl session`; the agent stays connected.
+pub fn recorded_session(d: &crate::TestDaemon, per: u64) -> (u64, TracedAgent) {
+    let cfg = TracedConfig {
+        exe: "/usr/bin/python3".into(),
+        cmdline: vec!["python3".into()],
+        per_session: per,
+        rate: 200_000.0,
+        batch: 500,
+        ..Default::default()
+    };
+    let agent = TracedAgent::start(&d.agent_socket, cfg).expect("traced agent");
+    let out = d.ctl(&["session", "start", "--exe", "python3", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["id"].as_u64().expect("id");
+    assert_eq!(agent.wait_event(Duration::from_secs(10)).expect("started"), Event::Started(id));
+    let t = Instant::now();
+    while agent.sent_for(id) < per {
+        assert!(t.elapsed() < Duration::from_secs(30), "the agent sent {} of {per}", agent.sent_for(id));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = d.ctl(&["session", "stop", &id.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (id, agent)
+}
+
+/// Rows of record table (or view) `table` stored for `session`.
+pub fn stored_rows(c: &rusqlite::Connection, table: &str, session: u64) -> u64 {
+    c.query_row(&format!("SELECT count(*) FROM {table} WHERE session = ?1"), [session as i64], |r| r.get::<_, i64>(0))
+        .expect("count") as u64
+}

@@ -8,44 +8,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
-use std::time::Duration;
 
 use gpuprof_proto::perfetto::{Trace, TrackDescriptor, trace_packet::Data, track_event::Type};
 use gpuprof_testkit::TestDaemon;
-use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
+use gpuprof_testkit::traced_agent::{recorded_session, stored_rows};
 use prost::Message;
 
 const EVENT_TABLES: &[&str] = &["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead"];
-
-fn count(c: &rusqlite::Connection, table: &str, session: u64) -> u64 {
-    c.query_row(&format!("SELECT count(*) FROM {table} WHERE session = ?1"), [session as i64], |r| r.get::<_, i64>(0))
-        .unwrap() as u64
-}
-
-/// A finished session over one traced agent that sent `per` records.
-fn recorded_session(d: &TestDaemon, per: u64) -> (u64, TracedAgent) {
-    let cfg = TracedConfig {
-        exe: "/usr/bin/python3".into(),
-        cmdline: vec!["python3".into()],
-        per_session: per,
-        rate: 200_000.0,
-        batch: 500,
-        ..Default::default()
-    };
-    let agent = TracedAgent::start(&d.agent_socket, cfg).unwrap();
-    let out = d.ctl(&["session", "start", "--exe", "python3", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["id"].as_u64().unwrap();
-    assert_eq!(agent.wait_event(Duration::from_secs(10)).unwrap(), Event::Started(id));
-    let t = std::time::Instant::now();
-    while agent.sent_for(id) < per {
-        assert!(t.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = d.ctl(&["session", "stop", &id.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    (id, agent)
-}
 
 fn export(d: &TestDaemon, args: &[&str]) -> std::process::Output {
     let out = d.ctl(&[&["export"], args].concat());
@@ -114,11 +83,11 @@ fn perfetto_trace_has_the_sessions_slices_tracks_and_flows() {
 
     // Every record is there, per kind.
     let db = rusqlite::Connection::open(d.db_path()).unwrap();
-    let rows: u64 = EVENT_TABLES.iter().map(|t| count(&db, t, id)).sum();
+    let rows: u64 = EVENT_TABLES.iter().map(|t| stored_rows(&db, t, id)).sum();
     assert!(rows > 15_000, "{rows}");
     assert_eq!(by_cat.values().sum::<u64>(), rows, "{by_cat:?}");
     for (t, cat) in [("kernel", "kernel"), ("memcpy", "memcpy"), ("memset", "memset"), ("marker", "nvtx")] {
-        assert_eq!(by_cat.get(cat).copied().unwrap_or(0), count(&db, t, id), "{t}");
+        assert_eq!(by_cat.get(cat).copied().unwrap_or(0), stored_rows(&db, t, id), "{t}");
     }
 
     // The process track, its threads, and GPU tracks whose children are the streams.

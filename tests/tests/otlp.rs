@@ -29,33 +29,12 @@ use gpuprof_testkit::traced_agent::{TracedAgent, TracedConfig};
 use serde_json::Value;
 
 fn python_with_deps() -> (String, PathBuf) {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let pydeps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps-otlp");
-    let importable = |python: &str| {
-        Command::new(python)
-            .args([
-                "-c",
-                "import grpc, google.protobuf, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc, \
-                 opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc",
-            ])
-            .env("PYTHONPATH", &pydeps)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !importable(&python) {
-        let out = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
-            .arg(&pydeps)
-            .args(["grpcio", "protobuf", "opentelemetry-proto"])
-            .output()
-            .expect("running pip");
-        assert!(
-            out.status.success() && importable(&python),
-            "{python} needs grpcio, protobuf and opentelemetry-proto and pip could not install them:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    (python, pydeps)
+    gpuprof_testkit::python::with_packages(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "pydeps-otlp",
+        "grpc, google.protobuf, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc",
+        &["grpcio", "protobuf", "opentelemetry-proto"],
+    )
 }
 
 struct Receiver {

@@ -11,10 +11,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use gpuprof_testkit::TestDaemon;
-use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
+use gpuprof_testkit::traced_agent::{recorded_session, stored_rows};
 use serde_json::Value;
 
 /// The record kinds of the export, each a file when the session has rows of it.
@@ -34,29 +33,12 @@ const KINDS: &[&str] = &[
 ];
 
 fn python_with_duckdb() -> (String, PathBuf) {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let pydeps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps-duckdb");
-    let importable = |python: &str| {
-        Command::new(python)
-            .args(["-c", "import duckdb"])
-            .env("PYTHONPATH", &pydeps)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !importable(&python) {
-        let out = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
-            .arg(&pydeps)
-            .arg("duckdb")
-            .output()
-            .expect("running pip");
-        assert!(
-            out.status.success() && importable(&python),
-            "{python} needs duckdb and pip could not install it:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    (python, pydeps)
+    gpuprof_testkit::python::with_packages(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "pydeps-duckdb",
+        "duckdb",
+        &["duckdb"],
+    )
 }
 
 /// What DuckDB reads from the export directory.
@@ -66,36 +48,6 @@ fn duckdb_read(dir: &Path) -> Value {
     let out = Command::new(python).arg(script).arg(dir).env("PYTHONPATH", pydeps).output().unwrap();
     assert!(out.status.success(), "parquet_check.py: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// A finished session over one traced agent that sent `per` records.
-fn recorded_session(d: &TestDaemon, per: u64) -> (u64, TracedAgent) {
-    let cfg = TracedConfig {
-        exe: "/usr/bin/python3".into(),
-        cmdline: vec!["python3".into()],
-        per_session: per,
-        rate: 200_000.0,
-        batch: 500,
-        ..Default::default()
-    };
-    let agent = TracedAgent::start(&d.agent_socket, cfg).unwrap();
-    let out = d.ctl(&["session", "start", "--exe", "python3", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap();
-    assert_eq!(agent.wait_event(Duration::from_secs(10)).unwrap(), Event::Started(id));
-    let t = std::time::Instant::now();
-    while agent.sent_for(id) < per {
-        assert!(t.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = d.ctl(&["session", "stop", &id.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    (id, agent)
-}
-
-fn stored(c: &rusqlite::Connection, kind: &str, session: u64) -> u64 {
-    c.query_row(&format!("SELECT count(*) FROM {kind} WHERE session = ?1"), [session as i64], |r| r.get::<_, i64>(0))
-        .unwrap() as u64
 }
 
 /// `gpuprofctl export ... --json` into `dir`: file name → rows, as gpuprofctl reports them.
@@ -139,7 +91,7 @@ fn parquet_files_read_back_with_duckdb_match_the_daemon() {
     // One file per kind the daemon stored, with its rows (gpuprofctl's count and DuckDB's).
     let c = rusqlite::Connection::open(d.db_path()).unwrap();
     let expected: Vec<(String, u64)> =
-        KINDS.iter().map(|k| (format!("{k}.parquet"), stored(&c, k, id))).filter(|(_, n)| *n > 0).collect();
+        KINDS.iter().map(|k| (format!("{k}.parquet"), stored_rows(&c, k, id))).filter(|(_, n)| *n > 0).collect();
     for kind in ["kernel", "api", "memcpy", "memset", "sync", "marker", "overhead", "external_correlation"] {
         assert!(expected.iter().any(|(f, _)| *f == format!("{kind}.parquet")), "the session has no {kind} rows");
     }
@@ -166,7 +118,7 @@ fn parquet_files_read_back_with_duckdb_match_the_daemon() {
     let ours = by_total(&top["top_kernels"]);
     assert!(ours.len() > 1, "{top}");
     assert_eq!(by_total(&read["top_kernels"]), ours, "top kernels by total time");
-    assert_eq!(ours.iter().map(|k| k.1).sum::<u64>(), stored(&c, "kernel", id));
+    assert_eq!(ours.iter().map(|k| k.1).sum::<u64>(), stored_rows(&c, "kernel", id));
 
     // A name filter applies to the kernels (and to nothing without names).
     let gemm = tmp.path().join("gemm");

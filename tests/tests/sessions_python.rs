@@ -18,28 +18,12 @@ use gpuprof_testkit::traced_agent::{TracedAgent, TracedConfig};
 
 #[test]
 fn python_client_starts_lists_and_stops_a_session() {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let pydeps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps");
-    let importable = |python: &str| {
-        Command::new(python)
-            .args(["-c", "import grpc, grpc_tools, grpc_health.v1, grpc_reflection.v1alpha"])
-            .env("PYTHONPATH", &pydeps)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !importable(&python) {
-        let out = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
-            .arg(&pydeps)
-            .args(["grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection", "protobuf"])
-            .output()
-            .expect("running pip");
-        assert!(
-            out.status.success() && importable(&python),
-            "{python} needs grpcio, grpcio-tools, grpcio-health-checking and grpcio-reflection and pip could not install them:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let (python, pydeps) = gpuprof_testkit::python::with_packages(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "pydeps",
+        "grpc, grpc_tools, grpc_health.v1, grpc_reflection.v1alpha",
+        &["grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection", "protobuf"],
+    );
     let dir = tempfile::tempdir().unwrap();
     let d = TestDaemon::start(&dir.path().join("state")).unwrap();
     let agent = TracedAgent::start(&d.agent_socket, TracedConfig::default()).unwrap();

@@ -1,0 +1,37 @@
+//! Python for the tests that drive gpuprof from Python (the generated client, an OTLP
+//! receiver, DuckDB): `$PYTHON` or `python3`, with the packages a test needs importable,
+//! installed with pip into the target directory when they are not.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The interpreter and the directory to put on `PYTHONPATH` so that `imports` (a Python
+/// import statement's modules, e.g. `"grpc, duckdb"`) work; when they do not, `packages` are
+/// installed with pip into `tmp/<dir>` first. Panics, saying what is missing, when pip cannot
+/// make them importable.
+pub fn with_packages(tmp: &Path, dir: &str, imports: &str, packages: &[&str]) -> (String, PathBuf) {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let pydeps = tmp.join(dir);
+    let importable = |python: &str| {
+        Command::new(python)
+            .args(["-c", &format!("import {imports}")])
+            .env("PYTHONPATH", &pydeps)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !importable(&python) {
+        let out = Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
+            .arg(&pydeps)
+            .args(packages)
+            .output()
+            .expect("running pip");
+        assert!(
+            out.status.success() && importable(&python),
+            "{python} needs {} and pip could not install them:\n{}",
+            packages.join(", "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (python, pydeps)
+}
