@@ -23,6 +23,10 @@ use crate::{
 /// (reloading on SIGHUP from `source`), then drains and commits everything queued before
 /// returning.
 pub async fn run(config: Config, source: reload::Source) -> Result<()> {
+    // The handlers exist before the sockets are even bound: a SIGTERM sent as soon as a socket
+    // answers a connect (the accept loops may not run yet), or right after READY=1, must stop
+    // the daemon cleanly, not kill it. One received during start is acted on once it serves.
+    let signals = Signals::install();
     let db_path = config.database_path();
     let stats = Arc::new(Stats::default());
     let (conn, moved_aside) = store::open_writer_or_move_aside(&db_path, &config.storage)?;
@@ -78,9 +82,6 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let rollup_task = tokio::spawn(rollup::run(d.clone()));
     let retention_task = tokio::spawn(retention::run(d.clone(), shutdown.clone()));
 
-    // The handlers exist before anything serves: a SIGTERM sent as soon as the sockets answer
-    // (or right after READY=1) must stop the daemon cleanly, not kill it.
-    let signals = Signals::install();
     let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
     let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));
 
