@@ -5,19 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The interpreter and the directory to put on `PYTHONPATH` so that `imports` (a Python
-/// import statement's modules, e.g. `"grpc, duckdb"`) work; when they do not, `packages` are
-/// installed with pip into `tmp/<dir>` first. Panics, saying what is missing, when pip cannot
-/// make them importable.
-pub fn with_packages(tmp: &Path, dir: &str, imports: &str, packages: &[&str]) -> (String, PathBuf) {
+/// The interpreter and the directory to put on `PYTHONPATH` so that `check` (Python code,
+/// e.g. `"import grpc, duckdb"`) runs; when it does not, `packages` are installed with pip into
+/// `tmp/<dir>` first. Panics, saying what is missing, when pip cannot make `check` pass.
+pub fn with_packages(tmp: &Path, dir: &str, check: &str, packages: &[&str]) -> (String, PathBuf) {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let pydeps = tmp.join(dir);
     let importable = |python: &str| {
-        Command::new(python)
-            .args(["-c", &format!("import {imports}")])
-            .env("PYTHONPATH", &pydeps)
-            .output()
-            .is_ok_and(|o| o.status.success())
+        Command::new(python).args(["-c", check]).env("PYTHONPATH", &pydeps).output().is_ok_and(|o| o.status.success())
     };
     if !importable(&python) {
         let out = Command::new(&python)

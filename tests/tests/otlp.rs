@@ -32,7 +32,7 @@ fn python_with_deps() -> (String, PathBuf) {
     gpuprof_testkit::python::with_packages(
         Path::new(env!("CARGO_TARGET_TMPDIR")),
         "pydeps-otlp",
-        "grpc, google.protobuf, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc",
+        "import grpc, google.protobuf, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc",
         &["grpcio", "protobuf", "opentelemetry-proto"],
     )
 }

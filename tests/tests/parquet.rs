@@ -36,7 +36,7 @@ fn python_with_duckdb() -> (String, PathBuf) {
     gpuprof_testkit::python::with_packages(
         Path::new(env!("CARGO_TARGET_TMPDIR")),
         "pydeps-duckdb",
-        "duckdb",
+        "import duckdb",
         &["duckdb"],
     )
 }

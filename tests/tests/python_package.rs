@@ -20,34 +20,16 @@ fn repo() -> PathBuf {
 
 #[test]
 fn generated_python_code_matches_the_proto() {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let tools = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps-generate");
-    let importable = || {
-        Command::new(&python)
-            .args([
-                "-c",
-                &format!(
-                    "import grpc_tools.protoc, importlib.metadata as m; assert m.version('grpcio-tools') == '{}'",
-                    GRPCIO_TOOLS.trim_start_matches("grpcio-tools==")
-                ),
-            ])
-            .env("PYTHONPATH", &tools)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !importable() {
-        let out = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
-            .arg(&tools)
-            .arg(GRPCIO_TOOLS)
-            .output()
-            .expect("running pip");
-        assert!(
-            out.status.success() && importable(),
-            "{python} needs {GRPCIO_TOOLS} and pip could not install it:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let check = format!(
+        "import grpc_tools.protoc, importlib.metadata as m; assert m.version('grpcio-tools') == '{}'",
+        GRPCIO_TOOLS.trim_start_matches("grpcio-tools==")
+    );
+    let (python, tools) = gpuprof_testkit::python::with_packages(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "pydeps-generate",
+        &check,
+        &[GRPCIO_TOOLS],
+    );
     let out_dir = tempfile::tempdir().unwrap();
     let out = Command::new("bash")
         .arg(repo().join("python/generate.sh"))

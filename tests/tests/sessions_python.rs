@@ -21,7 +21,7 @@ fn python_client_starts_lists_and_stops_a_session() {
     let (python, pydeps) = gpuprof_testkit::python::with_packages(
         Path::new(env!("CARGO_TARGET_TMPDIR")),
         "pydeps",
-        "grpc, grpc_tools, grpc_health.v1, grpc_reflection.v1alpha",
+        "import grpc, grpc_tools, grpc_health.v1, grpc_reflection.v1alpha",
         &["grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection", "protobuf"],
     );
     let dir = tempfile::tempdir().unwrap();
