@@ -276,13 +276,27 @@ fn pause_resume_expiry_markers_and_persistence() -> Result<()> {
     ctl_ok(&d, &["profile", "--resume", "--gpu", "1"]);
     assert!(matches!(s1.command(Duration::from_secs(1))?, Command::Start { .. }));
 
-    // Every grant, revoke, expiry, pause and resume is in the audit table.
+    // Every grant, revoke, expiry, pause and resume is in the audit table. The rows are
+    // written after the commands are sent (by the writer, in order), so the last resume's rows
+    // may land a moment after the sampler saw its start: wait for them.
     let db = rusqlite::Connection::open(d.db_path())?;
     let count = |e: &str| -> i64 {
         db.query_row("SELECT COUNT(*) FROM audit WHERE event = ?1", [e], |r| r.get(0)).unwrap_or(0)
     };
-    assert!(count("pause") >= 4 && count("resume") >= 3 && count("expire") >= 1, "audit rows");
-    assert!(count("grant") >= 8 && count("revoke") >= 4);
+    let all_there = || {
+        count("pause") >= 4
+            && count("resume") >= 3
+            && count("expire") >= 1
+            && count("grant") >= 8
+            && count("revoke") >= 4
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_there() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let counts: Vec<(&str, i64)> =
+        ["pause", "resume", "expire", "grant", "revoke"].iter().map(|e| (*e, count(e))).collect();
+    assert!(all_there(), "audit rows missing after 10 s: {counts:?}");
     eprintln!("pause → sampler stopped in {stop_latency:?}; --for 2s expired after {expire_after:?}");
     assert_eq!(d.terminate()?, 0);
     Ok(())
