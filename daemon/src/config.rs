@@ -219,6 +219,10 @@ pub struct AgentConfig {
     pub liveness_timeout_ms: u64,
     /// Publish the new-process hint (see `sessions::hints::publish_hint`).
     pub api_from_start: bool,
+    /// Ask every injected process to hook the runtime's API callbacks inside cuInit
+    /// (`gpuprof_proto::hint::HOOK_LINE`), so that late traces record API calls by id (off by
+    /// default: costs untraced processes 1–4 %).
+    pub late_attach_hook: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -47,6 +47,11 @@ pub struct Config {
     /// `GPUPROF_API_AT_INIT` (0/1): switch the recorded runtime callback ids on inside `cuInit`
     /// always (1) or never (0); unset follows the daemon's hint ([`gpuprof_proto::hint`]).
     pub api_at_init: Option<bool>,
+    /// `GPUPROF_API_HOOK` (0/1): when the recorded ids are not switched on inside `cuInit`,
+    /// hook the runtime's API callbacks there (always/never), so that a later trace records
+    /// runtime API calls by callback id ([`crate::tracer::hook_runtime`]); unset: as the
+    /// daemon's hint asks ([`gpuprof_proto::hint::HOOK_LINE`]).
+    pub api_hook: Option<bool>,
     /// `GPUPROF_DETACH`: how a trace leaves CUPTI when it stops (see [`DetachMode`]).
     pub detach: DetachMode,
 }
@@ -115,6 +120,7 @@ impl Default for Config {
             cupti_device_buffer: None,
             api_mode: ApiMode::Kind,
             api_at_init: None,
+            api_hook: None,
             detach: DetachMode::Finalize,
         }
     }
@@ -153,6 +159,7 @@ impl Config {
             c.api_mode = m;
         }
         c.api_at_init = flag("GPUPROF_API_AT_INIT");
+        c.api_hook = flag("GPUPROF_API_HOOK");
         if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
             c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
         }
@@ -203,10 +210,13 @@ mod tests {
             "GPUPROF_MAX_BUFFERS" => Some("3".into()),
             "GPUPROF_PREFILL_BUFFERS" => Some("10".into()),
             "GPUPROF_API_AT_INIT" => Some("0".into()),
+            "GPUPROF_API_HOOK" => Some("1".into()),
             _ => None,
         });
         assert_eq!(c.api_at_init, Some(false));
         assert_eq!(d.api_at_init, None, "unset: the daemon's hint decides");
+        assert_eq!(c.api_hook, Some(true));
+        assert_eq!(d.api_hook, None, "unset: the daemon's hint decides");
         assert!(!c.zeroed_buffers);
         assert_eq!(c.cupti_pinned, Some(true));
         assert_eq!(c.cupti_device_buffer, Some(32 << 20));

@@ -74,32 +74,46 @@ pub fn initialize() {
     }
 }
 
-/// True when the recorded runtime callback ids were switched on during initialisation.
+/// True when runtime callback ids switched on later record: the recorded ids were switched on,
+/// or the runtime hooked, during initialisation.
 static EARLY_API: AtomicBool = AtomicBool::new(false);
 
 /// Switches the recorded runtime callback ids on here, inside `cuInit` and before the CUDA
-/// runtime initialises, when a session awaits this process (see [`gpuprof_proto::hint`]). This is the
-/// one step taken on the application's thread: CUPTI is loaded only in that case.
+/// runtime initialises, when a session awaits this process; otherwise, when the daemon asks
+/// for it, hooks the runtime's API callbacks so that a later trace can switch them on (see
+/// [`gpuprof_proto::hint`]). This is the one step taken on the application's thread: CUPTI is
+/// loaded only in these cases.
 fn early_api(cfg: &Config) {
+    // A hint only counts while its daemon listens (a crashed one may have left it). Read only
+    // when the environment leaves a choice to it.
+    let hint = if cfg.api_at_init.is_none() || cfg.api_hook.is_none() {
+        gpuprof_proto::hint::read_hint(&cfg.socket)
+            .filter(|_| std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok())
+    } else {
+        None
+    };
     let wanted = cfg.api_at_init.unwrap_or_else(|| {
-        // A hint only counts while its daemon listens (a crashed one may have left it).
-        let hint = gpuprof_proto::hint::read_hint(&cfg.socket)
-            .filter(|_| std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok());
-        hint.is_some_and(|text| {
+        hint.as_deref().is_some_and(|text| {
             let id = Identity::of_this_process(Vec::new());
             // Safety: getuid has no preconditions.
             let uid = unsafe { libc::getuid() };
             let me = gpuprof_proto::hint::Me { pid: id.pid, uid, exe: id.exe, cmdline: id.cmdline, cgroup: id.cgroup };
-            gpuprof_proto::hint::covers(&text, &me)
+            gpuprof_proto::hint::covers(text, &me)
         })
     });
-    if !wanted {
+    if wanted {
+        let Ok(cupti) = gpuprof_cupti::loader::shared() else { return };
+        let on = crate::cbids::RUNTIME.iter().filter(|&&id| cupti.enable_runtime_api(id, true).is_ok()).count();
+        EARLY_API.store(on > 0, Ordering::SeqCst);
+        log!(Info, "{on} runtime API callback ids switched on at initialisation");
         return;
     }
-    let Ok(cupti) = gpuprof_cupti::loader::shared() else { return };
-    let on = crate::cbids::RUNTIME.iter().filter(|&&id| cupti.enable_runtime_api(id, true).is_ok()).count();
-    EARLY_API.store(on > 0, Ordering::SeqCst);
-    log!(Info, "{on} runtime API callback ids switched on at initialisation");
+    if cfg.api_hook.unwrap_or_else(|| hint.as_deref().is_some_and(gpuprof_proto::hint::asks_hook)) {
+        let Ok(cupti) = gpuprof_cupti::loader::shared() else { return };
+        let hooked = crate::tracer::hook_runtime(cupti);
+        EARLY_API.store(hooked, Ordering::SeqCst);
+        log!(Info, "runtime API callbacks hooked at initialisation: {hooked}");
+    }
 }
 
 fn background(cfg: Config, wake: Arc<Wake>, control: Arc<Control>) {

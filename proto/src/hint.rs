@@ -16,6 +16,14 @@
 //! File format, one target per line: `<uid or *> <kind> [value]`, kind one of `all`, `pid`,
 //! `exe_name`, `exe_pattern`, `cgroup` (the daemon's session targets; others never match here). A uid limits
 //! the line to that user's processes (a session of a non-admin owner).
+//!
+//! One more line, [`HOOK_LINE`], asks every process that no line covers to hook the runtime's
+//! API callbacks inside `cuInit` instead: one runtime callback id that applications rarely call
+//! is switched on, which keeps the runtime's calls reachable through CUPTI's callback ids, so a
+//! session that starts later switches the recorded ids on rather than the RUNTIME kind (on the
+//! H100 the PyTorch loop then ran 1.18–1.22× while traced late, against 1.36–1.41×; an
+//! untraced, hooked process 1.01–1.04×, which is why `gpuprofd` writes the line only when
+//! `agent.late_attach_hook` is set). Older injectors ignore the line.
 
 use std::path::{Path, PathBuf};
 
@@ -74,6 +82,14 @@ fn line_covers(line: &str, me: &Me) -> bool {
     }
 }
 
+/// The line asking uncovered processes to hook the runtime's API callbacks (module docs).
+pub const HOOK_LINE: &str = "* hook_runtime";
+
+/// Whether `text` has [`HOOK_LINE`].
+pub fn asks_hook(text: &str) -> bool {
+    text.lines().any(|l| l.trim() == HOOK_LINE)
+}
+
 /// Whether any line of `text` covers `me`.
 pub fn covers(text: &str, me: &Me) -> bool {
     text.lines().any(|l| line_covers(l, me))
@@ -127,6 +143,16 @@ mod tests {
         assert!(!covers("* exe_pattern *eval*", &m));
         assert!(!covers("* exe_pattern [abc", &m), "a malformed pattern matches nothing");
         assert!(covers("* pid 7\n* cgroup pod-abc\n", &m), "any line");
+    }
+
+    #[test]
+    fn the_hook_line_covers_no_process() {
+        let m = me();
+        let text = format!("{HOOK_LINE}\n* pid 7\n");
+        assert!(asks_hook(&text));
+        assert!(!covers(&text, &m), "the hook line is no target");
+        assert!(!asks_hook("* pid 7\n* all\n"));
+        assert!(!asks_hook("* hook_runtimes\n"));
     }
 
     #[test]

@@ -4,9 +4,13 @@
 # processes driven line by line (tests/gpu/detach_worker.py): `small`, the 100k-small-kernel loop,
 # and `conv`, a conv-net training step. Scenarios (SCENARIOS="...", default all, in this order):
 #   overhead  per workload (WORKS), a process traced by a session started before it (start),
-#             one traced by a session started later (late), both with GPUPROF_DETACH=finalize, and late
-#             with GPUPROF_DETACH=off
-#             (late_off, CUPTI left attached: the behaviour before detaching). Each traced
+#             one traced by a session started later (late: API calls recorded by the RUNTIME
+#             kind), late_hook (GPUPROF_API_HOOK=1, as gpuprofd's agent.late_attach_hook asks:
+#             the runtime's API callbacks hooked inside cuInit, so the late trace records API
+#             calls by callback id; its "before" windows are what the hook costs an untraced
+#             process), all with GPUPROF_DETACH=finalize, and late_off (by kind with
+#             GPUPROF_DETACH=off, CUPTI left attached: the behaviour before detaching); MODES
+#             picks among them. Each traced
 #             process B runs beside an untraced one A, pinned to their own CPUs (PIN_A, PIN_B,
 #             swapped from one rep to the next), timed windows alternating A and B: WINDOWS
 #             pairs before the session (late*), while traced and after the stop, REPS reps.
@@ -33,6 +37,7 @@ REPS=${REPS:-2}
 WINDOWS=${WINDOWS:-7}
 CYCLES=${CYCLES:-50}
 BUSY=${BUSY:-20}
+MODES=${MODES:-start late late_hook late_off}
 # Workers run pinned (unpinned, the same untraced loop ran at 16 or at 25 us/op depending on
 # where the process landed), an untraced one and a traced one side by side, windows alternating,
 # so that the machine's drift (an untraced process alone slowed 13-38 % over a minute) cancels.
@@ -175,9 +180,10 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       # The two processes swap CPUs from one rep to the next; A, untraced, serves every mode.
       if [ $((rep % 2)) = 1 ]; then ca=$PIN_A cb=$PIN_B; else ca=$PIN_B cb=$PIN_A; fi
       wstart a "$ca" $work || { check "overhead $work: untraced worker started" FAIL "rep $rep"; continue; }
-      for mode in start late late_off; do
+      for mode in $MODES; do
         env=(CUDA_INJECTION64_PATH="$INJ")
         if [ $mode = late_off ]; then env+=(GPUPROF_DETACH=off); else env+=(GPUPROF_DETACH=finalize); fi
+        case $mode in late | late_off) env+=(GPUPROF_API_HOOK=0) ;; late_hook) env+=(GPUPROF_API_HOOK=1) ;; esac
         sid=
         [ $mode = start ] && sid=$(session_start --all --preset default --name "detach-$work-start")
         if ! wstart b "$cb" $work "${env[@]}"; then
@@ -202,13 +208,13 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       done
       wquit a
     done
-    for mode in start late late_off; do
+    for mode in $MODES; do
       k=$work.$mode
       wt=$(med x "${WALL[traced.$k]:-}") ct=$(med x "${CPU[traced.$k]:-}")
       wa=$(after_of WALL $work $mode) cpa=$(after_of CPU $work $mode)
       figure "$work $mode: traced ${wt}x (CPU ${ct}x) untraced, after the stop ${wa}x (CPU ${cpa}x) (medians of $((REPS * WINDOWS)) paired windows, traced process over untraced${WALL[before.$k]:+, after over before the session in the same pair (before: $(med x "${WALL[before.$k]}")x, CPU $(med x "${CPU[before.$k]}")x)}; API records per session:${APIS[$k]:-}; last session detail: ${DETAILS[$k]:-})"
       case $mode in
-        start | late)
+        start | late | late_hook)
           pass_if "$work $mode: after the stop <= 1.02x untraced, launching thread's CPU time" "$(calc "$cpa <= 1.02")" "${cpa}x; wall ${wa}x"
           pass_if "$work $mode: the session says CUPTI is detached" \
             "$([[ "${DETAILS[$k]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$k]:-}"
@@ -217,7 +223,9 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
           figure "$work: detaching takes the after-stop CPU time of a late session from ${cpa}x (off) to $(after_of CPU $work late)x"
           ;;
       esac
-      [ $mode = late ] && pass_if "$work late: while traced <= 1.25x untraced" "$(calc "$wt <= 1.25")" "${wt}x wall, CPU ${ct}x; from start ${WALL[traced.$work.start]:+$(med x "${WALL[traced.$work.start]}")x}"
+      [ $mode = late_hook ] && pass_if "$work late_hook: hooked, untraced before the session <= 1.02x untraced" \
+        "$(calc "$(med x "${WALL[before.$k]:-}") <= 1.02")" "wall $(med x "${WALL[before.$k]:-}")x, CPU $(med x "${CPU[before.$k]:-}")x"
+      [[ $mode = late || $mode = late_hook ]] && pass_if "$work $mode: while traced <= 1.25x untraced" "$(calc "$wt <= 1.25")" "${wt}x wall, CPU ${ct}x; from start ${WALL[traced.$work.start]:+$(med x "${WALL[traced.$work.start]}")x}"
     done
   done
 fi
@@ -230,6 +238,7 @@ cycle() { # CMD -> sets CYC_SID, CYC_KERNELS
   wask c "$1"
   session_stop "$CYC_SID"
   CYC_KERNELS=$(kernels_of "$CYC_SID")
+  CYC_APIS+=" $(api_of "$CYC_SID")"
 }
 # A cycle stopped while the worker launches kernels: the detach happens under CUDA calls.
 busy_cycle() {
@@ -265,7 +274,7 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
     fin=$(grep -cE "(pending at the stop is done|the last trace's pending detach): detached: finalized" "$STATE/worker_$CN.err")
     pass_if "cycles: each idle stop's pending detach finalized CUPTI at the next CUDA synchronization" \
       "$([ "$fin" -ge $((CYCLES - 1)) ] && echo 1)" "$fin of $((CYCLES - 1)) seen at the next start"
-    figure "cycles: ${stats[*]}"
+    figure "cycles: ${stats[*]}; API records per cycle:${CYC_APIS:-}"
     first=${stats[0]:-}
     last=${stats[${#stats[@]}-1]:-}
     kv() { grep -oE "$1=[0-9]+" <<<"$2" | cut -d= -f2; }

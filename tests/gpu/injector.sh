@@ -361,12 +361,15 @@ declare -A SKIP=([rt_only]=memcpy,memset,sync,nvtx,external_correlation,graphs
 # buffer itself, on the thread that asks), cbid (API records switched on per callback id only,
 # after initialisation: records none when the trace starts after the CUDA runtime initialised),
 # late (API records by activity kind, as for a process that started before its session:
-# GPUPROF_API_AT_INIT=0 ignores the daemon's new-process hint), pinned (CUPTI's profiling
+# GPUPROF_API_AT_INIT=0 ignores the daemon's new-process hint, GPUPROF_API_HOOK=0 its hook
+# line), hooked (as late, but with the runtime hooked inside cuInit, GPUPROF_API_HOOK=1, as
+# gpuprofd's agent.late_attach_hook asks: API records by callback id), pinned (CUPTI's profiling
 # buffers in pinned host memory), devbuf (32 MB profiling buffers), bigbuf (16 MB activity
 # buffers). Mode idleinit: injected, no session, API callback ids forced on at initialisation
-# (what honouring a hint costs a process that is then not traced).
-declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [cbid]="GPUPROF_API_MODE=cbid GPUPROF_API_AT_INIT=0"
-  [late]=GPUPROF_API_AT_INIT=0 [pinned]=GPUPROF_CUPTI_PINNED=1
+# (what honouring a hint costs a process that is then not traced). Mode idlehook: injected, no
+# session, the runtime hooked inside cuInit (GPUPROF_API_HOOK=1).
+declare -A MODE_ENV=([nozero]=GPUPROF_CUPTI_ZEROED=0 [cbid]="GPUPROF_API_MODE=cbid GPUPROF_API_AT_INIT=0 GPUPROF_API_HOOK=0"
+  [late]="GPUPROF_API_AT_INIT=0 GPUPROF_API_HOOK=0" [hooked]="GPUPROF_API_AT_INIT=0 GPUPROF_API_HOOK=1" [pinned]=GPUPROF_CUPTI_PINNED=1
   [devbuf]=GPUPROF_CUPTI_DEVICE_BUFFER_MB=32 [bigbuf]=GPUPROF_BUFFER_KB=16384
   [pinned_devbuf]="GPUPROF_CUPTI_PINNED=1 GPUPROF_CUPTI_DEVICE_BUFFER_MB=32")
 for v in "${!MODE_ENV[@]}"; do PRESET[$v]=default; done
@@ -392,6 +395,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       none) "$@" ;;
       idle) CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       idleinit) CUDA_INJECTION64_PATH="$INJ" GPUPROF_API_AT_INIT=1 "$@" ;;
+      idlehook) CUDA_INJECTION64_PATH="$INJ" GPUPROF_API_HOOK=1 "$@" ;;
       inert) CUDA_INJECTION64_PATH="$INJ" GPUPROF_DISABLE=1 "$@" ;;
       floor) CUDA_INJECTION64_PATH="$STATE/libfloor.so" "$@" 2>&1 | tr '\n' ' ' ;;
       floor_kernel | floor_launch)

@@ -338,7 +338,7 @@ fn new_process_hint_follows_active_sessions() {
     let stale = hint::hint_path(&dir.path().join("agent.sock"));
     std::fs::write(&stale, "* all\n").unwrap();
     let cfg = dir.path().join("cfg.toml");
-    std::fs::write(&cfg, "[agent]\napi_from_start = true\n").unwrap();
+    std::fs::write(&cfg, "[agent]\napi_from_start = true\nlate_attach_hook = false\n").unwrap();
     let d = TestDaemon::start_with(dir.path(), &["--config", cfg.to_str().unwrap()]).unwrap();
     let path = hint::hint_path(&d.agent_socket);
     assert_eq!(path, stale);
@@ -380,12 +380,53 @@ fn new_process_hint_follows_active_sessions() {
     });
 }
 
-/// With `agent.api_from_start = false` no hint is published.
+/// With `agent.late_attach_hook` the hint asks every process to hook the runtime's API
+/// callbacks, while no session is active too; the hook line covers no process;
+/// the targets of active sessions are added and removed beside it; the daemon removes the file
+/// when it stops.
+#[test]
+fn the_hint_asks_for_the_runtime_hook_when_configured() {
+    use gpuprof_proto::hint;
+    let dir = tempfile::tempdir().unwrap();
+    let stale = hint::hint_path(&dir.path().join("agent.sock"));
+    std::fs::write(&stale, "* all\n").unwrap();
+    let cfg = dir.path().join("cfg.toml");
+    std::fs::write(&cfg, "[agent]\nlate_attach_hook = true\n").unwrap();
+    let d = TestDaemon::start_with(dir.path(), &["--config", cfg.to_str().unwrap()]).unwrap();
+    let path = hint::hint_path(&d.agent_socket);
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    let wait_for = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while read() != want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(read(), want);
+    };
+    wait_for("* hook_runtime\n");
+    let text = read();
+    assert!(hint::asks_hook(&text));
+    assert!(!hint::covers(&text, &hint::Me { pid: 1, uid: 0, exe: "/bin/x".into(), ..Default::default() }));
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&d).await;
+        let mut req = start_req(vec![target(pb::target::Target::ExeName("trainer".into()))]);
+        req.collect = Some(pb::CollectOptions { preset: "default".into(), ..Default::default() });
+        let s = c.start_session(req).await.unwrap().into_inner();
+        wait_state(&mut c, s.id, pb::SessionState::Active, Duration::from_secs(5)).await;
+        wait_for("* hook_runtime\n* exe_name trainer\n");
+        c.stop_session(pb::StopSessionRequest { session_id: s.id }).await.unwrap();
+    });
+    wait_for("* hook_runtime\n");
+    assert_eq!(d.terminate().unwrap(), 0);
+    assert!(!path.exists(), "the daemon removes the hint when it stops");
+}
+
+/// With `agent.api_from_start = false` and `agent.late_attach_hook = false` no hint is published.
 #[test]
 fn no_new_process_hint_when_switched_off() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("cfg.toml");
-    std::fs::write(&cfg, "[agent]\napi_from_start = false\n").unwrap();
+    std::fs::write(&cfg, "[agent]\napi_from_start = false\nlate_attach_hook = false\n").unwrap();
     let d = TestDaemon::start_with(dir.path(), &["--config", cfg.to_str().unwrap()]).unwrap();
     let rt = rt();
     rt.block_on(async {

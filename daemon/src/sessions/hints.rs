@@ -7,8 +7,15 @@ use crate::Daemon;
 
 /// The new-process hint lines for the active sessions that record runtime API calls: the
 /// targets a process can be matched on when it starts (see [`gpuprof_proto::hint`]).
-fn hint_lines(g: &Inner) -> String {
+fn hint_lines(d: &Daemon, g: &Inner) -> String {
     let mut out = String::new();
+    if d.config.agent.late_attach_hook {
+        out.push_str(gpuprof_proto::hint::HOOK_LINE);
+        out.push('\n');
+    }
+    if !d.config.agent.api_from_start {
+        return out;
+    }
     for l in g.open.values().filter(|l| l.state == State::Active && l.collect.trace_config().runtime_api) {
         let uid = l.own_only.then_some(l.owner_uid);
         for t in &l.targets {
@@ -36,14 +43,15 @@ fn hint_lines(g: &Inner) -> String {
     out
 }
 
-/// With `agent.api_from_start` (the default), rewrites the new-process hint file next to the agent socket
-/// when the active sessions changed (removes it when no session awaits new processes). A failure only costs new
-/// processes the cheaper way of recording API calls, so it is logged, not returned.
+/// With `agent.api_from_start` (on by default) or `agent.late_attach_hook`, rewrites the
+/// new-process hint file next to the agent socket when its lines changed (removes it when it
+/// has none). A failure only costs new processes the cheaper way of recording API calls, so it
+/// is logged, not returned.
 pub(super) fn publish_hint(d: &Daemon, g: &mut Inner) {
-    if !d.config.agent.api_from_start {
+    if !d.config.agent.api_from_start && !d.config.agent.late_attach_hook {
         return;
     }
-    let text = hint_lines(g);
+    let text = hint_lines(d, g);
     if text == g.hint {
         return;
     }

@@ -169,6 +169,8 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
 /// The supervisor: follows agents joining and leaving, ends sessions on their duration or
 /// record limit, and when the daemon shuts down marks open sessions interrupted.
 pub async fn supervise(d: Arc<Daemon>, mut events: broadcast::Receiver<AgentEvent>) {
+    // The hint's hook line holds while no session is active.
+    publish_hint(&d, &mut d.sessions.lock());
     loop {
         let next = next_wakeup(&d);
         tokio::select! {

@@ -21,6 +21,6 @@ pub use backend::{
     StartOutcome,
 };
 pub use callbacks::{Shared, TRACING, install, now_ms};
-pub use cupti_backend::{CuptiBackend, Tuning};
+pub use cupti_backend::{CuptiBackend, Tuning, hook_runtime};
 pub use pc::{STALL_PREFIX, select_stalls, stop_at_exit as pc_stop_at_exit};
 pub use trace_config::{apply_skip, default_config, effective_config, kinds_for};
