@@ -118,6 +118,8 @@ struct Trace<'a> {
     strings: Strings,
     /// String id → JSON string literal.
     names: HashMap<i64, String>,
+    /// Names made from record fields (API function, copy direction, ...) → JSON string literal.
+    labels: HashMap<(u8, i64, i64), String>,
     /// (process, thread) of every host track used.
     host_threads: BTreeSet<(i64, u64)>,
     /// (process, GPU, stream) of every device track used.
@@ -134,6 +136,7 @@ impl<'a> Trace<'a> {
             first: true,
             strings: Strings::default(),
             names: HashMap::new(),
+            labels: HashMap::new(),
             host_threads: BTreeSet::new(),
             streams: BTreeSet::new(),
         }
@@ -167,15 +170,51 @@ impl<'a> Trace<'a> {
     }
 
     // ------------------------------------------------------------ events of each record kind
+    //
+    // Events are written straight into the output buffer (names rendered as JSON literals once
+    // per distinct name, integers with `itoa`): an export writes one per record.
 
     /// A kernel, copy, set or graph launch on its stream's track, with the end of the launch
     /// arrow from its API call (not for graph launches).
     fn device_activity(&mut self, table: &str, rec: &Rec, dur: i64) -> rusqlite::Result<()> {
-        let (dev, stream, corr) = (rec.v[0], rec.v[1], rec.v[2]);
+        let v = &rec.v;
+        let (dev, stream, corr) = (v[0], v[1], v[2]);
         self.streams.insert((rec.proc, dev, stream));
         let at = self.place(rec, gpu_pid(rec.proc, dev), stream as u64);
-        let (name, cat, args) = self.describe_activity(table, &rec.v)?;
-        self.event("X", &name, cat, at, Some(dur), &args);
+        let name = match table {
+            "kernel" => {
+                self.cache_name(v[3])?;
+                &self.names[&v[3]]
+            }
+            "memcpy" => {
+                self.labels.entry((0, v[4], 0)).or_insert_with(|| json_str(&format!("Memcpy {}", copy_kind_name(v[4]))))
+            }
+            "memset" => self.labels.entry((1, 0, 0)).or_insert_with(|| "\"Memset\"".to_string()),
+            _ => self.labels.entry((2, v[3], 0)).or_insert_with(|| json_str(&format!("Graph {}", v[3]))),
+        };
+        let cat = if table == "graph" { "graph" } else { table };
+        let mut w = W(&mut self.out.buf);
+        head(&mut w, &mut self.first, "X", name, cat, at, Some(dur));
+        w.s(",\"args\":{\"correlation\":").i(corr);
+        match table {
+            "kernel" => {
+                // Grid and block are stored as x * 10^6 + y * 10^3 + z.
+                w.s(",\"grid\":[").i(v[4] / 1_000_000).s(",").i(v[4] / 1000 % 1000).s(",").i(v[4] % 1000);
+                w.s("],\"block\":[").i(v[5] / 1_000_000).s(",").i(v[5] / 1000 % 1000).s(",").i(v[5] % 1000);
+                w.s("],\"registers\":").i(v[6]).s(",\"shared_bytes\":").i(v[7]);
+            }
+            "memcpy" => {
+                w.s(",\"bytes\":").i(v[3]).s(",\"direction\":\"").s(&copy_kind_name(v[4]));
+                w.s("\",\"src_device\":").i(v[5]).s(",\"dst_device\":").i(v[6]);
+            }
+            "memset" => {
+                w.s(",\"bytes\":").i(v[3]).s(",\"value\":").i(v[4]);
+            }
+            _ => {
+                w.s(",\"graph_id\":").i(v[3]);
+            }
+        }
+        w.s("}}");
         if table != "graph"
             && corr != 0
             && let Some(id) = self.flows.end(key(rec.proc, corr))
@@ -185,50 +224,18 @@ impl<'a> Trace<'a> {
         Ok(())
     }
 
-    /// Name (a JSON literal), category and arguments of a device activity.
-    fn describe_activity(&mut self, table: &str, v: &[i64; 8]) -> rusqlite::Result<(String, &'static str, String)> {
-        let corr = v[2];
-        Ok(match table {
-            "kernel" => (self.name_of(v[3])?, "kernel", kernel_args(v)),
-            "memcpy" => {
-                let dir = copy_kind_name(v[4]);
-                (
-                    json_str(&format!("Memcpy {dir}")),
-                    "memcpy",
-                    format!(
-                        "\"correlation\":{corr},\"bytes\":{},\"direction\":\"{dir}\",\"src_device\":{},\"dst_device\":{}",
-                        v[3], v[5], v[6]
-                    ),
-                )
-            }
-            "memset" => (
-                "\"Memset\"".to_string(),
-                "memset",
-                format!("\"correlation\":{corr},\"bytes\":{},\"value\":{}", v[3], v[4]),
-            ),
-            _ => {
-                (json_str(&format!("Graph {}", v[3])), "graph", format!("\"correlation\":{corr},\"graph_id\":{}", v[3]))
-            }
-        })
-    }
-
     /// A CUDA runtime or driver call on its host thread, with the starts of the launch arrows
     /// to the activities it launched.
     fn api_call(&mut self, rec: &Rec, dur: i64) {
-        let v = rec.v;
+        let v = &rec.v;
         let (tid, corr, domain, cbid) = (v[0] as u64, v[1], v[2], v[3]);
         self.host_threads.insert((rec.proc, tid));
         let cat = if domain == 2 { "cuda_driver" } else { "cuda_runtime" };
-        let name = json_str(&crate::cbid::name(domain, cbid));
-        let at = self.place(rec, host_pid(rec.proc), tid);
-        self.event(
-            "X",
-            &name,
-            cat,
-            at,
-            Some(dur),
-            &format!("\"correlation\":{corr},\"cbid\":{cbid},\"return\":{}", v[4]),
-        );
+        let name = self.labels.entry((3, domain, cbid)).or_insert_with(|| json_str(&crate::cbid::name(domain, cbid)));
+        let at = Place { pid: host_pid(rec.proc), tid, ts: rec.start - self.t0 };
+        let mut w = W(&mut self.out.buf);
+        head(&mut w, &mut self.first, "X", name, cat, at, Some(dur));
+        w.s(",\"args\":{\"correlation\":").i(corr).s(",\"cbid\":").i(cbid).s(",\"return\":").i(v[4]).s("}}");
         if corr != 0
             && let Some((id0, n)) = self.flows.starts(key(rec.proc, corr))
         {
@@ -238,39 +245,48 @@ impl<'a> Trace<'a> {
 
     /// An NVTX range, or a mark (an instant event), on its host thread.
     fn marker(&mut self, rec: &Rec, dur: i64) -> rusqlite::Result<()> {
-        let v = rec.v;
+        let v = &rec.v;
         let tid = v[0] as u64;
         self.host_threads.insert((rec.proc, tid));
-        let name = self.name_of(v[1])?;
-        let domain = if v[2] != 0 { self.name_of(v[2])? } else { "\"\"".into() };
-        let args = format!("\"domain\":{domain}");
-        let at = self.place(rec, host_pid(rec.proc), tid);
-        if v[3] != 0 {
-            self.event("i", &name, "nvtx", at, None, &args);
-        } else {
-            self.event("X", &name, "nvtx", at, Some(dur), &args);
+        self.cache_name(v[1])?;
+        if v[2] != 0 {
+            self.cache_name(v[2])?;
         }
+        let at = self.place(rec, host_pid(rec.proc), tid);
+        let name = &self.names[&v[1]];
+        let domain = if v[2] != 0 { self.names[&v[2]].as_str() } else { "\"\"" };
+        let mut w = W(&mut self.out.buf);
+        if v[3] != 0 {
+            head(&mut w, &mut self.first, "i", name, "nvtx", at, None);
+            w.s(",\"s\":\"t\"");
+        } else {
+            head(&mut w, &mut self.first, "X", name, "nvtx", at, Some(dur));
+        }
+        w.s(",\"args\":{\"domain\":").s(domain).s("}}");
         Ok(())
     }
 
     /// A synchronization on the process's "CUDA synchronization" track.
     fn sync(&mut self, rec: &Rec, dur: i64) {
-        let v = rec.v;
+        let v = &rec.v;
         self.host_threads.insert((rec.proc, SYNC_TID));
-        let name = json_str(&format!("Sync {}", sync_type_name(v[2])));
-        let at = self.place(rec, host_pid(rec.proc), SYNC_TID);
-        let args = format!("\"correlation\":{},\"stream\":{},\"event\":{}", v[1], v[0], v[3]);
-        self.event("X", &name, "sync", at, Some(dur), &args);
+        let name =
+            self.labels.entry((4, v[2], 0)).or_insert_with(|| json_str(&format!("Sync {}", sync_type_name(v[2]))));
+        let at = Place { pid: host_pid(rec.proc), tid: SYNC_TID, ts: rec.start - self.t0 };
+        let mut w = W(&mut self.out.buf);
+        head(&mut w, &mut self.first, "X", name, "sync", at, Some(dur));
+        w.s(",\"args\":{\"correlation\":").i(v[1]).s(",\"stream\":").i(v[0]).s(",\"event\":").i(v[3]).s("}}");
     }
 
     /// CUPTI's own overhead on the process's "CUPTI overhead" track.
     fn overhead(&mut self, rec: &Rec, dur: i64) {
-        let v = rec.v;
+        let v = &rec.v;
         self.host_threads.insert((rec.proc, OVERHEAD_TID));
-        let name = json_str(&format!("CUPTI overhead {}", v[0]));
-        let at = self.place(rec, host_pid(rec.proc), OVERHEAD_TID);
-        let args = format!("\"object_kind\":{},\"object_id\":{}", v[1], v[2]);
-        self.event("X", &name, "overhead", at, Some(dur), &args);
+        let name = self.labels.entry((5, v[0], 0)).or_insert_with(|| json_str(&format!("CUPTI overhead {}", v[0])));
+        let at = Place { pid: host_pid(rec.proc), tid: OVERHEAD_TID, ts: rec.start - self.t0 };
+        let mut w = W(&mut self.out.buf);
+        head(&mut w, &mut self.first, "X", name, "overhead", at, Some(dur));
+        w.s(",\"args\":{\"object_kind\":").i(v[1]).s(",\"object_id\":").i(v[2]).s("}}");
     }
 
     // ------------------------------------------------------------ writing events
@@ -280,14 +296,13 @@ impl<'a> Trace<'a> {
         Place { pid, tid, ts: rec.start - self.t0 }
     }
 
-    /// A stored string as a JSON string literal (each looked up once).
-    fn name_of(&mut self, id: i64) -> rusqlite::Result<String> {
-        if let Some(n) = self.names.get(&id) {
-            return Ok(n.clone());
+    /// Looks a stored string up once, as a JSON string literal, into `names`.
+    fn cache_name(&mut self, id: i64) -> rusqlite::Result<()> {
+        if !self.names.contains_key(&id) {
+            let n = json_str(&self.strings.get(self.c, id)?);
+            self.names.insert(id, n);
         }
-        let n = json_str(&self.strings.get(self.c, id)?);
-        self.names.insert(id, n.clone());
-        Ok(n)
+        Ok(())
     }
 
     /// The separator before every event but the first.
@@ -298,42 +313,19 @@ impl<'a> Trace<'a> {
         self.first = false;
     }
 
-    /// One timed event: `ph` X (complete, with `dur`), i (instant) or s/f (flow, finished by
-    /// the caller); `name` is a JSON literal, `args` the members of the args object.
-    fn event(&mut self, ph: &str, name: &str, cat: &str, at: Place, dur: Option<i64>, args: &str) {
-        self.separate();
-        let Place { pid, tid, ts } = at;
-        let buf = &mut self.out.buf;
-        let _ =
-            write!(Buf(buf), "{{\"ph\":\"{ph}\",\"cat\":\"{cat}\",\"name\":{name},\"pid\":{pid},\"tid\":{tid},\"ts\":");
-        us(buf, ts);
-        if let Some(d) = dur {
-            buf.extend_from_slice(b",\"dur\":");
-            us(buf, d);
-        }
-        if ph == "i" {
-            buf.extend_from_slice(b",\"s\":\"t\"");
-        }
-        if !args.is_empty() {
-            let _ = write!(Buf(buf), ",\"args\":{{{args}}}");
-        }
-        buf.push(b'}');
-    }
-
     /// The end of launch arrow `id` at a device activity.
     fn flow_end(&mut self, at: Place, id: u64) {
-        self.event("f", "\"launch\"", "flow", at, None, "");
-        // Patch in the flow id and binding point (the event above is complete).
-        self.out.buf.pop();
-        let _ = write!(Buf(&mut self.out.buf), ",\"id\":{id},\"bp\":\"e\"}}");
+        let mut w = W(&mut self.out.buf);
+        head(&mut w, &mut self.first, "f", "\"launch\"", "flow", at, None);
+        w.s(",\"id\":").u(id).s(",\"bp\":\"e\"}");
     }
 
     /// The starts of `n` launch arrows, ids `id0` on, at an API call.
     fn flow_starts(&mut self, at: Place, id0: u64, n: u32) {
         for k in 0..u64::from(n) {
-            self.event("s", "\"launch\"", "flow", at, None, "");
-            self.out.buf.pop();
-            let _ = write!(Buf(&mut self.out.buf), ",\"id\":{}}}", id0 + k);
+            let mut w = W(&mut self.out.buf);
+            head(&mut w, &mut self.first, "s", "\"launch\"", "flow", at, None);
+            w.s(",\"id\":").u(id0 + k).s("}");
         }
     }
 
@@ -389,18 +381,38 @@ impl<'a> Trace<'a> {
     }
 }
 
-/// A kernel's arguments: grid and block are stored as x * 10^6 + y * 10^3 + z.
-fn kernel_args(v: &[i64; 8]) -> String {
-    format!(
-        "\"correlation\":{},\"grid\":[{},{},{}],\"block\":[{},{},{}],\"registers\":{},\"shared_bytes\":{}",
-        v[2],
-        v[4] / 1_000_000,
-        v[4] / 1000 % 1000,
-        v[4] % 1000,
-        v[5] / 1_000_000,
-        v[5] / 1000 % 1000,
-        v[5] % 1000,
-        v[6],
-        v[7]
-    )
+/// Writes into the output buffer: text as is, integers in decimal.
+struct W<'a>(&'a mut Vec<u8>);
+
+impl W<'_> {
+    fn s(&mut self, text: &str) -> &mut Self {
+        self.0.extend_from_slice(text.as_bytes());
+        self
+    }
+
+    fn i(&mut self, v: i64) -> &mut Self {
+        self.0.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        self
+    }
+
+    fn u(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        self
+    }
+}
+
+/// The separator (but before the first event) and the start of one timed event: `ph` X
+/// (complete, with `dur`), i (instant) or s/f (flow); `name` is a JSON literal. The caller
+/// adds what else the event has and its closing brace.
+fn head(w: &mut W<'_>, first: &mut bool, ph: &str, name: &str, cat: &str, at: Place, dur: Option<i64>) {
+    if !std::mem::replace(first, false) {
+        w.s(",\n");
+    }
+    w.s("{\"ph\":\"").s(ph).s("\",\"cat\":\"").s(cat).s("\",\"name\":").s(name);
+    w.s(",\"pid\":").i(at.pid).s(",\"tid\":").u(at.tid).s(",\"ts\":");
+    us(w.0, at.ts);
+    if let Some(d) = dur {
+        w.s(",\"dur\":");
+        us(w.0, d);
+    }
 }

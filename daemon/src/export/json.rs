@@ -1,7 +1,5 @@
 //! Writing JSON by hand: string literals and times from integers.
 
-use std::fmt::Write as _;
-
 /// JSON string literal of `s`.
 pub(super) fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
@@ -9,9 +7,13 @@ pub(super) fn json_str(s: &str) -> String {
 
 /// ns as µs with three decimals, from integers.
 pub(super) fn us(out: &mut Vec<u8>, ns: i64) {
-    let neg = ns < 0;
+    if ns < 0 {
+        out.push(b'-');
+    }
     let a = ns.unsigned_abs();
-    let _ = write!(Buf(out), "{}{}.{:03}", if neg { "-" } else { "" }, a / 1000, a % 1000);
+    out.extend_from_slice(itoa::Buffer::new().format(a / 1000).as_bytes());
+    let frac = (a % 1000) as u16;
+    out.extend_from_slice(&[b'.', b'0' + (frac / 100) as u8, b'0' + (frac / 10 % 10) as u8, b'0' + (frac % 10) as u8]);
 }
 
 /// `fmt::Write` over a byte vector.

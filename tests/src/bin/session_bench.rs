@@ -5,7 +5,7 @@
 //!    sending on StartTrace), p50/p99 over `--runs` sessions (target p99 < 50 ms).
 //! 2. Top kernels over `--kernels` stored kernel rows of one session (target < 300 ms),
 //!    from the rollup, next to the same summary computed by scanning the rows.
-//! 3. ExportTrace throughput in events/s (Chrome JSON, SQLite and Parquet) over
+//! 3. ExportTrace throughput in events/s (Chrome JSON, SQLite, Parquet and Perfetto) over
 //!    `--export-records` records of the default mix.
 //!
 //! Run: cargo run --release -p gpuprof-testkit --bin gpuprof-session-bench
@@ -200,6 +200,7 @@ async fn export(d: &TestDaemon, c: &mut Client, records: u64) -> Result<()> {
         ("Chrome JSON", pb::ExportFormat::ChromeJson),
         ("SQLite", pb::ExportFormat::Sqlite),
         ("Parquet", pb::ExportFormat::Parquet),
+        ("Perfetto", pb::ExportFormat::Perfetto),
     ] {
         let t = Instant::now();
         let mut st = c
