@@ -23,6 +23,9 @@ use crate::sessions::{Client, TraceArgs};
 /// that every host starts at the same instant (corrected by each host's clock offset).
 const COMMON_START: Duration = Duration::from_secs(1);
 
+/// Session polls (every 200 ms) a host may fail in a row, unreachable, before the trace fails.
+const POLL_RETRIES: u32 = 25;
+
 /// `GetStatus` calls per host for its clock offset.
 pub const OFFSET_PROBES: usize = 5;
 
@@ -108,6 +111,9 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut done: BTreeMap<usize, pb::Session> = BTreeMap::new();
+    // Polls that failed in a row per host: a host unreachable for a moment (a dropped
+    // connection is reconnected by the next call) does not end the whole trace.
+    let mut failed_polls = vec![0u32; started.len()];
     while done.len() < started.len() {
         tokio::select! {
             r = &mut ctrl_c => {
@@ -125,8 +131,17 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
                     if done.contains_key(&i) {
                         continue;
                     }
-                    let s = c.get_session(pb::GetSessionRequest { session_id: *id }).await
-                        .with_context(|| format!("session {id} on {host}"))?.into_inner();
+                    let s = match c.get_session(pb::GetSessionRequest { session_id: *id }).await {
+                        Ok(s) => {
+                            failed_polls[i] = 0;
+                            s.into_inner()
+                        }
+                        Err(e) if e.code() == tonic::Code::Unavailable && failed_polls[i] < POLL_RETRIES => {
+                            failed_polls[i] += 1;
+                            continue;
+                        }
+                        Err(e) => return Err(anyhow::Error::from(e).context(format!("session {id} on {host}"))),
+                    };
                     let st = pb::SessionState::try_from(s.state).unwrap_or_default();
                     if matches!(st, pb::SessionState::Completed | pb::SessionState::Failed | pb::SessionState::Interrupted) {
                         done.insert(i, s);
