@@ -149,3 +149,40 @@ fn one_trace_over_three_hosts() {
         assert_eq!(d.terminate().unwrap(), 0);
     }
 }
+
+/// A host that is unreachable for a moment during the trace (its daemon killed and started
+/// again) does not end the command: the polls that fail are retried, and the restarted daemon
+/// reports the session it lost as interrupted.
+#[test]
+fn a_host_unreachable_for_a_moment_does_not_end_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    std::fs::write(dir.path().join("server.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.path().join("server.key"), cert.signing_key.serialize_pem()).unwrap();
+    std::fs::write(dir.path().join("token"), "5b0e1c9a7d3f42e8a6c1b9d0e7f3a2c4\n").unwrap();
+    let ports = [free_port(), free_port()];
+    let a = node(dir.path(), "a", ports[0]);
+    let b = node(dir.path(), "b", ports[1]);
+    let mut c = Command::new(bin_path("gpuprofctl"));
+    for p in ports {
+        c.args(["--host", &format!("127.0.0.1:{p}")]);
+    }
+    c.arg("--ca").arg(dir.path().join("server.pem")).arg("--token-file").arg(dir.path().join("token"));
+    c.args(["--json", "trace", "--all", "--duration", "4s"]);
+    let child = c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // Sessions start a second after the command; kill b while they run, then start it again
+    // on the same port and state directory.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    b.kill9();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let b = node(dir.path(), "b", ports[1]);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}\n{}\n{}", a.log_text(), b.log_text());
+    let per_host: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let states: Vec<&str> =
+        per_host.as_array().unwrap().iter().map(|r| r["session"]["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["completed", "interrupted"], "{per_host}");
+    assert_eq!(a.terminate().unwrap(), 0);
+    assert_eq!(b.terminate().unwrap(), 0);
+}
