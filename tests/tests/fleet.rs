@@ -30,13 +30,18 @@ fn node(dir: &Path, name: &str, port: u16) -> TestDaemon {
     TestDaemon::start_with(&dir.join(name), &["--config", cfg.to_str().unwrap()]).unwrap()
 }
 
+/// The server certificate and key (for 127.0.0.1) and the token the nodes share, in `dir`.
+fn tls_and_token(dir: &Path) {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), cert.signing_key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("token"), "5b0e1c9a7d3f42e8a6c1b9d0e7f3a2c4\n").unwrap();
+}
+
 #[test]
 fn one_trace_over_three_hosts() {
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    std::fs::write(dir.path().join("server.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.path().join("server.key"), cert.signing_key.serialize_pem()).unwrap();
-    std::fs::write(dir.path().join("token"), "5b0e1c9a7d3f42e8a6c1b9d0e7f3a2c4\n").unwrap();
+    tls_and_token(dir.path());
     let names = ["a", "b", "c"];
     let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
     let daemons: Vec<TestDaemon> = names.iter().zip(&ports).map(|(n, p)| node(dir.path(), n, *p)).collect();
@@ -156,10 +161,7 @@ fn one_trace_over_three_hosts() {
 #[test]
 fn a_host_unreachable_for_a_moment_does_not_end_the_trace() {
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    std::fs::write(dir.path().join("server.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.path().join("server.key"), cert.signing_key.serialize_pem()).unwrap();
-    std::fs::write(dir.path().join("token"), "5b0e1c9a7d3f42e8a6c1b9d0e7f3a2c4\n").unwrap();
+    tls_and_token(dir.path());
     let ports = [free_port(), free_port()];
     let a = node(dir.path(), "a", ports[0]);
     let b = node(dir.path(), "b", ports[1]);
