@@ -43,12 +43,21 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     Ok(l)
 }
 
-/// Binds a Unix socket at `path` with `mode`, removing a stale socket file first.
+/// Binds a Unix socket at `path` with `mode`, removing a stale socket file first. Anything
+/// else at `path` (a regular file, a device such as /dev/null, a directory) is left alone and
+/// refused: a mistyped socket path must not delete what is there.
 pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating socket directory {}", dir.display()))?;
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            anyhow::bail!(
+                "{} exists and is not a Unix socket; gpuprofd does not remove it: choose another socket path",
+                path.display()
+            );
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             anyhow::bail!("{} is in use by another running gpuprofd", path.display());
         }
@@ -470,5 +479,27 @@ impl Conn<'_> {
             }
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::bind_unix;
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_and_anything_else_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("api.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        assert!(bind_unix(&sock, 0o600).is_ok(), "a stale socket (nobody listening) is replaced");
+        let file = dir.path().join("notes.txt");
+        std::fs::write(&file, "keep me").unwrap();
+        let e = bind_unix(&file, 0o600).unwrap_err().to_string();
+        assert!(e.contains("is not a Unix socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+        let sub = dir.path().join("a-directory");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(bind_unix(&sub, 0o600).is_err());
+        assert!(sub.is_dir());
     }
 }

@@ -305,8 +305,19 @@ fn a_detach_finished_after_the_session_updates_the_members_detail() {
         state(&mut a, s.id, wire::TraceStatus::Tracing, "");
         c.stop_session(pb::StopSessionRequest { session_id: s.id }).await.unwrap();
         state(&mut a, s.id, wire::TraceStatus::Idle, "detached: finalize pending (at the next CUDA synchronization)");
-        let done = wait_state(&mut c, s.id, pb::SessionState::Completed, Duration::from_secs(10)).await;
-        assert_eq!(member(&done).detail, "detached: finalize pending (at the next CUDA synchronization)");
+        wait_state(&mut c, s.id, pb::SessionState::Completed, Duration::from_secs(10)).await;
+        // The idle report reaches the daemon while the session stops, or (on a starved machine)
+        // after its stop timeout ended it, as a late detach outcome: the detail is the same.
+        let t = Instant::now();
+        let before = loop {
+            let s = c.get_session(pb::GetSessionRequest { session_id: s.id }).await.unwrap().into_inner();
+            let m = member(&s);
+            if m.detail == "detached: finalize pending (at the next CUDA synchronization)" {
+                break m;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "pending detach not reported: {s:?}\n{}", d.log_text());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         // Not a detach outcome, or from a process that was not in the session: nothing changes.
         let mut other = FakeAgent::connect(&d.agent_socket, 8, Mix::default()).unwrap();
         state(&mut a, s.id, wire::TraceStatus::Idle, "something else");
@@ -317,7 +328,7 @@ fn a_detach_finished_after_the_session_updates_the_members_detail() {
             let s = c.get_session(pb::GetSessionRequest { session_id: s.id }).await.unwrap().into_inner();
             let m = member(&s);
             if m.detail == "detached: finalized" {
-                assert_eq!(m.state, "stopped");
+                assert_eq!(m.state, before.state, "a late detach outcome changes the detail only");
                 assert_eq!(s.processes.len(), 1, "{s:?}");
                 break;
             }
