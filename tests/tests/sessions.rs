@@ -339,6 +339,16 @@ fn a_detach_finished_after_the_session_updates_the_members_detail() {
     });
 }
 
+/// A daemon in `dir` with `agent` as its `[agent]` settings, started over a hint file (`* all`)
+/// left by an earlier daemon; the hint's path.
+fn daemon_over_a_stale_hint(dir: &std::path::Path, agent: &str) -> (TestDaemon, std::path::PathBuf) {
+    let stale = gpuprof_proto::hint::hint_path(&dir.join("agent.sock"));
+    std::fs::write(&stale, "* all\n").unwrap();
+    let cfg = dir.join("cfg.toml");
+    std::fs::write(&cfg, format!("[agent]\n{agent}\n")).unwrap();
+    (TestDaemon::start_with(dir, &["--config", cfg.to_str().unwrap()]).unwrap(), stale)
+}
+
 /// The new-process hint next to the agent socket lists the targets of the active sessions that
 /// record runtime API calls, follows sessions starting and stopping, and does not outlive them
 /// (nor a daemon that did not remove it).
@@ -346,11 +356,7 @@ fn a_detach_finished_after_the_session_updates_the_members_detail() {
 fn new_process_hint_follows_active_sessions() {
     use gpuprof_proto::hint;
     let dir = tempfile::tempdir().unwrap();
-    let stale = hint::hint_path(&dir.path().join("agent.sock"));
-    std::fs::write(&stale, "* all\n").unwrap();
-    let cfg = dir.path().join("cfg.toml");
-    std::fs::write(&cfg, "[agent]\napi_from_start = true\nlate_attach_hook = false\n").unwrap();
-    let d = TestDaemon::start_with(dir.path(), &["--config", cfg.to_str().unwrap()]).unwrap();
+    let (d, stale) = daemon_over_a_stale_hint(dir.path(), "api_from_start = true\nlate_attach_hook = false");
     let path = hint::hint_path(&d.agent_socket);
     assert_eq!(path, stale);
     assert!(!path.exists(), "a hint left from before the daemon started is removed");
@@ -399,11 +405,7 @@ fn new_process_hint_follows_active_sessions() {
 fn the_hint_asks_for_the_runtime_hook_when_configured() {
     use gpuprof_proto::hint;
     let dir = tempfile::tempdir().unwrap();
-    let stale = hint::hint_path(&dir.path().join("agent.sock"));
-    std::fs::write(&stale, "* all\n").unwrap();
-    let cfg = dir.path().join("cfg.toml");
-    std::fs::write(&cfg, "[agent]\nlate_attach_hook = true\n").unwrap();
-    let d = TestDaemon::start_with(dir.path(), &["--config", cfg.to_str().unwrap()]).unwrap();
+    let (d, _) = daemon_over_a_stale_hint(dir.path(), "late_attach_hook = true");
     let path = hint::hint_path(&d.agent_socket);
     let read = || std::fs::read_to_string(&path).unwrap_or_default();
     let wait_for = |want: &str| {

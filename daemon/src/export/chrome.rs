@@ -192,9 +192,8 @@ impl<'a> Trace<'a> {
             "memset" => self.labels.entry((1, 0, 0)).or_insert_with(|| "\"Memset\"".to_string()),
             _ => self.labels.entry((2, v[3], 0)).or_insert_with(|| json_str(&format!("Graph {}", v[3]))),
         };
-        let cat = if table == "graph" { "graph" } else { table };
         let mut w = W(&mut self.out.buf);
-        head(&mut w, &mut self.first, "X", name, cat, at, Some(dur));
+        head(&mut w, &mut self.first, "X", name, table, at, Some(dur));
         w.s(",\"args\":{\"correlation\":").i(corr);
         match table {
             "kernel" => {
@@ -231,8 +230,8 @@ impl<'a> Trace<'a> {
         let (tid, corr, domain, cbid) = (v[0] as u64, v[1], v[2], v[3]);
         self.host_threads.insert((rec.proc, tid));
         let cat = if domain == 2 { "cuda_driver" } else { "cuda_runtime" };
+        let at = self.place(rec, host_pid(rec.proc), tid);
         let name = self.labels.entry((3, domain, cbid)).or_insert_with(|| json_str(&crate::cbid::name(domain, cbid)));
-        let at = Place { pid: host_pid(rec.proc), tid, ts: rec.start - self.t0 };
         let mut w = W(&mut self.out.buf);
         head(&mut w, &mut self.first, "X", name, cat, at, Some(dur));
         w.s(",\"args\":{\"correlation\":").i(corr).s(",\"cbid\":").i(cbid).s(",\"return\":").i(v[4]).s("}}");
@@ -270,9 +269,9 @@ impl<'a> Trace<'a> {
     fn sync(&mut self, rec: &Rec, dur: i64) {
         let v = &rec.v;
         self.host_threads.insert((rec.proc, SYNC_TID));
+        let at = self.place(rec, host_pid(rec.proc), SYNC_TID);
         let name =
             self.labels.entry((4, v[2], 0)).or_insert_with(|| json_str(&format!("Sync {}", sync_type_name(v[2]))));
-        let at = Place { pid: host_pid(rec.proc), tid: SYNC_TID, ts: rec.start - self.t0 };
         let mut w = W(&mut self.out.buf);
         head(&mut w, &mut self.first, "X", name, "sync", at, Some(dur));
         w.s(",\"args\":{\"correlation\":").i(v[1]).s(",\"stream\":").i(v[0]).s(",\"event\":").i(v[3]).s("}}");
@@ -282,8 +281,8 @@ impl<'a> Trace<'a> {
     fn overhead(&mut self, rec: &Rec, dur: i64) {
         let v = &rec.v;
         self.host_threads.insert((rec.proc, OVERHEAD_TID));
+        let at = self.place(rec, host_pid(rec.proc), OVERHEAD_TID);
         let name = self.labels.entry((5, v[0], 0)).or_insert_with(|| json_str(&format!("CUPTI overhead {}", v[0])));
-        let at = Place { pid: host_pid(rec.proc), tid: OVERHEAD_TID, ts: rec.start - self.t0 };
         let mut w = W(&mut self.out.buf);
         head(&mut w, &mut self.first, "X", name, "overhead", at, Some(dur));
         w.s(",\"args\":{\"object_kind\":").i(v[1]).s(",\"object_id\":").i(v[2]).s("}}");
