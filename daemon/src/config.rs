@@ -223,6 +223,46 @@ pub struct AgentConfig {
     /// (`gpuprof_proto::hint::HOOK_LINE`), so that late traces record API calls by id (off by
     /// default: costs untraced processes 1–4 %).
     pub late_attach_hook: bool,
+    /// Ask only the processes matching one of these (`"exe_name:python3"`, `"exe_pattern:*train*"`,
+    /// `"cgroup:kubepods"`) to hook the runtime; see [`AgentConfig::hook_targets`].
+    pub late_attach_hook_for: Vec<String>,
+}
+
+impl AgentConfig {
+    /// `late_attach_hook_for` as (kind, value) pairs, each checked as a session target of that
+    /// kind would be; the error names the entry and what is wrong with it.
+    pub fn hook_targets(&self) -> Result<Vec<(&str, &str)>> {
+        let mut out = Vec::new();
+        for (i, t) in self.late_attach_hook_for.iter().enumerate() {
+            let what = || format!("agent.late_attach_hook_for[{i}] {t:?}");
+            let Some((kind, value)) = t.split_once(':') else {
+                bail!(
+                    "{}: write KIND:VALUE, KIND one of exe_name, exe_pattern, cgroup (e.g. \"exe_name:python3\")",
+                    what()
+                );
+            };
+            match kind {
+                "exe_name" if value.is_empty() || value.contains('/') => {
+                    bail!(
+                        "{}: {value:?} is not an executable base name (e.g. \"python3\"); use exe_pattern for paths",
+                        what()
+                    )
+                }
+                "exe_pattern" => {
+                    if let Err(e) = gpuprof_proto::glob::check(value) {
+                        bail!("{}: {e}", what());
+                    }
+                }
+                "exe_name" | "cgroup" => {}
+                _ => bail!("{}: {kind:?} is not one of exe_name, exe_pattern, cgroup", what()),
+            }
+            if gpuprof_proto::hint::hook_line(kind, value).is_none() || value.is_empty() {
+                bail!("{}: the value must be one line, not empty, without leading or trailing spaces", what());
+            }
+            out.push((kind, value));
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -367,6 +407,7 @@ impl Config {
         if self.agent.max_frame_bytes < 1024 || self.agent.max_frame_bytes > 256 << 20 {
             bail!("agent.max_frame_bytes must be between 1024 and 268435456, got {}", self.agent.max_frame_bytes);
         }
+        self.agent.hook_targets()?;
         if self.agent.heartbeat_interval_ms == 0 {
             bail!("agent.heartbeat_interval_ms must be greater than 0");
         }

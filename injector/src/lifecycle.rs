@@ -92,15 +92,17 @@ fn early_api(cfg: &Config) {
     } else {
         None
     };
-    let wanted = cfg.api_at_init.unwrap_or_else(|| {
-        hint.as_deref().is_some_and(|text| {
+    let me = std::cell::OnceCell::new();
+    let me = || {
+        me.get_or_init(|| {
             let id = Identity::of_this_process(Vec::new());
             // Safety: getuid has no preconditions.
             let uid = unsafe { libc::getuid() };
-            let me = gpuprof_proto::hint::Me { pid: id.pid, uid, exe: id.exe, cmdline: id.cmdline, cgroup: id.cgroup };
-            gpuprof_proto::hint::covers(text, &me)
+            gpuprof_proto::hint::Me { pid: id.pid, uid, exe: id.exe, cmdline: id.cmdline, cgroup: id.cgroup }
         })
-    });
+    };
+    let wanted =
+        cfg.api_at_init.unwrap_or_else(|| hint.as_deref().is_some_and(|text| gpuprof_proto::hint::covers(text, me())));
     if wanted {
         let Ok(cupti) = gpuprof_cupti::loader::shared() else { return };
         let on = crate::cbids::RUNTIME.iter().filter(|&&id| cupti.enable_runtime_api(id, true).is_ok()).count();
@@ -108,7 +110,7 @@ fn early_api(cfg: &Config) {
         log!(Info, "{on} runtime API callback ids switched on at initialisation");
         return;
     }
-    if cfg.api_hook.unwrap_or_else(|| hint.as_deref().is_some_and(gpuprof_proto::hint::asks_hook)) {
+    if cfg.api_hook.unwrap_or_else(|| hint.as_deref().is_some_and(|text| gpuprof_proto::hint::asks_hook(text, me()))) {
         let Ok(cupti) = gpuprof_cupti::loader::shared() else { return };
         let hooked = crate::tracer::hook_runtime(cupti);
         EARLY_API.store(hooked, Ordering::SeqCst);

@@ -17,13 +17,16 @@
 //! `exe_name`, `exe_pattern`, `cgroup` (the daemon's session targets; others never match here). A uid limits
 //! the line to that user's processes (a session of a non-admin owner).
 //!
-//! One more line, [`HOOK_LINE`], asks every process that no line covers to hook the runtime's
-//! API callbacks inside `cuInit` instead: one runtime callback id that applications rarely call
-//! is switched on, which keeps the runtime's calls reachable through CUPTI's callback ids, so a
-//! session that starts later switches the recorded ids on rather than the RUNTIME kind (on the
-//! H100 the PyTorch loop then ran 1.18–1.22× while traced late, against 1.36–1.41×; an
-//! untraced, hooked process 1.01–1.04×, which is why `gpuprofd` writes the line only when
-//! `agent.late_attach_hook` is set). Older injectors ignore the line.
+//! Hook lines ask the processes that no target line covers to hook the runtime's API callbacks
+//! inside `cuInit` instead: one runtime callback id that applications rarely call is switched
+//! on, which keeps the runtime's calls reachable through CUPTI's callback ids, so a session that
+//! starts later switches the recorded ids on rather than the RUNTIME kind (on the H100 the
+//! PyTorch loop then ran 1.18–1.26× while traced late, against 1.36–1.41×; an untraced, hooked
+//! process 0.99–1.04× its untraced twin, about 2.5 % over an injected process that is not
+//! hooked). [`HOOK_LINE`] asks it of every process (`agent.late_attach_hook`); a line
+//! `* hook:<kind> <value>` ([`hook_line`], `agent.late_attach_hook_for`) of the processes a
+//! target line of that kind and value would cover, e.g. the training jobs an operator may want
+//! to trace while they run. Older injectors ignore both.
 
 use std::path::{Path, PathBuf};
 
@@ -82,12 +85,29 @@ fn line_covers(line: &str, me: &Me) -> bool {
     }
 }
 
-/// The line asking uncovered processes to hook the runtime's API callbacks (module docs).
+/// The line asking every uncovered process to hook the runtime's API callbacks (module docs).
 pub const HOOK_LINE: &str = "* hook_runtime";
 
-/// Whether `text` has [`HOOK_LINE`].
-pub fn asks_hook(text: &str) -> bool {
-    text.lines().any(|l| l.trim() == HOOK_LINE)
+/// The prefix of a hook line's kind: `* hook:<kind> <value>` asks the processes that `* <kind>
+/// <value>` covers to hook the runtime's API callbacks.
+const HOOK_PREFIX: &str = "hook:";
+
+/// The hook line for the processes a target line of `kind` and `value` covers (`None` where
+/// [`line`] gives none).
+pub fn hook_line(kind: &str, value: &str) -> Option<String> {
+    line(None, &format!("{HOOK_PREFIX}{kind}"), value)
+}
+
+/// Whether `text` asks `me` to hook the runtime's API callbacks: [`HOOK_LINE`], or a hook line
+/// ([`hook_line`]) whose target covers `me`.
+pub fn asks_hook(text: &str, me: &Me) -> bool {
+    text.lines().any(|l| {
+        let l = l.trim();
+        l == HOOK_LINE
+            || l.strip_prefix("* ")
+                .and_then(|rest| rest.strip_prefix(HOOK_PREFIX))
+                .is_some_and(|target| line_covers(&format!("* {target}"), me))
+    })
 }
 
 /// Whether any line of `text` covers `me`.
@@ -146,13 +166,27 @@ mod tests {
     }
 
     #[test]
-    fn the_hook_line_covers_no_process() {
+    fn hook_lines_cover_no_process_and_ask_the_hook() {
         let m = me();
         let text = format!("{HOOK_LINE}\n* pid 7\n");
-        assert!(asks_hook(&text));
+        assert!(asks_hook(&text, &m));
         assert!(!covers(&text, &m), "the hook line is no target");
-        assert!(!asks_hook("* pid 7\n* all\n"));
-        assert!(!asks_hook("* hook_runtimes\n"));
+        assert!(!asks_hook("* pid 7\n* all\n", &m));
+        assert!(!asks_hook("* hook_runtimes\n", &m));
+        let scoped =
+            format!("{}\n{}\n", hook_line("exe_name", "python3").unwrap(), hook_line("cgroup", "pod-xyz").unwrap());
+        assert_eq!(scoped, "* hook:exe_name python3\n* hook:cgroup pod-xyz\n");
+        assert!(asks_hook(&scoped, &m), "argv[0] is python3");
+        assert!(!covers(&scoped, &m), "a hook line is no target");
+        let other = Me { exe: "/usr/bin/nvidia-smi".into(), cmdline: vec!["nvidia-smi".into()], ..m.clone() };
+        assert!(!asks_hook(&scoped, &other), "neither its name nor its cgroup");
+        assert!(asks_hook(&hook_line("exe_pattern", "*train*").unwrap(), &m));
+        assert!(asks_hook(&hook_line("cgroup", "pod-abc").unwrap(), &m));
+        for bad in ["1000 hook:all", "* hook:", "* hook:exe_name", "* hook:bogus x", "* hook:hook:all"] {
+            assert!(!asks_hook(bad, &m), "{bad:?}");
+        }
+        assert!(asks_hook("* hook:all", &m));
+        assert_eq!(hook_line("cgroup", "a\nb"), None);
     }
 
     #[test]

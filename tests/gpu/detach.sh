@@ -9,7 +9,9 @@
 #             the runtime's API callbacks hooked inside cuInit, so the late trace records API
 #             calls by callback id; its "before" windows are what the hook costs an untraced
 #             process), all with GPUPROF_DETACH=finalize, and late_off (by kind with
-#             GPUPROF_DETACH=off, CUPTI left attached: the behaviour before detaching); MODES
+#             GPUPROF_DETACH=off, CUPTI left attached: the behaviour before detaching),
+#             late_hint (hooked as the daemon's hint asks: agent.late_attach_hook_for with the
+#             worker's script name); MODES
 #             picks among them. Each traced
 #             process B runs beside an untraced one A, pinned to their own CPUs (PIN_A, PIN_B,
 #             swapped from one rep to the next), timed windows alternating A and B: WINDOWS
@@ -78,7 +80,9 @@ trap "exit 143" TERM INT
 
 [ -e "$INJ" ] && [ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "binaries missing in $BIN"; exit 2; }
 
-printf 'log_level = "info"\n[agent]\napi_from_start = true\n[sampler]\nenabled = false\n' >"$STATE/cfg.toml"
+# The daemon asks the workers (by their script's name) to hook the runtime; modes other than
+# late_hint set GPUPROF_API_HOOK and so decide for themselves.
+printf 'log_level = "info"\n[agent]\napi_from_start = true\nlate_attach_hook_for = ["exe_pattern:*detach_worker.py*"]\n[sampler]\nenabled = false\n' >"$STATE/cfg.toml"
 "$BIN/gpuprofd" --state-dir "$STATE" --config "$STATE/cfg.toml" >"$STATE/gpuprofd.log" 2>&1 &
 DPID=$!
 for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
@@ -214,7 +218,7 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
       wa=$(after_of WALL $work $mode) cpa=$(after_of CPU $work $mode)
       figure "$work $mode: traced ${wt}x (CPU ${ct}x) untraced, after the stop ${wa}x (CPU ${cpa}x) (medians of $((REPS * WINDOWS)) paired windows, traced process over untraced${WALL[before.$k]:+, after over before the session in the same pair (before: $(med x "${WALL[before.$k]}")x, CPU $(med x "${CPU[before.$k]}")x)}; API records per session:${APIS[$k]:-}; last session detail: ${DETAILS[$k]:-})"
       case $mode in
-        start | late | late_hook)
+        start | late | late_hook | late_hint)
           pass_if "$work $mode: after the stop <= 1.02x untraced, launching thread's CPU time" "$(calc "$cpa <= 1.02")" "${cpa}x; wall ${wa}x"
           pass_if "$work $mode: the session says CUPTI is detached" \
             "$([[ "${DETAILS[$k]:-}" == "detached: final"* ]] && echo 1)" "${DETAILS[$k]:-}"
@@ -223,9 +227,9 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
           figure "$work: detaching takes the after-stop CPU time of a late session from ${cpa}x (off) to $(after_of CPU $work late)x"
           ;;
       esac
-      [ $mode = late_hook ] && pass_if "$work late_hook: hooked, untraced before the session <= 1.02x untraced" \
+      [[ $mode = late_hook || $mode = late_hint ]] && pass_if "$work $mode: hooked, untraced before the session <= 1.02x untraced" \
         "$(calc "$(med x "${WALL[before.$k]:-}") <= 1.02")" "wall $(med x "${WALL[before.$k]:-}")x, CPU $(med x "${CPU[before.$k]:-}")x"
-      [[ $mode = late || $mode = late_hook ]] && pass_if "$work $mode: while traced <= 1.25x untraced" "$(calc "$wt <= 1.25")" "${wt}x wall, CPU ${ct}x; from start ${WALL[traced.$work.start]:+$(med x "${WALL[traced.$work.start]}")x}"
+      [[ $mode = late || $mode = late_hook || $mode = late_hint ]] && pass_if "$work $mode: while traced <= 1.25x untraced" "$(calc "$wt <= 1.25")" "${wt}x wall, CPU ${ct}x; from start ${WALL[traced.$work.start]:+$(med x "${WALL[traced.$work.start]}")x}"
     done
   done
 fi
@@ -254,7 +258,7 @@ busy_cycle() {
 
 if [[ " $SCENARIOS " == *" cycles "* ]]; then
   # shellcheck disable=SC2086 # CYCLE_ENV: extra VAR=VALUE words for the cycled process
-  if wstart c "$PIN_B" small CUDA_INJECTION64_PATH="$INJ" GPUPROF_DETACH=finalize ${CYCLE_ENV:-}; then
+  if wstart c "$PIN_B" small CUDA_INJECTION64_PATH="$INJ" GPUPROF_DETACH=finalize GPUPROF_API_HOOK=0 ${CYCLE_ENV:-}; then
     CN=$NW
     exact=0
     bad=()

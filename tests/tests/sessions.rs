@@ -417,8 +417,9 @@ fn the_hint_asks_for_the_runtime_hook_when_configured() {
     };
     wait_for("* hook_runtime\n");
     let text = read();
-    assert!(hint::asks_hook(&text));
-    assert!(!hint::covers(&text, &hint::Me { pid: 1, uid: 0, exe: "/bin/x".into(), ..Default::default() }));
+    let x = hint::Me { pid: 1, uid: 0, exe: "/bin/x".into(), ..Default::default() };
+    assert!(hint::asks_hook(&text, &x));
+    assert!(!hint::covers(&text, &x));
     let rt = rt();
     rt.block_on(async {
         let mut c = client(&d).await;
@@ -448,4 +449,41 @@ fn no_new_process_hint_when_switched_off() {
         wait_state(&mut c, s.id, pb::SessionState::Active, Duration::from_secs(5)).await;
         assert!(!gpuprof_proto::hint::hint_path(&d.agent_socket).exists());
     });
+}
+
+/// With `agent.late_attach_hook_for` the hint asks only the processes matching one of its
+/// entries to hook the runtime, while no session is active too.
+#[test]
+fn the_hint_asks_matching_processes_for_the_runtime_hook() {
+    use gpuprof_proto::hint;
+    let dir = tempfile::tempdir().unwrap();
+    let (d, _) = daemon_over_a_stale_hint(
+        dir.path(),
+        "api_from_start = false\nlate_attach_hook_for = [\"exe_pattern:*train*.py\", \"cgroup:kubepods\"]",
+    );
+    let path = hint::hint_path(&d.agent_socket);
+    let want = "* hook:exe_pattern *train*.py\n* hook:cgroup kubepods\n";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&path).unwrap_or_default() != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(text, want);
+    let job = hint::Me {
+        exe: "/usr/bin/python3".into(),
+        cmdline: vec!["python3".into(), "train_gpt.py".into()],
+        ..Default::default()
+    };
+    let pod =
+        hint::Me { exe: "/opt/app/serve".into(), cgroup: "/kubepods/burstable/pod1/c1".into(), ..Default::default() };
+    let other = hint::Me {
+        exe: "/usr/bin/python3".into(),
+        cmdline: vec!["python3".into(), "eval.py".into()],
+        ..Default::default()
+    };
+    assert!(hint::asks_hook(&text, &job) && hint::asks_hook(&text, &pod));
+    assert!(!hint::asks_hook(&text, &other), "matches no entry");
+    assert!(!hint::covers(&text, &job), "no session awaits it");
+    assert_eq!(d.terminate().unwrap(), 0);
+    assert!(!path.exists(), "the daemon removes the hint when it stops");
 }

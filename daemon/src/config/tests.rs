@@ -70,3 +70,27 @@ fn state_dir_moves_everything() {
     assert_eq!(c.agent_socket, PathBuf::from("/tmp/x/agent.sock"));
     assert_eq!(c.api_socket, PathBuf::from("/tmp/x/api.sock"));
 }
+
+#[test]
+fn late_attach_hook_targets_are_checked() {
+    let c = Config::from_toml(
+        "[agent]\nlate_attach_hook_for = [\"exe_name:python3\", \"exe_pattern:*train*.py\", \"cgroup:kubepods\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.agent.hook_targets().unwrap(),
+        vec![("exe_name", "python3"), ("exe_pattern", "*train*.py"), ("cgroup", "kubepods")]
+    );
+    assert!(Config::from_toml("").unwrap().agent.hook_targets().unwrap().is_empty());
+    for (bad, says) in [
+        ("python3", "write KIND:VALUE"),
+        ("exe:python3", "\"exe\" is not one of"),
+        ("exe_name:/usr/bin/python3", "not an executable base name"),
+        ("exe_pattern:[abc", "late_attach_hook_for[0]"),
+        ("cgroup:", "not empty"),
+        ("cgroup: kubepods", "without leading or trailing spaces"),
+    ] {
+        let e = Config::from_toml(&format!("[agent]\nlate_attach_hook_for = [{bad:?}]\n")).unwrap_err();
+        assert!(format!("{e:#}").contains(says), "{bad}: {e:#}");
+    }
+}

@@ -12,6 +12,14 @@ fn hint_lines(d: &Daemon, g: &Inner) -> String {
     if d.config.agent.late_attach_hook {
         out.push_str(gpuprof_proto::hint::HOOK_LINE);
         out.push('\n');
+    } else {
+        // Checked when the configuration was read.
+        for (kind, value) in d.config.agent.hook_targets().unwrap_or_default() {
+            if let Some(l) = gpuprof_proto::hint::hook_line(kind, value) {
+                out.push_str(&l);
+                out.push('\n');
+            }
+        }
     }
     if !d.config.agent.api_from_start {
         return out;
@@ -43,12 +51,15 @@ fn hint_lines(d: &Daemon, g: &Inner) -> String {
     out
 }
 
-/// With `agent.api_from_start` (on by default) or `agent.late_attach_hook`, rewrites the
+/// With `agent.api_from_start` (on by default) or a runtime hook asked for, rewrites the
 /// new-process hint file next to the agent socket when its lines changed (removes it when it
 /// has none). A failure only costs new processes the cheaper way of recording API calls, so it
 /// is logged, not returned.
 pub(super) fn publish_hint(d: &Daemon, g: &mut Inner) {
-    if !d.config.agent.api_from_start && !d.config.agent.late_attach_hook {
+    if !d.config.agent.api_from_start
+        && !d.config.agent.late_attach_hook
+        && d.config.agent.late_attach_hook_for.is_empty()
+    {
         return;
     }
     let text = hint_lines(d, g);
