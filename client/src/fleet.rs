@@ -26,6 +26,16 @@ const COMMON_START: Duration = Duration::from_secs(1);
 /// Session polls (every 200 ms) a host may fail in a row, unreachable, before the trace fails.
 const POLL_RETRIES: u32 = 25;
 
+/// Whether a call failed because the host could not be reached: no connection
+/// (`Unavailable`), or a connection that broke while the call was in flight (tonic reports that
+/// as `Unknown` "transport error", with the transport error as its source).
+fn unreachable(e: &tonic::Status) -> bool {
+    e.code() == tonic::Code::Unavailable
+        || (e.code() == tonic::Code::Unknown
+            && std::iter::successors(std::error::Error::source(e), |s| s.source())
+                .any(|s| s.is::<tonic::transport::Error>()))
+}
+
 /// `GetStatus` calls per host for its clock offset.
 pub const OFFSET_PROBES: usize = 5;
 
@@ -136,7 +146,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
                             failed_polls[i] = 0;
                             s.into_inner()
                         }
-                        Err(e) if e.code() == tonic::Code::Unavailable && failed_polls[i] < POLL_RETRIES => {
+                        Err(e) if unreachable(&e) && failed_polls[i] < POLL_RETRIES => {
                             failed_polls[i] += 1;
                             continue;
                         }
@@ -312,6 +322,18 @@ mod tests {
 
     fn ht(host: &str, session: u64, clock_offset_ns: i64, data: Vec<u8>) -> HostTrace {
         HostTrace { host: host.into(), session, clock_offset_ns, data }
+    }
+
+    #[test]
+    fn a_broken_connection_counts_as_unreachable() {
+        assert!(unreachable(&tonic::Status::unavailable("tcp connect error")));
+        let transport = tonic::transport::Endpoint::from_shared("not a uri".to_string()).unwrap_err();
+        let broken = tonic::Status::from_error(Box::new(transport));
+        assert_eq!(broken.code(), tonic::Code::Unknown, "as a call whose connection broke in flight");
+        assert!(unreachable(&broken));
+        assert!(!unreachable(&tonic::Status::unknown("transport error")), "an answer of the daemon's own");
+        assert!(!unreachable(&tonic::Status::not_found("session 1 not found")));
+        assert!(!unreachable(&tonic::Status::internal("database is locked")));
     }
 
     #[test]

@@ -25,6 +25,7 @@
 #             the process launches kernels (the detach meets CUDA calls on the application's
 #             thread), then torch.profiler in the same process against a process gpuprof never
 #             touched.
+#   startup   (not in the default) what the hook costs a process's start (STARTS runs each).
 # Prints CHECK/FIGURE lines and a summary last; logs under $OUT when set.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as for tests/gpu/injector.sh.
 set -uo pipefail
@@ -308,6 +309,28 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
   else
     check "cycles: worker started" FAIL
   fi
+fi
+
+# ---------------------------------------------------------------- startup
+# What the hook costs a process's start: a PyTorch process importing torch and synchronising
+# its first tensor, injected and not hooked (0) or hooked inside cuInit (1), alternating,
+# STARTS each: wall time to the first synchronisation and peak RSS.
+if [[ " $SCENARIOS " == *" startup "* ]]; then
+  declare -A ST_S ST_KB
+  for _ in $(seq "${STARTS:-5}"); do
+    for h in 0 1; do
+      line=$(env CUDA_INJECTION64_PATH="$INJ" GPUPROF_API_HOOK=$h "$PY" -c '
+import time; t = time.time(); import torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize(); t2 = time.time()
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(f"s={t2 - t:.3f} kb={hwm}")' 2>>"$STATE/worker_startup.err")
+      ST_S[$h]+=" $(grep -oE 's=[0-9.]+' <<<"$line" | cut -d= -f2)"
+      ST_KB[$h]+=" $(grep -oE 'kb=[0-9]+' <<<"$line" | cut -d= -f2)"
+    done
+  done
+  s0=$(med x "${ST_S[0]}") s1=$(med x "${ST_S[1]}") k0=$(med x "${ST_KB[0]}") k1=$(med x "${ST_KB[1]}")
+  figure "startup (medians of ${STARTS:-5}): to the first synchronisation ${s0} s not hooked, ${s1} s hooked ($(calc "$s1 / $s0")x); peak RSS ${k0} kB, ${k1} kB (+$(calc "($k1 - $k0) / 1024") MiB)"
+  pass_if "startup: the hook adds at most 10 % to the time to the first synchronisation" "$(calc "$s1 <= 1.1 * $s0")" "$s0 s -> $s1 s"
 fi
 
 grep -iE " (warn|error) " "$STATE/gpuprofd.log" | tail -5
