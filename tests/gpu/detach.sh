@@ -25,6 +25,7 @@
 #             the process launches kernels (the detach meets CUDA calls on the application's
 #             thread), then torch.profiler in the same process against a process gpuprof never
 #             touched.
+#   hooked_profiler  (not in the default) torch.profiler in a hooked, never traced process.
 #   startup   (not in the default) what the hook costs a process's start (STARTS runs each).
 # Prints CHECK/FIGURE lines and a summary last; logs under $OUT when set.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as for tests/gpu/injector.sh.
@@ -309,6 +310,24 @@ if [[ " $SCENARIOS " == *" cycles "* ]]; then
   else
     check "cycles: worker started" FAIL
   fi
+fi
+
+# ---------------------------------------------------------------- hooked profiler
+# torch.profiler in a process whose runtime gpuprof hooked and never traced (CUPTI loaded and one
+# runtime id on, no subscriber of gpuprof's) records what it records in an untouched process.
+if [[ " $SCENARIOS " == *" hooked_profiler "* ]]; then
+  if wstart h "$PIN_B" small CUDA_INJECTION64_PATH="$INJ" GPUPROF_API_HOOK=1 && wstart u "$PIN_A" small; then
+    wask h "profile 1000"
+    hooked=$(grep -oE 'kernels=[0-9]+ launches=[0-9]+' <<<"$REPLY")
+    wask u "profile 1000"
+    fresh=$(grep -oE 'kernels=[0-9]+ launches=[0-9]+' <<<"$REPLY")
+    pass_if "torch.profiler in a hooked, never traced process records what it records in an untouched one" \
+      "$([ -n "$hooked" ] && [ "$hooked" = "$fresh" ] && echo 1)" "hooked: $hooked, untouched: $fresh"
+  else
+    check "hooked profiler: workers started" FAIL
+  fi
+  wquit h
+  wquit u
 fi
 
 # ---------------------------------------------------------------- startup

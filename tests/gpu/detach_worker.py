@@ -8,7 +8,8 @@
 #              synchronize: what intercepting CUDA calls costs, without the machine's scheduling)
 #   kernels N  N small ops whatever the workload (exactly 2N kernels); "done us=..."
 #   stats      "stats rss_kb=R threads=T fds=F" from /proc/self
-#   profile N  N small ops under torch.profiler; "profile kernels=K" (CUDA kernel events)
+#   profile N  N small ops under torch.profiler; "profile kernels=K launches=R" (CUDA kernel
+#              events, cudaLaunchKernel runtime events)
 #   quit
 import os, sys, time, torch
 
@@ -71,6 +72,7 @@ for line in sys.stdin:
             small(int(arg[0]))
             torch.cuda.synchronize()
         k = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-        print(f"profile kernels={k}", flush=True)
+        r = sum(1 for e in prof.events() if e.name.startswith("cudaLaunchKernel"))
+        print(f"profile kernels={k} launches={r}", flush=True)
     elif cmd == "quit":
         break
