@@ -352,55 +352,114 @@ fn where_clause(
     Ok((sql, params))
 }
 
-/// The Parquet export of a session's records (see the module's comment).
+/// What the reading thread hands the writing thread: a file to start (its name, schema,
+/// properties and the export's progress so far), a batch of its rows (with the progress after
+/// it), the end of the file.
+enum Piece {
+    File(String, Arc<Schema>, Box<WriterProperties>, u64),
+    Batch(RecordBatch, u64),
+    End,
+}
+
+/// The Parquet export of a session's records (see the module's comment). Rows are read and
+/// converted on this thread while another encodes, compresses and sends the batches before
+/// them (at most two batches in between), which takes most of the Parquet encoding off the
+/// export's time.
 pub(super) fn parquet_files(db: &std::path::Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, crate::catalog::RECORD_TABLES)?;
+    std::thread::scope(|s| {
+        let (pieces, received) = std::sync::mpsc::sync_channel(2);
+        let writer = s.spawn(move || write_files(received, tx, total));
+        let read = read_rows(&c, session, f, tx, &pieces);
+        drop(pieces);
+        let wrote =
+            writer.join().unwrap_or_else(|_| Err(Stop::Failed(ApiError::Internal("the Parquet writer failed".into()))));
+        // A reading error ends the writer too (its channel closes); otherwise the writer's
+        // result says how the export ended.
+        read.and(wrote)
+    })
+}
+
+/// Reads each kind's rows into record batches for [`write_files`]; stops early, without an
+/// error, when the writer has ended (its error is the export's).
+fn read_rows(
+    c: &Connection,
+    session: u64,
+    f: &pb::RecordFilter,
+    tx: &Tx,
+    pieces: &std::sync::mpsc::SyncSender<Piece>,
+) -> Result<(), Stop> {
     let mut written = 0u64;
     let mut names = Names { host: crate::otlp::host_name(), cache: HashMap::new(), api: HashMap::new() };
     for kind in KINDS {
         let cols = all_columns(kind);
-        let props = properties(&cols);
-        let (w, params) = where_clause(&c, kind, session, f)?;
+        let (w, params) = where_clause(c, kind, session, f)?;
         let select = cols.iter().map(|(_, e, _)| *e).collect::<Vec<_>>().join(", ");
         let mut st =
             c.prepare(&format!("SELECT {select} FROM {kind} t JOIN processes p ON p.id = t.proc WHERE {w}"))?;
         let mut rows = st.query(params_from_iter(params.iter()))?;
-        let mut writer: Option<ArrowWriter<Sink<'_>>> = None;
         let schema = schema(&cols);
         let mut builders: Vec<Builder> = cols.iter().map(|(_, _, conv)| Builder::new(*conv)).collect();
-        let mut in_batch = 0usize;
+        let (mut started, mut in_batch) = (false, 0usize);
         while let Some(r) = rows.next()? {
-            if writer.is_none() {
-                writer = Some(file_writer(tx, format!("{kind}.parquet"), schema.clone(), &props, written, total)?);
+            if !started {
+                started = true;
+                let file = Piece::File(format!("{kind}.parquet"), schema.clone(), Box::new(properties(&cols)), written);
+                if pieces.send(file).is_err() {
+                    return Ok(());
+                }
             }
             for (i, ((_, _, conv), b)) in cols.iter().zip(builders.iter_mut()).enumerate() {
                 let v: i64 = r.get(i)?;
                 match b {
                     Builder::Int(b) => b.append_value(v),
                     Builder::Bool(b) => b.append_value(v != 0),
-                    Builder::Str(b) => b.append_value(names.text(&c, *conv, v)?),
+                    Builder::Str(b) => b.append_value(names.text(c, *conv, v)?),
                 }
             }
             in_batch += 1;
-            if in_batch == BATCH
-                && let Some(w) = writer.as_mut()
-            {
-                write_batch(w, &schema, &mut builders, tx)?;
+            if in_batch == BATCH {
                 written += in_batch as u64;
-                w.inner_mut().out.written = written;
                 in_batch = 0;
+                if pieces.send(Piece::Batch(batch_of(&schema, &mut builders, tx)?, written)).is_err() {
+                    return Ok(());
+                }
             }
         }
-        let Some(mut w) = writer else { continue };
-        if in_batch > 0 {
-            write_batch(&mut w, &schema, &mut builders, tx)?;
-            written += in_batch as u64;
-            w.inner_mut().out.written = written;
+        if !started {
+            continue;
         }
-        let mut sink = w.into_inner().map_err(|e| failed(tx, "finishing the Parquet file", e))?;
-        // The file's last chunk (the first too when it is small) with its final count.
-        sink.send()?;
+        written += in_batch as u64;
+        let last = if in_batch > 0 { Some(Piece::Batch(batch_of(&schema, &mut builders, tx)?, written)) } else { None };
+        if last.into_iter().chain([Piece::End]).any(|p| pieces.send(p).is_err()) {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Writes the files [`read_rows`] hands over, each to the client as it fills; a file whose
+/// end never comes (the reading failed) is left unfinished.
+fn write_files(pieces: std::sync::mpsc::Receiver<Piece>, tx: &Tx, total: u64) -> Result<(), Stop> {
+    let mut file: Option<ArrowWriter<Sink<'_>>> = None;
+    for p in pieces {
+        match (p, file.as_mut()) {
+            (Piece::File(name, schema, props, written), _) => {
+                file = Some(file_writer(tx, name, schema, &props, written, total)?);
+            }
+            (Piece::Batch(batch, written), Some(w)) => {
+                w.write(&batch).map_err(|e| failed(tx, "writing the Parquet file", e))?;
+                w.inner_mut().out.written = written;
+            }
+            (Piece::End, Some(_)) => {
+                let Some(w) = file.take() else { continue };
+                let mut sink = w.into_inner().map_err(|e| failed(tx, "finishing the Parquet file", e))?;
+                // The file's last chunk (the first too when it is small) with its final count.
+                sink.send()?;
+            }
+            (Piece::Batch(..) | Piece::End, None) => {}
+        }
     }
     Ok(())
 }
@@ -439,15 +498,10 @@ fn file_writer<'a>(
     ArrowWriter::try_new(sink, schema, Some(props.clone())).map_err(|e| failed(tx, "starting the Parquet file", e))
 }
 
-fn write_batch(
-    w: &mut ArrowWriter<Sink<'_>>,
-    schema: &Arc<Schema>,
-    builders: &mut [Builder],
-    tx: &Tx,
-) -> Result<(), Stop> {
+/// The builders' rows as a record batch (the builders start over).
+fn batch_of(schema: &Arc<Schema>, builders: &mut [Builder], tx: &Tx) -> Result<RecordBatch, Stop> {
     let arrays = builders.iter_mut().map(Builder::finish).collect();
-    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| failed(tx, "building a record batch", e))?;
-    w.write(&batch).map_err(|e| failed(tx, "writing the Parquet file", e))
+    RecordBatch::try_new(schema.clone(), arrays).map_err(|e| failed(tx, "building a record batch", e))
 }
 
 /// Interned strings of one export, as shown and as stored, read once each.
@@ -484,85 +538,4 @@ impl Names {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_kind_is_a_record_table_and_has_unique_columns() {
-        for k in KINDS {
-            assert!(*k == "pc_sample" || crate::catalog::RECORD_TABLES.contains(k), "{k}");
-            let cols = all_columns(k);
-            let mut names: Vec<&str> = cols.iter().map(|c| c.0).collect();
-            names.sort_unstable();
-            names.dedup();
-            assert_eq!(names.len(), cols.len(), "{k}: a column name twice");
-        }
-        for t in crate::catalog::RECORD_TABLES {
-            assert!(KINDS.contains(t), "{t} has no Parquet file");
-        }
-    }
-
-    #[test]
-    fn a_file_streams_in_chunks_the_first_naming_it_and_reads_back() {
-        use arrow_array::{Array, Int64Array, StringArray};
-        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-
-        let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-        let cols: Vec<Col> = vec![("v", "", Conv::Int), ("name", "", Conv::Name), ("flag", "", Conv::Bool)];
-        let schema = schema(&cols);
-        let props = properties(&cols);
-        let n = 3 * ROW_GROUP + 5;
-        let Ok(mut w) = file_writer(&tx, "t.parquet".into(), schema.clone(), &props, 7, 0) else { panic!() };
-        let mut b: Vec<Builder> = cols.iter().map(|c| Builder::new(c.2)).collect();
-        for i in 0..n {
-            if let [Builder::Int(v), Builder::Str(s), Builder::Bool(f)] = b.as_mut_slice() {
-                v.append_value(i as i64 * 7919);
-                s.append_value(format!("kernel_{}", i % 13));
-                f.append_value(i % 2 == 0);
-            }
-            if (i + 1) % BATCH == 0 || i + 1 == n {
-                assert!(write_batch(&mut w, &schema, &mut b, &tx).is_ok());
-                w.inner_mut().out.written = 7 + i as u64 + 1;
-            }
-        }
-        let Ok(mut sink) = w.into_inner() else { panic!() };
-        assert!(sink.send().is_ok());
-        drop(sink);
-        drop(tx);
-        let mut data = Vec::new();
-        let mut names = Vec::new();
-        let mut last = None;
-        while let Ok(Ok(m)) = rx.try_recv() {
-            names.push(m.file_name);
-            data.extend_from_slice(&m.data);
-            last = Some((m.events_written, m.events_total));
-        }
-        assert!(names.len() > 2, "{} chunks", names.len());
-        assert_eq!(names[0], "t.parquet");
-        assert!(names[1..].iter().all(String::is_empty));
-        assert_eq!(last, Some((7 + n as u64, 7 + n as u64)));
-        let r = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(data)).unwrap();
-        assert_eq!(r.metadata().num_row_groups(), 4);
-        let g = r.metadata().row_group(0);
-        assert!(g.column(0).dictionary_page_offset().is_none(), "no dictionary for integers");
-        assert!(g.column(1).dictionary_page_offset().is_some(), "a dictionary for names");
-        assert_eq!(r.metadata().file_metadata().num_rows(), n as i64);
-        let (mut rows, mut sum, mut marks) = (0usize, 0i64, 0usize);
-        for batch in r.build().unwrap() {
-            let batch = batch.unwrap();
-            let v = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-            let s = batch.column(1).as_any().downcast_ref::<StringArray>().unwrap();
-            let f = batch.column(2).as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
-            for i in 0..batch.num_rows() {
-                assert_eq!(s.value(i), format!("kernel_{}", (rows + i) % 13));
-                sum += v.value(i);
-                marks += usize::from(f.value(i));
-            }
-            assert_eq!(v.null_count(), 0);
-            rows += batch.num_rows();
-        }
-        assert_eq!(rows, n);
-        assert_eq!(sum, (0..n as i64).map(|i| i * 7919).sum::<i64>());
-        assert_eq!(marks, n.div_ceil(2));
-    }
-}
+mod tests;
