@@ -5,8 +5,9 @@
 //! together), ids as integers, times as ns since the Unix epoch (`start_ns`, `end_ns`,
 //! `duration_ns`), interned names as strings (kernel names demangled in `name`, as CUPTI
 //! reported them in `mangled_name`), enums as their names beside the numbers. Each table is
-//! read with one cursor; rows go into Arrow builders of [`BATCH`] rows, and the Parquet writer
-//! keeps at most one row group ([`ROW_GROUP`] rows) before its bytes go to the client, so
+//! read with one cursor; rows go into Arrow builders of [`BATCH`] rows, handed to a second
+//! thread that encodes and sends them (at most two batches between the two), and the Parquet
+//! writer keeps at most one row group ([`ROW_GROUP`] rows) before its bytes go to the client, so
 //! memory stays bounded whatever the session's size. Files are Snappy-compressed.
 
 use std::borrow::Cow;
