@@ -445,21 +445,23 @@ fn read_rows(
 fn write_files(pieces: std::sync::mpsc::Receiver<Piece>, tx: &Tx, total: u64) -> Result<(), Stop> {
     let mut file: Option<ArrowWriter<Sink<'_>>> = None;
     for p in pieces {
-        match (p, file.as_mut()) {
-            (Piece::File(name, schema, props, written), _) => {
+        match p {
+            Piece::File(name, schema, props, written) => {
                 file = Some(file_writer(tx, name, schema, &props, written, total)?);
             }
-            (Piece::Batch(batch, written), Some(w)) => {
-                w.write(&batch).map_err(|e| failed(tx, "writing the Parquet file", e))?;
-                w.inner_mut().out.written = written;
+            Piece::Batch(batch, written) => {
+                if let Some(w) = file.as_mut() {
+                    w.write(&batch).map_err(|e| failed(tx, "writing the Parquet file", e))?;
+                    w.inner_mut().out.written = written;
+                }
             }
-            (Piece::End, Some(_)) => {
-                let Some(w) = file.take() else { continue };
-                let mut sink = w.into_inner().map_err(|e| failed(tx, "finishing the Parquet file", e))?;
-                // The file's last chunk (the first too when it is small) with its final count.
-                sink.send()?;
+            Piece::End => {
+                if let Some(w) = file.take() {
+                    let mut sink = w.into_inner().map_err(|e| failed(tx, "finishing the Parquet file", e))?;
+                    // The file's last chunk (the first too when it is small) with its final count.
+                    sink.send()?;
+                }
             }
-            (Piece::Batch(..) | Piece::End, None) => {}
         }
     }
     Ok(())
