@@ -8,10 +8,10 @@ use std::path::Path;
 use gpuprof_proto::api as pb;
 use rusqlite::Connection;
 
-use super::flows::{Flows, key};
+use super::flows::{FLOW_TABLES, Flows, key};
 use super::json::{Buf, json_str, us};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
-use super::records::{EVENT_TABLES, Merge, Rec, first_start, record_queries};
+use super::records::{EVENT_TABLES, Rec, each_record, first_start};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// Synthetic thread ids of per-process host tracks.
@@ -26,16 +26,20 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> 
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, EVENT_TABLES)?;
     let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
-    let flows = Flows::build(&c, session, f)?;
     let procs = session_procs(&c, session)?;
-    let (mut stmts, params) = record_queries(&c, session, f)?;
-    let mut records = Merge::open(&mut stmts, &params)?;
-    let t0 = first_start(&c, session, f, &params)?;
-    let mut trace = Trace::new(&c, out, flows, t0);
-    trace.header(session);
-    while let Some((rec, dur)) = records.next_record()? {
-        trace.record(&rec, dur)?;
-    }
+    let start = || {
+        let (flows, first) = Flows::build(&c, session, f)?;
+        let others: Vec<&str> = EVENT_TABLES.iter().copied().filter(|t| !FLOW_TABLES.contains(t)).collect();
+        // Times are relative to the earliest record (0 when there is none).
+        let t0 = match first.min(first_start(&c, session, f, &others)?) {
+            i64::MAX => 0,
+            t0 => t0,
+        };
+        let mut trace = Trace::new(&c, out, flows, t0);
+        trace.header(session);
+        Ok(trace)
+    };
+    let mut trace = each_record(db, session, f, start, |t, rec, dur| t.record(rec, dur))?;
     trace.track_names(&procs, &session_gpus(&c, session)?);
     trace.finish()
 }

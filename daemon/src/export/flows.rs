@@ -4,6 +4,7 @@
 use gpuprof_proto::api as pb;
 use rusqlite::{Connection, params_from_iter};
 
+use super::records::process_bases;
 use crate::query::where_for;
 
 /// Flow key: process and correlation id.
@@ -20,28 +21,43 @@ pub(super) struct Flows {
     next: Vec<u32>,
 }
 
+/// The tables [`Flows::build`] reads.
+pub(super) const FLOW_TABLES: &[&str] = &["api", "kernel", "memcpy", "memset"];
+
 impl Flows {
-    pub(super) fn build(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Flows> {
+    /// The flows of the session's rows that pass `f`, and the earliest start (ns since the
+    /// epoch) of those rows of [`FLOW_TABLES`], `i64::MAX` when there is none: one pass over
+    /// each table gives both.
+    pub(super) fn build(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<(Flows, i64)> {
+        let bases = process_bases(c)?;
+        let mut first = i64::MAX;
+        let mut scan = |table: &str, each: &mut dyn FnMut(u64)| -> rusqlite::Result<()> {
+            let w = where_for(c, table, session, f)?;
+            let mut st = c.prepare(&format!("SELECT t.proc, t.corr, t.start FROM {table} t WHERE {}", w.sql))?;
+            let mut rows = st.query(params_from_iter(w.params.iter()))?;
+            while let Some(r) = rows.next()? {
+                let proc = r.get(0)?;
+                // Rows of a process without a `processes` row are not exported.
+                let Some(base) = bases.get(&proc) else { continue };
+                first = first.min(r.get::<_, i64>(2)? + base);
+                let corr: i64 = r.get(1)?;
+                if corr != 0 {
+                    each(key(proc, corr));
+                }
+            }
+            Ok(())
+        };
         let mut api = Vec::new();
-        let w = where_for(c, "api", session, f)?;
-        let mut st = c.prepare(&format!("SELECT t.proc, t.corr FROM api t WHERE {} AND t.corr != 0", w.sql))?;
-        let mut rows = st.query(params_from_iter(w.params.iter()))?;
-        while let Some(r) = rows.next()? {
-            api.push(key(r.get(0)?, r.get(1)?));
-        }
+        scan("api", &mut |k| api.push(k))?;
         api.sort_unstable();
         api.dedup();
         let mut dev = Vec::new();
         for t in ["kernel", "memcpy", "memset"] {
-            let w = where_for(c, t, session, f)?;
-            let mut st = c.prepare(&format!("SELECT t.proc, t.corr FROM {t} t WHERE {} AND t.corr != 0", w.sql))?;
-            let mut rows = st.query(params_from_iter(w.params.iter()))?;
-            while let Some(r) = rows.next()? {
-                let k = key(r.get(0)?, r.get(1)?);
+            scan(t, &mut |k| {
                 if api.binary_search(&k).is_ok() {
                     dev.push(k);
                 }
-            }
+            })?;
         }
         drop(api);
         dev.sort_unstable();
@@ -64,7 +80,7 @@ impl Flows {
             id += u64::from(*c);
         }
         let next = vec![0; keys.len()];
-        Ok(Flows { keys, counts, first_id, next })
+        Ok((Flows { keys, counts, first_id, next }, first))
     }
 
     /// Flow ids starting at an API call.

@@ -25,7 +25,7 @@ use rusqlite::Connection;
 use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
 use super::flows::{Flows, key};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
-use super::records::{EVENT_TABLES, Merge, Rec, record_queries};
+use super::records::{EVENT_TABLES, Rec, each_record};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// The one packet sequence of the file.
@@ -38,18 +38,17 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, EVENT_TABLES)?;
     let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
-    let flows = Flows::build(&c, session, f)?;
     let procs = session_procs(&c, session)?;
-    let (mut stmts, params) = record_queries(&c, session, f)?;
-    let mut records = Merge::open(&mut stmts, &params)?;
     let gpus = session_gpus(&c, session)?;
-    let mut w =
-        Writer { c: &c, out, flows, procs, gpus, tracks: HashMap::new(), strings: Strings::default(), first: true };
-    while let Some((rec, dur)) = records.next_record()? {
-        w.record(&rec, dur)?;
+    let start = || {
+        let (flows, _) = Flows::build(&c, session, f)?;
+        Ok(Writer { c: &c, out, flows, procs, gpus, tracks: HashMap::new(), strings: Strings::default(), first: true })
+    };
+    let mut w = each_record(db, session, f, start, |w, rec, dur| {
+        w.record(rec, dur)?;
         w.out.written += 1;
-        w.out.maybe_send()?;
-    }
+        w.out.maybe_send()
+    })?;
     w.pc_counters(session)?;
     w.out.send()
 }

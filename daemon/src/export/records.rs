@@ -1,10 +1,15 @@
-//! The session's records for the Chrome trace: one cursor per event table, each in
-//! (process, start) order, merged into one stream.
+//! The session's records for the Chrome and Perfetto traces: one cursor per event table, each
+//! in (process, start) order, read on a few threads and merged into one stream.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use gpuprof_proto::api as pb;
 use rusqlite::types::Value;
 use rusqlite::{Connection, Row, Rows, Statement, params_from_iter};
 
+use super::out::Stop;
 use crate::query::where_for;
 
 /// Tables whose rows become trace events.
@@ -20,11 +25,10 @@ pub(super) struct Rec {
 }
 
 fn select_cols(table: &str) -> &'static str {
-    // proc, abs start, dur, then up to 8 table-specific integers.
+    // proc, start (relative to the process's base), dur, then up to 8 table-specific integers
+    // (for kernels the packed y and z dimensions after them, see `read_rec`).
     match table {
-        "kernel" => {
-            "t.dev, t.stream, t.corr, t.name, t.gx * 1000000 + t.gy * 1000 + t.gz, t.bx * 1000000 + t.by * 1000 + t.bz, t.regs, t.ssmem + t.dsmem"
-        }
+        "kernel" => "t.dev, t.stream, t.corr, t.name, t.gx, t.bx, t.regs, t.ssmem + t.dsmem, t.dims",
         "memcpy" => "t.dev, t.stream, t.corr, t.bytes, t.kind, t.src_dev, t.dst_dev, 0",
         "memset" => "t.dev, t.stream, t.corr, t.bytes, t.value, 0, 0, 0",
         "graph" => "t.dev, t.stream, t.corr, t.graph_id, 0, 0, 0, 0",
@@ -35,109 +39,245 @@ fn select_cols(table: &str) -> &'static str {
     }
 }
 
-fn read_rec(r: &Row<'_>, table: usize) -> rusqlite::Result<(Rec, i64)> {
+/// What a table's rows are read from: its view, but for kernels the same join with the stored
+/// `dims` (the grid's and block's y and z, packed) in place of the view's four computed
+/// columns, which are decoded here instead (SQLite flattens the subquery like the view).
+fn source(table: &str) -> &str {
+    match table {
+        "kernel" => {
+            "(SELECT k.session AS session, k.proc AS proc, k.dev AS dev, k.stream AS stream, d.corr AS corr,
+                     d.name AS name, d.start AS start, d.dur AS dur, d.gx AS gx, d.dims AS dims, d.bx AS bx,
+                     d.regs AS regs, d.ssmem AS ssmem, d.dsmem AS dsmem, d.rowid AS rowid
+              FROM kernel_data d CROSS JOIN tracks k ON k.id = d.track)"
+        }
+        t => t,
+    }
+}
+
+/// A kernel's (gy, gz, by, bz) from `kernel_data.dims`: the packed integer, or the text
+/// 'gy,gz,by,bz' the writer stores when a value does not fit.
+pub(super) fn dims(v: rusqlite::types::ValueRef<'_>) -> [i64; 4] {
+    match v {
+        rusqlite::types::ValueRef::Integer(d) => {
+            [(d & 0xffff) + 1, ((d >> 16) & 0xffff) + 1, ((d >> 32) & 0xffff) + 1, ((d >> 48) & 0xffff) + 1]
+        }
+        rusqlite::types::ValueRef::Text(t) => {
+            let mut out = [1; 4];
+            for (o, x) in out.iter_mut().zip(String::from_utf8_lossy(t).split(',')) {
+                *o = x.trim().parse().unwrap_or(1);
+            }
+            out
+        }
+        _ => [1; 4],
+    }
+}
+
+/// A row of `table_query` as a record with its absolute start, and its duration; None when
+/// its process has no base (no `processes` row).
+fn read_rec(r: &Row<'_>, table: usize, bases: &HashMap<i64, i64>) -> rusqlite::Result<Option<(Rec, i64)>> {
+    let proc: i64 = r.get(0)?;
+    let Some(base) = bases.get(&proc) else { return Ok(None) };
     let mut v = [0i64; 8];
     for (i, x) in v.iter_mut().enumerate() {
         *x = r.get(3 + i)?;
     }
-    Ok((Rec { proc: r.get(0)?, start: r.get(1)?, table, v }, r.get::<_, i64>(2)?.max(0)))
+    if EVENT_TABLES[table] == "kernel" {
+        // Grid and block as x * 10^6 + y * 10^3 + z.
+        let [gy, gz, by, bz] = dims(r.get_ref(11)?);
+        let (gx, bx) = (v[4], v[5]);
+        v[4] = gx * 1_000_000 + gy * 1000 + gz;
+        v[5] = bx * 1_000_000 + by * 1000 + bz;
+    }
+    let start = r.get::<_, i64>(1)? + base;
+    Ok(Some((Rec { proc, start, table, v }, r.get::<_, i64>(2)?.max(0))))
 }
 
-/// One statement per event table, reading its rows in (process, start) order with absolute
-/// start times, and the parameters of each.
-pub(super) fn record_queries<'c>(
+/// Every process's `base_ns` (record starts are stored relative to it), by process id.
+pub(super) fn process_bases(c: &Connection) -> rusqlite::Result<HashMap<i64, i64>> {
+    c.prepare("SELECT id, base_ns FROM processes")?.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect()
+}
+
+/// The statement reading one event table's rows in (process, start) order, and its
+/// parameters. Starts stay relative to the process's base (the order is the same); `read_rec`
+/// adds the base.
+fn table_query<'c>(
     c: &'c Connection,
+    table: &str,
     session: u64,
     f: &pb::RecordFilter,
-) -> rusqlite::Result<(Vec<Statement<'c>>, Vec<Vec<Value>>)> {
-    let mut stmts = Vec::new();
-    let mut params = Vec::new();
-    for t in EVENT_TABLES {
-        let w = where_for(c, t, session, f)?;
-        stmts.push(c.prepare(&format!(
-            "SELECT t.proc, t.start + p.base_ns, t.dur, {} FROM {t} t JOIN processes p ON p.id = t.proc
-             WHERE {} ORDER BY t.proc, t.start",
-            select_cols(t),
-            w.sql
-        ))?);
-        params.push(w.params);
-    }
-    Ok((stmts, params))
+) -> rusqlite::Result<(Statement<'c>, Vec<Value>)> {
+    let w = where_for(c, table, session, f)?;
+    let st = c.prepare(&format!(
+        "SELECT t.proc, t.start, t.dur, {} FROM {} t WHERE {} ORDER BY t.proc, t.start",
+        select_cols(table),
+        source(table),
+        w.sql
+    ))?;
+    Ok((st, w.params))
 }
 
-/// The earliest start over all tables and processes (ns since the epoch), 0 when there is
-/// no record; `params` as from [`record_queries`].
+/// The earliest start (ns since the epoch) of the session's rows of `tables` that pass `f`,
+/// `i64::MAX` when there is none: one pass over each table's rows, no sorting.
 pub(super) fn first_start(
     c: &Connection,
     session: u64,
     f: &pb::RecordFilter,
-    params: &[Vec<Value>],
+    tables: &[&str],
 ) -> rusqlite::Result<i64> {
     let mut t0 = i64::MAX;
-    for (t, p) in EVENT_TABLES.iter().zip(params) {
+    for t in tables {
         let w = where_for(c, t, session, f)?;
         let m: Option<i64> = c
             .prepare(&format!(
-                "SELECT min(s) FROM (SELECT min(t.start) + (SELECT base_ns FROM processes WHERE id = t.proc) AS s
-                 FROM {t} t WHERE {} GROUP BY t.proc)",
+                "SELECT min(t.start + p.base_ns) FROM {t} t JOIN processes p ON p.id = t.proc WHERE {}",
                 w.sql
             ))?
-            .query_row(params_from_iter(p.iter()), |r| r.get(0))?;
+            .query_row(params_from_iter(w.params.iter()), |r| r.get(0))?;
         if let Some(m) = m {
             t0 = t0.min(m);
         }
     }
-    if t0 == i64::MAX {
-        t0 = 0;
-    }
     Ok(t0)
 }
 
-/// The cursors of [`record_queries`] merged: records in (process, start) order.
-pub(super) struct Merge<'s> {
-    cursors: Vec<Rows<'s>>,
-    /// The next record of each cursor and its duration; None once the cursor is done.
-    heads: Vec<Option<(Rec, i64)>>,
+/// Records (and their durations) per batch handed from a reading thread to the merging one.
+const BATCH: usize = 2048;
+
+type Batch = Vec<(Rec, i64)>;
+
+/// The tables each reading thread reads (indexes into [`EVENT_TABLES`]): kernels and API
+/// calls, the bulk of any CUDA trace, get a thread each; the other kinds share one.
+const READERS: &[&[usize]] = &[&[0], &[4], &[1, 2, 3, 5, 6, 7]];
+
+/// Which of two records comes first: (process, start), ties in table order.
+fn sort_key(r: &Rec) -> (i64, i64, usize) {
+    (r.proc, r.start, r.table)
 }
 
-impl<'s> Merge<'s> {
-    /// Runs the statements and reads the first record of each.
-    pub(super) fn open(stmts: &'s mut [Statement<'_>], params: &[Vec<Value>]) -> rusqlite::Result<Merge<'s>> {
-        let mut cursors = Vec::new();
-        for (st, p) in stmts.iter_mut().zip(params) {
-            cursors.push(st.query(params_from_iter(p.iter()))?);
+/// The index of the smallest head by [`sort_key`], if any.
+fn first_of<'a>(heads: impl Iterator<Item = Option<&'a Rec>>) -> Option<usize> {
+    let mut best: Option<(usize, (i64, i64, usize))> = None;
+    for (i, h) in heads.enumerate() {
+        if let Some(r) = h
+            && best.is_none_or(|(_, b)| sort_key(r) < b)
+        {
+            best = Some((i, sort_key(r)));
         }
-        let mut heads: Vec<Option<(Rec, i64)>> = Vec::with_capacity(cursors.len());
-        for (i, cur) in cursors.iter_mut().enumerate() {
-            heads.push(match cur.next()? {
-                Some(r) => Some(read_rec(r, i)?),
-                None => None,
-            });
-        }
-        Ok(Merge { cursors, heads })
     }
+    best.map(|(i, _)| i)
+}
 
-    /// The record with the smallest (process, start) and its duration; None at the end.
-    pub(super) fn next_record(&mut self) -> rusqlite::Result<Option<(Rec, i64)>> {
-        let heads = &self.heads;
-        let mut best: Option<usize> = None;
-        for (i, h) in heads.iter().enumerate() {
-            if let Some((r, _)) = h {
-                let better = match best.and_then(|b| heads[b].as_ref()) {
-                    None => true,
-                    Some((b, _)) => (r.proc, r.start) < (b.proc, b.start),
-                };
-                if better {
-                    best = Some(i);
+/// Calls `write` with each of the session's records (and its duration) in (process, start)
+/// order, on the writer `start` makes, and returns that writer. The tables are read and
+/// sorted on a few threads (see [`READERS`]), each with a read connection of its own
+/// (SQLite's stepping and sorting is most of an export's work), from before `start` is
+/// called, so that the writer's own preparation (flows, the first start) overlaps the
+/// sorting; this thread merges what they send and `write` formats. At most two batches per
+/// reader wait, so memory stays bounded. A reading error ends the export with that error; an
+/// error of `start` or `write` (the client gone) ends the readers. Which rows are read does
+/// not depend on the connection: every cursor is bounded by the rollup's rowid range.
+pub(super) fn each_record<W>(
+    db: &Path,
+    session: u64,
+    f: &pb::RecordFilter,
+    start: impl FnOnce() -> Result<W, Stop>,
+    mut write: impl FnMut(&mut W, &Rec, i64) -> Result<(), Stop>,
+) -> Result<W, Stop> {
+    std::thread::scope(|s| {
+        let mut readers = Vec::with_capacity(READERS.len());
+        for tables in READERS {
+            let (tx, batches) = sync_channel::<Result<Batch, Stop>>(2);
+            s.spawn(move || {
+                if let Err(e) = read_tables(db, tables, session, f, &tx) {
+                    let _ = tx.send(Err(e));
                 }
-            }
+            });
+            readers.push(Source { batches, batch: Vec::new().into_iter(), head: None });
         }
-        let Some(i) = best else { return Ok(None) };
-        let Some(head) = self.heads[i].take() else { return Ok(None) };
-        self.heads[i] = match self.cursors[i].next()? {
-            Some(r) => Some(read_rec(r, i)?),
-            None => None,
-        };
-        Ok(Some(head))
+        // Returning drops the receivers, which ends each reader at its next send.
+        let mut w = start()?;
+        for r in &mut readers {
+            r.advance()?;
+        }
+        while let Some(i) = first_of(readers.iter().map(|r| r.head.as_ref().map(|(rec, _)| rec))) {
+            let r = &mut readers[i];
+            if let Some((rec, dur)) = r.head.take() {
+                write(&mut w, &rec, dur)?;
+            }
+            r.advance()?;
+        }
+        Ok(w)
+    })
+}
+
+/// One reader: its tables' rows merged, sent in batches; returns once every row is sent or
+/// the receiver is gone.
+fn read_tables(
+    db: &Path,
+    tables: &[usize],
+    session: u64,
+    f: &pb::RecordFilter,
+    tx: &SyncSender<Result<Batch, Stop>>,
+) -> Result<(), Stop> {
+    let c = crate::store::open_reader(db)?;
+    let bases = process_bases(&c)?;
+    let mut stmts = Vec::with_capacity(tables.len());
+    for &t in tables {
+        stmts.push(table_query(&c, EVENT_TABLES[t], session, f)?);
+    }
+    let mut cursors = Vec::with_capacity(tables.len());
+    for (st, params) in &mut stmts {
+        cursors.push(st.query(params_from_iter(params.iter()))?);
+    }
+    // The next record of each table (None once it is done).
+    let mut heads = Vec::with_capacity(tables.len());
+    for (cur, &t) in cursors.iter_mut().zip(tables) {
+        heads.push(next_rec(cur, t, &bases)?);
+    }
+    let mut batch = Vec::with_capacity(BATCH);
+    while let Some(i) = first_of(heads.iter().map(|h| h.as_ref().map(|(rec, _)| rec))) {
+        if let Some(r) = heads[i].take() {
+            batch.push(r);
+        }
+        heads[i] = next_rec(&mut cursors[i], tables[i], &bases)?;
+        if batch.len() == BATCH && tx.send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))).is_err() {
+            return Ok(());
+        }
+    }
+    if !batch.is_empty() {
+        let _ = tx.send(Ok(batch));
+    }
+    Ok(())
+}
+
+/// The next record of a table's cursor (rows of processes without a base skipped).
+fn next_rec(cur: &mut Rows<'_>, table: usize, bases: &HashMap<i64, i64>) -> rusqlite::Result<Option<(Rec, i64)>> {
+    while let Some(r) = cur.next()? {
+        if let Some(rec) = read_rec(r, table, bases)? {
+            return Ok(Some(rec));
+        }
+    }
+    Ok(None)
+}
+
+/// One reader's records as the merge sees them: the batches still to come, the rest of the
+/// current one, and the next record (None once the reader is done).
+struct Source {
+    batches: Receiver<Result<Batch, Stop>>,
+    batch: std::vec::IntoIter<(Rec, i64)>,
+    head: Option<(Rec, i64)>,
+}
+
+impl Source {
+    /// The next record into `head`, receiving the next batch when the current one is used up.
+    fn advance(&mut self) -> Result<(), Stop> {
+        self.head = self.batch.next();
+        if self.head.is_none()
+            && let Ok(b) = self.batches.recv()
+        {
+            self.batch = b?.into_iter();
+            self.head = self.batch.next();
+        }
+        Ok(())
     }
 }
