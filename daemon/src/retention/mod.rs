@@ -68,6 +68,7 @@ pub async fn run(d: Arc<Daemon>, shutdown: CancellationToken) {
     }
     // Said once (until the database is under its limit again) rather than every pass.
     let mut warned_over_limit = false;
+    let mut size = pass::SizeWatch::default();
     loop {
         // Read each pass: SIGHUP may have changed them.
         let r = d.retention();
@@ -79,7 +80,7 @@ pub async fn run(d: Arc<Daemon>, shutdown: CancellationToken) {
         if !pm_pass(&d, &shutdown, width).await {
             return;
         }
-        match expire(&d, &shutdown, &mut warned_over_limit).await {
+        match expire(&d, &shutdown, &mut warned_over_limit, &mut size).await {
             Ok(()) => {}
             Err(Halt::Stopped) => return,
             Err(Halt::Failed(e)) => tracing::warn!(error = %e, "session retention pass failed; retrying next interval"),

@@ -28,8 +28,42 @@ struct Tally {
     vacuumed_pages: u64,
 }
 
+/// How fast the database grows between passes, so that the size limit holds until the next
+/// one: a pass deletes down to the limit less the growth of the last interval (the most of the
+/// last few), not just to the limit.
+#[derive(Debug, Default)]
+pub(super) struct SizeWatch {
+    /// Bytes in use when the last pass ended.
+    pub(super) after_pass: Option<u64>,
+    /// Growth between the end of a pass and the start of the next, the last few.
+    growth: [u64; 4],
+    next: usize,
+}
+
+impl SizeWatch {
+    /// Records the growth since the last pass, `used` being the size now.
+    pub(super) fn grew(&mut self, used: u64) {
+        if let Some(before) = self.after_pass {
+            self.growth[self.next % self.growth.len()] = used.saturating_sub(before);
+            self.next += 1;
+        }
+    }
+
+    /// What a pass deletes down to under `max`: `max` less the largest recent growth (at least
+    /// 1 % of `max`, at most half of it).
+    pub(super) fn target(&self, max: u64) -> u64 {
+        let headroom = self.growth.iter().copied().max().unwrap_or(0).max(max / 100).min(max / 2);
+        max - headroom
+    }
+}
+
 /// One pass over sessions, records outside sessions and processes, then the size limit.
-pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over_limit: &mut bool) -> Result<(), Halt> {
+pub(super) async fn expire(
+    d: &Daemon,
+    shutdown: &CancellationToken,
+    warned_over_limit: &mut bool,
+    size: &mut SizeWatch,
+) -> Result<(), Halt> {
     let r = &d.retention();
     let max_age = r.sessions_max_age.0;
     let max_size = r.max_bytes(&d.storage());
@@ -66,11 +100,22 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over
     }
     if max_size > 0 {
         let wal_cap = u64::from(d.config.storage.wal_autocheckpoint_pages);
+        let mut first = true;
         loop {
             let pages = step(d, |c| Pages::read(c)).await?;
-            let used = pages.used_bytes() + crate::store::wal_bytes(&d.db_path).min(wal_cap * pages.page_size);
-            if used <= max_size {
-                *warned_over_limit = false;
+            // The WAL counts as the size it may reach between two checkpoints, whatever it is
+            // now (it grows back to that under writes), but no more (a reader holding a
+            // checkpoint back is passing).
+            let used = pages.used_bytes() + wal_cap * pages.page_size;
+            if std::mem::take(&mut first) {
+                size.grew(used);
+            }
+            let target = size.target(max_size);
+            if used <= target {
+                size.after_pass = Some(used);
+                if used <= max_size {
+                    *warned_over_limit = false;
+                }
                 break;
             }
             match read(d, oldest_finished).await? {
@@ -78,13 +123,15 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, warned_over
                     tracing::info!(
                         used_bytes = used,
                         max_bytes = max_size,
+                        target_bytes = target,
                         session = id,
-                        "database over its size limit"
+                        "database over its size limit, or would be before the next pass"
                     );
                     delete_session(d, id, "size", &mut tally).await?;
                 }
                 None => {
-                    if !std::mem::replace(warned_over_limit, true) {
+                    size.after_pass = Some(used);
+                    if used > max_size && !std::mem::replace(warned_over_limit, true) {
                         tracing::warn!(
                             used_bytes = used,
                             max_bytes = max_size,

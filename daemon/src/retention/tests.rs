@@ -437,3 +437,29 @@ fn settle_files_shrinks_the_files_once_readers_let_go() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), pages.count * pages.page_size);
     assert_eq!(crate::store::wal_bytes(&path), 0);
 }
+
+#[test]
+fn the_size_limit_leaves_room_for_what_comes_before_the_next_pass() {
+    use super::pass::SizeWatch;
+    let mut w = SizeWatch::default();
+    // Nothing seen yet: 1 % of the limit.
+    assert_eq!(w.target(1000), 990);
+    // The first pass only notes the size; the growth is what came between two passes.
+    w.grew(500);
+    assert_eq!(w.target(1000), 990);
+    w.after_pass = Some(500);
+    w.grew(620);
+    assert_eq!(w.target(1000), 880);
+    // The largest of the last four growths counts, and never more than half the limit.
+    w.after_pass = Some(600);
+    w.grew(610);
+    assert_eq!(w.target(1000), 880);
+    w.after_pass = Some(0);
+    w.grew(900);
+    assert_eq!(w.target(1000), 500);
+    for _ in 0..4 {
+        w.after_pass = Some(100);
+        w.grew(150);
+    }
+    assert_eq!(w.target(1000), 950);
+}
