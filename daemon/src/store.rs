@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0006_demangled.sql", include_str!("../../migrations/0006_demangled.sql")),
     ("0007_pc_sampling.sql", include_str!("../../migrations/0007_pc_sampling.sql")),
     ("0008_tracks.sql", include_str!("../../migrations/0008_tracks.sql")),
+    ("0009_kernel_shapes.sql", include_str!("../../migrations/0009_kernel_shapes.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.

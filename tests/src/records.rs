@@ -131,15 +131,18 @@ impl RecordGen {
                         stream_id: stream,
                         correlation_id: corr,
                         name_id: name,
+                        // The grid follows the problem size; registers and static shared
+                        // memory belong to the compiled kernel, and the block and dynamic shared
+                        // memory to the code launching it: the same for most launches of a name.
                         grid_x: 1 + self.pick(4096),
                         grid_y: 1,
                         grid_z: 1,
-                        block_x: [128, 256, 512][self.pick(3) as usize],
+                        block_x: [128, 256, 512][i % 3],
                         block_y: 1,
                         block_z: 1,
-                        registers_per_thread: 16 + self.pick(200),
-                        static_shared_bytes: 0,
-                        dynamic_shared_bytes: [0, 16384, 49152][self.pick(3) as usize],
+                        registers_per_thread: 16 + (i as u32 * 37) % 200,
+                        static_shared_bytes: [0, 1024][i % 2],
+                        dynamic_shared_bytes: [0, 16384, 49152][(i + self.pick(2) as usize) % 3],
                         graph_node_id: 0,
                         graph_id: 0,
                     });

@@ -25,10 +25,11 @@ pub(super) struct Rec {
 }
 
 fn select_cols(table: &str) -> &'static str {
-    // proc, start (relative to the process's base), dur, then up to 8 table-specific integers
-    // (for kernels the packed y and z dimensions after them, see `read_rec`).
+    // proc, start (relative to the process's base), dur, then up to 8 table-specific integers.
     match table {
-        "kernel" => "t.dev, t.stream, t.corr, t.name, t.gx, t.bx, t.regs, t.ssmem + t.dsmem, t.dims",
+        "kernel" => {
+            "t.dev, t.stream, t.corr, t.name, t.gx * 1000000 + t.gy * 1000 + t.gz, t.bx * 1000000 + t.by * 1000 + t.bz, t.regs, t.ssmem + t.dsmem"
+        }
         "memcpy" => "t.dev, t.stream, t.corr, t.bytes, t.kind, t.src_dev, t.dst_dev, 0",
         "memset" => "t.dev, t.stream, t.corr, t.bytes, t.value, 0, 0, 0",
         "graph" => "t.dev, t.stream, t.corr, t.graph_id, 0, 0, 0, 0",
@@ -36,39 +37,6 @@ fn select_cols(table: &str) -> &'static str {
         "marker" => "t.tid, t.name, t.domain, t.is_mark, t.id, 0, 0, 0",
         "sync" => "t.stream, t.corr, t.type, t.event, 0, 0, 0, 0",
         _ => "t.kind, t.obj_kind, t.obj_id, 0, 0, 0, 0, 0",
-    }
-}
-
-/// What a table's rows are read from: its view, but for kernels the same join with the stored
-/// `dims` (the grid's and block's y and z, packed) in place of the view's four computed
-/// columns, which are decoded here instead (SQLite flattens the subquery like the view).
-fn source(table: &str) -> &str {
-    match table {
-        "kernel" => {
-            "(SELECT k.session AS session, k.proc AS proc, k.dev AS dev, k.stream AS stream, d.corr AS corr,
-                     d.name AS name, d.start AS start, d.dur AS dur, d.gx AS gx, d.dims AS dims, d.bx AS bx,
-                     d.regs AS regs, d.ssmem AS ssmem, d.dsmem AS dsmem, d.rowid AS rowid
-              FROM kernel_data d CROSS JOIN tracks k ON k.id = d.track)"
-        }
-        t => t,
-    }
-}
-
-/// A kernel's (gy, gz, by, bz) from `kernel_data.dims`: the packed integer, or the text
-/// 'gy,gz,by,bz' the writer stores when a value does not fit.
-pub(super) fn dims(v: rusqlite::types::ValueRef<'_>) -> [i64; 4] {
-    match v {
-        rusqlite::types::ValueRef::Integer(d) => {
-            [(d & 0xffff) + 1, ((d >> 16) & 0xffff) + 1, ((d >> 32) & 0xffff) + 1, ((d >> 48) & 0xffff) + 1]
-        }
-        rusqlite::types::ValueRef::Text(t) => {
-            let mut out = [1; 4];
-            for (o, x) in out.iter_mut().zip(String::from_utf8_lossy(t).split(',')) {
-                *o = x.trim().parse().unwrap_or(1);
-            }
-            out
-        }
-        _ => [1; 4],
     }
 }
 
@@ -80,13 +48,6 @@ fn read_rec(r: &Row<'_>, table: usize, bases: &HashMap<i64, i64>) -> rusqlite::R
     let mut v = [0i64; 8];
     for (i, x) in v.iter_mut().enumerate() {
         *x = r.get(3 + i)?;
-    }
-    if EVENT_TABLES[table] == "kernel" {
-        // Grid and block as x * 10^6 + y * 10^3 + z.
-        let [gy, gz, by, bz] = dims(r.get_ref(11)?);
-        let (gx, bx) = (v[4], v[5]);
-        v[4] = gx * 1_000_000 + gy * 1000 + gz;
-        v[5] = bx * 1_000_000 + by * 1000 + bz;
     }
     let start = r.get::<_, i64>(1)? + base;
     Ok(Some((Rec { proc, start, table, v }, r.get::<_, i64>(2)?.max(0))))
@@ -108,9 +69,8 @@ fn table_query<'c>(
 ) -> rusqlite::Result<(Statement<'c>, Vec<Value>)> {
     let w = where_for(c, table, session, f)?;
     let st = c.prepare(&format!(
-        "SELECT t.proc, t.start, t.dur, {} FROM {} t WHERE {} ORDER BY t.proc, t.start",
+        "SELECT t.proc, t.start, t.dur, {} FROM {table} t WHERE {} ORDER BY t.proc, t.start",
         select_cols(table),
-        source(table),
         w.sql
     ))?;
     Ok((st, w.params))

@@ -28,23 +28,7 @@ pub(super) struct Table {
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 12, on_conflict: "" };
-/// The column of `kernel_data` holding the grid's y, z and the block's y, z (see [`dims`]).
-const KERNEL_DIMS: usize = 6;
-
-/// `kernel_data.dims`: (gy-1) | (gz-1) << 16 | (by-1) << 32 | (bz-1) << 48, 0 for the usual
-/// 1, 1, 1, 1 (a column header byte and no data, where four columns had four header bytes);
-/// None when a value is out of that range (CUDA's limits are well inside it), in which case
-/// the column holds the text "gy,gz,by,bz" ([`dims_text`]). The `kernel` view decodes both.
-pub(super) fn dims(gy: u32, gz: u32, by: u32, bz: u32) -> Option<i64> {
-    let ok16 = |v: u32| (1..=65536).contains(&v);
-    (ok16(gy) && ok16(gz) && ok16(by) && (1..=32768).contains(&bz))
-        .then(|| i64::from(gy - 1) | i64::from(gz - 1) << 16 | i64::from(by - 1) << 32 | i64::from(bz - 1) << 48)
-}
-
-pub(super) fn dims_text(gy: u32, gz: u32, by: u32, bz: u32) -> String {
-    format!("{gy},{gz},{by},{bz}")
-}
+const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 7, on_conflict: "" };
 const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 12, on_conflict: "" };
 const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "" };
 const API: Table = Table { name: "api_data", slot: 3, cols: 7, on_conflict: "" };
@@ -69,13 +53,15 @@ pub(super) const STREAM: Table = Table {
 };
 const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "" };
 
-/// The writer's copy of `tracks`: (session, process, device, context, stream, thread) → id.
-/// Emptied whenever something else wrote through the writer's connection (retention deletes
-/// tracks) or a transaction rolled back (its new tracks are gone), then filled again from the
-/// table as records come.
+/// The writer's copies of `tracks` ((session, process, device, context, stream, thread) → id)
+/// and `kernel_shapes` ((name, grid y, z, block x, y, z, registers, static and dynamic shared
+/// memory) → id). Emptied whenever something else wrote through the writer's connection
+/// (retention deletes tracks) or a transaction rolled back (its new rows are gone), then filled
+/// again from the tables as records come.
 #[derive(Default)]
 pub(super) struct Tracks {
     ids: HashMap<[i64; 6], i64, std::hash::BuildHasherDefault<KeyHasher>>,
+    shapes: HashMap<[i64; 9], i64, std::hash::BuildHasherDefault<KeyHasher>>,
 }
 
 /// A multiply-rotate hash for the writer's small integer keys (looked up once per record;
@@ -110,6 +96,34 @@ impl std::hash::Hasher for KeyHasher {
 impl Tracks {
     pub(super) fn clear(&mut self) {
         self.ids.clear();
+        self.shapes.clear();
+    }
+
+    /// The id of kernel shape `key`, inserted if the table has none.
+    fn shape(&mut self, c: &Connection, key: [i64; 9]) -> rusqlite::Result<i64> {
+        if let Some(id) = self.shapes.get(&key) {
+            return Ok(*id);
+        }
+        let found: Option<i64> = c
+            .prepare_cached(
+                "SELECT id FROM kernel_shapes WHERE name = ?1 AND gy = ?2 AND gz = ?3 AND bx = ?4 AND by = ?5
+                 AND bz = ?6 AND regs = ?7 AND ssmem = ?8 AND dsmem = ?9",
+            )?
+            .query_row(key, |r| r.get(0))
+            .optional()?;
+        let id = match found {
+            Some(id) => id,
+            None => {
+                c.prepare_cached(
+                    "INSERT INTO kernel_shapes(name, gy, gz, bx, by, bz, regs, ssmem, dsmem)
+                     VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+                )?
+                .execute(key)?;
+                c.last_insert_rowid()
+            }
+        };
+        self.shapes.insert(key, id);
+        Ok(id)
     }
 
     /// The id of track `key`, inserted if the table has none.
@@ -143,15 +157,11 @@ fn insert_sql(t: &Table, rows: usize) -> String {
     format!("INSERT INTO {} VALUES {}{}", t.name, vec![one.as_str(); rows].join(","), t.on_conflict)
 }
 
-/// Executes one INSERT of `vals.len() / t.cols` rows; `texts` (index into `vals`, text)
-/// replace the integers at those places.
-fn exec_rows(conn: &Connection, t: &Table, vals: &[i64], texts: &[(usize, String)]) -> rusqlite::Result<()> {
+/// Executes one INSERT of `vals.len() / t.cols` rows.
+fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()> {
     let mut stmt = conn.prepare_cached(&insert_sql(t, vals.len() / t.cols))?;
     for (i, v) in vals.iter().enumerate() {
         stmt.raw_bind_parameter(i + 1, *v)?;
-    }
-    for (i, v) in texts {
-        stmt.raw_bind_parameter(i + 1, v.as_str())?;
     }
     stmt.raw_execute()?;
     Ok(())
@@ -164,8 +174,6 @@ fn exec_rows(conn: &Connection, t: &Table, vals: &[i64], texts: &[(usize, String
 #[derive(Default)]
 pub(super) struct RowBufs {
     vals: [Vec<i64>; 9],
-    /// Text values of the kernel buffer (index into its `vals`): escaped `dims`.
-    kernel_texts: Vec<(usize, String)>,
 }
 
 const BUFFERED: [&Table; 9] = [&KERNEL, &MEMCPY, &MEMSET, &API, &SYNC, &OVERHEAD, &MARKER, &EXTCORR, &GRAPH];
@@ -177,19 +185,7 @@ impl RowBufs {
         conn: &Connection,
         t: &Table,
         rows: &[T],
-        fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
-    ) -> rusqlite::Result<()> {
-        self.push_texts(conn, t, rows, fill, |_| None)
-    }
-
-    /// [`Self::push`], with `text` giving a row's escaped `kernel_data.dims`, if any.
-    fn push_texts<T>(
-        &mut self,
-        conn: &Connection,
-        t: &Table,
-        rows: &[T],
         mut fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
-        text: impl Fn(&T) -> Option<String>,
     ) -> rusqlite::Result<()> {
         let buf = &mut self.vals[t.slot];
         let chunk = MULTI_ROWS * t.cols;
@@ -197,12 +193,8 @@ impl RowBufs {
             let at = buf.len();
             buf.resize(at + t.cols, 0);
             fill(r, &mut buf[at..])?;
-            if let Some(s) = text(r) {
-                self.kernel_texts.push((at + KERNEL_DIMS, s));
-            }
             if buf.len() == chunk {
-                let texts = if t.slot == KERNEL.slot { std::mem::take(&mut self.kernel_texts) } else { Vec::new() };
-                let r = exec_rows(conn, t, buf, &texts);
+                let r = exec_rows(conn, t, buf);
                 buf.clear();
                 r?;
             }
@@ -214,18 +206,14 @@ impl RowBufs {
     pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
         for t in BUFFERED {
             let buf = std::mem::take(&mut self.vals[t.slot]);
-            let mut texts = if t.slot == KERNEL.slot { std::mem::take(&mut self.kernel_texts) } else { Vec::new() };
             let mut done = 0;
             while done < buf.len() {
                 let rows = (buf.len() - done) / t.cols;
                 let n = 1usize << (usize::BITS - 1 - rows.leading_zeros());
                 let end = done + n * t.cols;
-                let mine: Vec<(usize, String)> =
-                    texts.iter().filter(|(i, _)| (done..end).contains(i)).map(|(i, s)| (i - done, s.clone())).collect();
-                exec_rows(conn, t, &buf[done..end], &mine)?;
+                exec_rows(conn, t, &buf[done..end])?;
                 done = end;
             }
-            texts.clear();
             self.vals[t.slot] = buf;
             self.vals[t.slot].clear();
         }
@@ -237,7 +225,6 @@ impl RowBufs {
         for v in &mut self.vals {
             v.clear();
         }
-        self.kernel_texts.clear();
     }
 }
 
@@ -297,37 +284,36 @@ pub(super) fn insert_batch(
     let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
     let rel = |t: u64| t as i64 - base;
     let dur = |a: u64, e: u64| e.saturating_sub(a) as i64;
+    bufs.push(c, &KERNEL, &b.kernels, |k, v| {
+        let shape = tracks.shape(
+            c,
+            [
+                st(k.name_id),
+                k.grid_y.into(),
+                k.grid_z.into(),
+                k.block_x.into(),
+                k.block_y.into(),
+                k.block_z.into(),
+                k.registers_per_thread.into(),
+                k.static_shared_bytes.into(),
+                k.dynamic_shared_bytes.into(),
+            ],
+        )?;
+        v.copy_from_slice(&[
+            tracks.id(c, [s, pr, k.device_id.into(), k.context_id.into(), k.stream_id.into(), 0])?,
+            k.correlation_id.into(),
+            shape,
+            rel(k.start_ns),
+            dur(k.start_ns, k.end_ns),
+            k.grid_x.into(),
+            k.graph_node_id as i64,
+        ]);
+        Ok(())
+    })?;
     // The track of a record: its (device, context, stream, thread), 0 where the kind has none.
     let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
         tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
     };
-    bufs.push_texts(
-        c,
-        &KERNEL,
-        &b.kernels,
-        |k, v| {
-            v.copy_from_slice(&[
-                track(k.device_id, k.context_id, k.stream_id, 0)?,
-                k.correlation_id.into(),
-                st(k.name_id),
-                rel(k.start_ns),
-                dur(k.start_ns, k.end_ns),
-                k.grid_x.into(),
-                dims(k.grid_y, k.grid_z, k.block_y, k.block_z).unwrap_or(0),
-                k.block_x.into(),
-                k.registers_per_thread.into(),
-                k.static_shared_bytes.into(),
-                k.dynamic_shared_bytes.into(),
-                k.graph_node_id as i64,
-            ]);
-            Ok(())
-        },
-        |k| {
-            dims(k.grid_y, k.grid_z, k.block_y, k.block_z)
-                .is_none()
-                .then(|| dims_text(k.grid_y, k.grid_z, k.block_y, k.block_z))
-        },
-    )?;
     bufs.push(c, &MEMCPY, &b.memcpys, |m, v| {
         v.copy_from_slice(&[
             track(m.device_id, m.context_id, m.stream_id, 0)?,

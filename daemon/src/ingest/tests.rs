@@ -53,7 +53,7 @@ fn topology_rows_upsert_reported_over_derived() {
     assert_eq!(rows, want);
 }
 
-/// A kernel's grid and block read back as sent, packed (`dims`) or, out of its range, as text.
+/// A kernel's grid and block read back as sent, whatever their values (through the shape).
 #[test]
 fn kernel_dimensions_read_back_as_sent() {
     use gpuprof_proto::agent::{KernelRecord, RecordBatch};
@@ -100,6 +100,9 @@ fn kernel_dimensions_read_back_as_sent() {
         .collect::<Result<_, _>>()
         .unwrap();
     assert_eq!(got, [dims, dims].concat());
+    // Each launch shape is stored once.
+    let shapes: i64 = c.query_row("SELECT count(*) FROM kernel_shapes", [], |r| r.get(0)).unwrap();
+    assert_eq!(shapes, 5);
 }
 
 /// The queue's record budget: a batch's permit is held until the writer takes the batch, so
