@@ -6,7 +6,9 @@
 -- code that launches it). They move to `kernel_shapes`, one row per distinct combination, and
 -- a row of `kernel_data` keeps its track, correlation id, shape, start, duration, grid x (which
 -- follows the problem size) and graph node: seven columns where it had twelve. The `kernel`
--- view joins the shape back, so readers see the same columns; rowids are kept. Grid and block
+-- view joins the shape back (a LEFT JOIN, which SQLite leaves out of queries that use none of
+-- the shape's columns; every row has its shape), so readers see the same columns; rowids are
+-- kept. Grid and block
 -- values are plain integers in `kernel_shapes` (no packing: a shape is written once).
 
 CREATE TABLE kernel_shapes (
@@ -53,7 +55,7 @@ CREATE VIEW kernel AS
            s.name AS name, d.start AS start, d.dur AS dur, d.gx AS gx, s.gy AS gy, s.gz AS gz,
            s.bx AS bx, s.by AS by, s.bz AS bz, s.regs AS regs, s.ssmem AS ssmem, s.dsmem AS dsmem,
            d.graph_node AS graph_node, d.rowid AS rowid
-    FROM kernel_data d CROSS JOIN tracks k ON k.id = d.track CROSS JOIN kernel_shapes s ON s.id = d.shape;
+    FROM kernel_data d CROSS JOIN tracks k ON k.id = d.track LEFT JOIN kernel_shapes s ON s.id = d.shape;
 CREATE VIEW kernel_v AS
     SELECT x.session, x.proc, x.dev, x.ctx, x.stream, x.corr, x.name, x.start, x.dur, x.gx, x.gy, x.gz, x.bx, x.by, x.bz, x.regs, x.ssmem, x.dsmem, x.graph_node, p.base_ns + x.start AS start_ns, p.base_ns + x.start + x.dur AS end_ns
     FROM kernel x JOIN processes p ON p.id = x.proc;

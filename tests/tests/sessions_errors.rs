@@ -370,14 +370,17 @@ fn displaced_processes_pending_starts_and_filtered_queries() {
         let (n, tot, mn, mx): (i64, i64, i64, i64) = db
             .query_row(
                 "SELECT count(*), sum(dur), min(dur), max(dur) FROM kernel k JOIN strings s ON s.id = k.name
-                 WHERE k.session = ?1 AND s.value = ?2",
+                 WHERE k.session = ?1 AND coalesce(s.demangled, s.value) = ?2",
                 rusqlite::params![s.id as i64, k.name],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .unwrap();
         assert_eq!((k.count, k.total_ns, k.min_ns, k.max_ns), (n as u64, tot as u64, mn as u64, mx as u64));
         let mut durs: Vec<i64> = db
-            .prepare("SELECT dur FROM kernel k JOIN strings s ON s.id = k.name WHERE k.session = ?1 AND s.value = ?2")
+            .prepare(
+                "SELECT dur FROM kernel k JOIN strings s ON s.id = k.name
+                 WHERE k.session = ?1 AND coalesce(s.demangled, s.value) = ?2",
+            )
             .unwrap()
             .query_map(rusqlite::params![s.id as i64, k.name], |r| r.get(0))
             .unwrap()
