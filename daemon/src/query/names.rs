@@ -56,6 +56,10 @@ pub struct Strings(HashMap<i64, (String, String)>);
 impl Strings {
     /// As shown (demangled where it is a mangled symbol).
     pub fn get(&mut self, c: &Connection, id: i64) -> rusqlite::Result<String> {
+        // Only the shown form copied (a mangled name is often the longer one).
+        if let Some(s) = self.0.get(&id) {
+            return Ok(s.0.clone());
+        }
         Ok(self.both(c, id)?.0)
     }
 
