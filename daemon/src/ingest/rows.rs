@@ -104,24 +104,13 @@ impl Tracks {
         if let Some(id) = self.shapes.get(&key) {
             return Ok(*id);
         }
-        let found: Option<i64> = c
-            .prepare_cached(
-                "SELECT id FROM kernel_shapes WHERE name = ?1 AND gy = ?2 AND gz = ?3 AND bx = ?4 AND by = ?5
-                 AND bz = ?6 AND regs = ?7 AND ssmem = ?8 AND dsmem = ?9",
-            )?
-            .query_row(key, |r| r.get(0))
-            .optional()?;
-        let id = match found {
-            Some(id) => id,
-            None => {
-                c.prepare_cached(
-                    "INSERT INTO kernel_shapes(name, gy, gz, bx, by, bz, regs, ssmem, dsmem)
-                     VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-                )?
-                .execute(key)?;
-                c.last_insert_rowid()
-            }
-        };
+        let id = find_or_insert(
+            c,
+            "SELECT id FROM kernel_shapes WHERE name = ?1 AND gy = ?2 AND gz = ?3 AND bx = ?4 AND by = ?5
+             AND bz = ?6 AND regs = ?7 AND ssmem = ?8 AND dsmem = ?9",
+            "INSERT INTO kernel_shapes(name, gy, gz, bx, by, bz, regs, ssmem, dsmem) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+            key,
+        )?;
         self.shapes.insert(key, id);
         Ok(id)
     }
@@ -131,25 +120,27 @@ impl Tracks {
         if let Some(id) = self.ids.get(&key) {
             return Ok(*id);
         }
-        let found: Option<i64> = c
-            .prepare_cached(
-                "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6",
-            )?
-            .query_row(key, |r| r.get(0))
-            .optional()?;
-        let id = match found {
-            Some(id) => id,
-            None => {
-                c.prepare_cached(
-                    "INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)",
-                )?
-                .execute(key)?;
-                c.last_insert_rowid()
-            }
-        };
+        let id = find_or_insert(
+            c,
+            "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6",
+            "INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)",
+            key,
+        )?;
         self.ids.insert(key, id);
         Ok(id)
     }
+}
+
+/// The id `find` selects for `key`, or that of the row `insert` adds.
+fn find_or_insert<const N: usize>(c: &Connection, find: &str, insert: &str, key: [i64; N]) -> rusqlite::Result<i64>
+where
+    [i64; N]: rusqlite::Params,
+{
+    if let Some(id) = c.prepare_cached(find)?.query_row(key, |r| r.get(0)).optional()? {
+        return Ok(id);
+    }
+    c.prepare_cached(insert)?.execute(key)?;
+    Ok(c.last_insert_rowid())
 }
 
 fn insert_sql(t: &Table, rows: usize) -> String {
