@@ -8,10 +8,10 @@ use std::path::Path;
 use gpuprof_proto::api as pb;
 use rusqlite::Connection;
 
-use super::flows::{FLOW_TABLES, Flows, key};
+use super::flows::{Flows, key};
 use super::json::{Buf, json_str, us};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
-use super::records::{EVENT_TABLES, Rec, each_record, first_start};
+use super::records::{EVENT_TABLES, Rec, each_record, first_start_beyond_flows};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// Synthetic thread ids of per-process host tracks.
@@ -29,9 +29,8 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> 
     let procs = session_procs(&c, session)?;
     let start = || {
         let (flows, first) = Flows::build(&c, session, f)?;
-        let others: Vec<&str> = EVENT_TABLES.iter().copied().filter(|t| !FLOW_TABLES.contains(t)).collect();
         // Times are relative to the earliest record (0 when there is none).
-        let t0 = match first.min(first_start(&c, session, f, &others)?) {
+        let t0 = match first.min(first_start_beyond_flows(&c, session, f)?) {
             i64::MAX => 0,
             t0 => t0,
         };

@@ -9,6 +9,7 @@ use gpuprof_proto::api as pb;
 use rusqlite::types::Value;
 use rusqlite::{Connection, Row, Rows, Statement, params_from_iter};
 
+use super::flows::FLOW_TABLES;
 use super::out::Stop;
 use crate::query::where_for;
 
@@ -76,16 +77,12 @@ fn table_query<'c>(
     Ok((st, w.params))
 }
 
-/// The earliest start (ns since the epoch) of the session's rows of `tables` that pass `f`,
-/// `i64::MAX` when there is none: one pass over each table's rows, no sorting.
-pub(super) fn first_start(
-    c: &Connection,
-    session: u64,
-    f: &pb::RecordFilter,
-    tables: &[&str],
-) -> rusqlite::Result<i64> {
+/// The earliest start (ns since the epoch) of the session's rows that pass `f` in the event
+/// tables [`Flows::build`](super::flows::Flows::build) does not read (it finds that of its
+/// own), `i64::MAX` when there is none: one pass over each table's rows, no sorting.
+pub(super) fn first_start_beyond_flows(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<i64> {
     let mut t0 = i64::MAX;
-    for t in tables {
+    for t in EVENT_TABLES.iter().filter(|t| !FLOW_TABLES.contains(t)) {
         let w = where_for(c, t, session, f)?;
         let m: Option<i64> = c
             .prepare(&format!(

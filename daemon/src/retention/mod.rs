@@ -66,8 +66,8 @@ pub async fn run(d: Arc<Daemon>, shutdown: CancellationToken) {
              for new records but the file does not shrink (VACUUM it offline to change that, see README)"
         );
     }
-    // Said once (until the database is under its limit again) rather than every pass.
-    let mut warned_over_limit = false;
+    // The size limit's state between passes; "over the limit" is said once (until the
+    // database is under it again) rather than every pass.
     let mut size = pass::SizeWatch::default();
     loop {
         // Read each pass: SIGHUP may have changed them.
@@ -80,7 +80,7 @@ pub async fn run(d: Arc<Daemon>, shutdown: CancellationToken) {
         if !pm_pass(&d, &shutdown, width).await {
             return;
         }
-        match expire(&d, &shutdown, &mut warned_over_limit, &mut size).await {
+        match expire(&d, &shutdown, &mut size).await {
             Ok(()) => {}
             Err(Halt::Stopped) => return,
             Err(Halt::Failed(e)) => tracing::warn!(error = %e, "session retention pass failed; retrying next interval"),

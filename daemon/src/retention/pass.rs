@@ -38,6 +38,8 @@ pub(super) struct SizeWatch {
     /// Growth between the end of a pass and the start of the next, the last few.
     growth: [u64; 4],
     next: usize,
+    /// Over the limit with nothing left to delete has been logged (once, until it is under).
+    warned: bool,
 }
 
 impl SizeWatch {
@@ -58,12 +60,7 @@ impl SizeWatch {
 }
 
 /// One pass over sessions, records outside sessions and processes, then the size limit.
-pub(super) async fn expire(
-    d: &Daemon,
-    shutdown: &CancellationToken,
-    warned_over_limit: &mut bool,
-    size: &mut SizeWatch,
-) -> Result<(), Halt> {
+pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut SizeWatch) -> Result<(), Halt> {
     let r = &d.retention();
     let max_age = r.sessions_max_age.0;
     let max_size = r.max_bytes(&d.storage());
@@ -113,9 +110,7 @@ pub(super) async fn expire(
             let target = size.target(max_size);
             if used <= target {
                 size.after_pass = Some(used);
-                if used <= max_size {
-                    *warned_over_limit = false;
-                }
+                size.warned = false;
                 break;
             }
             match read(d, oldest_finished).await? {
@@ -131,7 +126,7 @@ pub(super) async fn expire(
                 }
                 None => {
                     size.after_pass = Some(used);
-                    if used > max_size && !std::mem::replace(warned_over_limit, true) {
+                    if used > max_size && !std::mem::replace(&mut size.warned, true) {
                         tracing::warn!(
                             used_bytes = used,
                             max_bytes = max_size,
