@@ -40,7 +40,22 @@ fn perfetto_trace_has_the_sessions_slices_tracks_and_flows() {
     let mut flow_starts: HashMap<u64, u64> = HashMap::new();
     let mut flow_ends: HashMap<u64, u64> = HashMap::new();
     let mut open: HashMap<u64, u64> = HashMap::new();
+    // Interned names, by iid: defined (once) in or before the packet of the first event using them.
+    let (mut cats, mut names, mut arg_names) = (HashMap::new(), HashMap::new(), HashMap::new());
+    let mut args_seen: HashSet<String> = HashSet::new();
     for p in &trace.packet {
+        if let Some(i) = &p.interned_data {
+            for (map, entries) in [
+                (&mut cats, i.event_categories.iter().map(|c| (c.iid, c.name.clone())).collect::<Vec<_>>()),
+                (&mut names, i.event_names.iter().map(|c| (c.iid, c.name.clone())).collect()),
+                (&mut arg_names, i.debug_annotation_names.iter().map(|c| (c.iid, c.name.clone())).collect()),
+            ] {
+                for (iid, name) in entries {
+                    let (iid, name) = (iid.expect("an iid"), name.expect("a name"));
+                    assert!(map.insert(iid, name).is_none(), "iid {iid} interned twice");
+                }
+            }
+        }
         match p.data.as_ref().expect("a packet with data") {
             Data::TrackDescriptor(t) => {
                 let uuid = t.uuid.unwrap();
@@ -55,8 +70,20 @@ fn perfetto_trace_has_the_sessions_slices_tracks_and_flows() {
                 let ts = p.timestamp.unwrap();
                 match e.r#type() {
                     Type::SliceBegin | Type::Instant => {
-                        *by_cat.entry(e.categories[0].clone()).or_default() += 1;
-                        assert!(e.name.as_deref().is_some_and(|n| !n.is_empty()), "an unnamed event");
+                        assert_eq!(
+                            p.sequence_flags,
+                            Some(2),
+                            "an event with interned names needs the sequence's state"
+                        );
+                        assert_eq!(e.category_iids.len(), 1);
+                        let cat = cats.get(&e.category_iids[0]).expect("an interned category");
+                        *by_cat.entry(cat.clone()).or_default() += 1;
+                        let name = names.get(&e.name_iid.expect("an interned name")).expect("an interned name");
+                        assert!(!name.is_empty(), "an unnamed event");
+                        for a in &e.debug_annotations {
+                            args_seen
+                                .insert(arg_names.get(&a.name_iid.unwrap()).expect("an interned argument").clone());
+                        }
                         if e.r#type() == Type::SliceBegin {
                             begins += 1;
                             assert!(open.insert(track, ts).is_none(), "a slice begins before the last one ended");
@@ -80,6 +107,12 @@ fn perfetto_trace_has_the_sessions_slices_tracks_and_flows() {
         }
     }
     assert_eq!(begins, ends);
+    for arg in ["correlation", "grid", "block", "registers", "bytes", "cbid", "domain"] {
+        assert!(args_seen.contains(arg), "no event has a {arg} argument: {args_seen:?}");
+    }
+    let mut shown: Vec<&String> = names.values().collect();
+    shown.sort();
+    assert!(names.values().any(|n| n == "cudaLaunchKernel"), "API calls are named by their cbid: {shown:?}");
 
     // Every record is there, per kind.
     let db = rusqlite::Connection::open(d.db_path()).unwrap();

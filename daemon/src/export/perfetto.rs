@@ -7,7 +7,9 @@
 //! copies, sets, graph launches). Each record is a slice (a begin and an end event; an NVTX
 //! mark is an instant) at CUPTI's own ns timestamps. Each launch or copy call starts a flow
 //! per activity it launched, which ends at that activity. Every track is described once,
-//! right before its first event; all packets are one sequence. Sessions with PC sampling add,
+//! right before its first event; all packets are one sequence. Event names, categories and
+//! argument names are interned (`interned_data`): given an iid in the packet of the first
+//! event that uses them, referred to by it afterwards. Sessions with PC sampling add,
 //! under each process, a counter track per (kernel, stall reason) of its ten hottest kernels:
 //! the samples in each second (from `pc_timeline`), 0 in seconds without any.
 
@@ -16,8 +18,8 @@ use std::path::Path;
 
 use gpuprof_proto::api as pb;
 use gpuprof_proto::perfetto::{
-    CounterDescriptor, DebugAnnotation, ProcessDescriptor, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent,
-    debug_annotation, trace_packet, track_event,
+    CounterDescriptor, DebugAnnotation, DebugAnnotationName, EventCategory, EventName, InternedData, ProcessDescriptor,
+    ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, debug_annotation, trace_packet, track_event,
 };
 use prost::Message;
 use rusqlite::Connection;
@@ -32,6 +34,8 @@ use crate::query::{Strings, copy_kind_name, sync_type_name};
 const SEQUENCE: u32 = 1;
 /// `SEQ_INCREMENTAL_STATE_CLEARED`, on the first packet.
 const STATE_CLEARED: u32 = 1;
+/// `SEQ_NEEDS_INCREMENTAL_STATE`, on packets whose event refers to interned names.
+const NEEDS_STATE: u32 = 2;
 
 /// A session as a Perfetto trace.
 pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
@@ -42,7 +46,19 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
     let gpus = session_gpus(&c, session)?;
     let start = || {
         let (flows, _) = Flows::build(&c, session, f)?;
-        Ok(Writer { c: &c, out, flows, procs, gpus, tracks: HashMap::new(), strings: Strings::default(), first: true })
+        Ok(Writer {
+            c: &c,
+            out,
+            flows,
+            procs,
+            gpus,
+            tracks: HashMap::new(),
+            strings: Strings::default(),
+            first: true,
+            names: HashMap::new(),
+            interned: None,
+            categories_interned: false,
+        })
     };
     let mut w = each_record(db, session, f, start, |w, rec, dur| {
         w.record(rec, dur)?;
@@ -69,11 +85,130 @@ enum Track {
     PcStall(i64, i64, i64),
 }
 
+/// Event categories: interned (iid = the value) in the first packet with an event that names one.
+#[derive(Clone, Copy)]
+enum Cat {
+    Kernel = 1,
+    Memcpy,
+    Memset,
+    Graph,
+    CudaRuntime,
+    CudaDriver,
+    Nvtx,
+    Sync,
+    Overhead,
+}
+
+impl Cat {
+    const ALL: [Cat; 9] = [
+        Cat::Kernel,
+        Cat::Memcpy,
+        Cat::Memset,
+        Cat::Graph,
+        Cat::CudaRuntime,
+        Cat::CudaDriver,
+        Cat::Nvtx,
+        Cat::Sync,
+        Cat::Overhead,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Cat::Kernel => "kernel",
+            Cat::Memcpy => "memcpy",
+            Cat::Memset => "memset",
+            Cat::Graph => "graph",
+            Cat::CudaRuntime => "cuda_runtime",
+            Cat::CudaDriver => "cuda_driver",
+            Cat::Nvtx => "nvtx",
+            Cat::Sync => "sync",
+            Cat::Overhead => "overhead",
+        }
+    }
+}
+
+/// Argument names: interned (iid = the value) with the categories.
+#[derive(Clone, Copy)]
+enum Arg {
+    Correlation = 1,
+    Grid,
+    Block,
+    Registers,
+    SharedBytes,
+    Bytes,
+    Direction,
+    Value,
+    GraphId,
+    Cbid,
+    Return,
+    Domain,
+    Stream,
+    Event,
+    ObjectKind,
+    ObjectId,
+}
+
+impl Arg {
+    const ALL: [Arg; 16] = [
+        Arg::Correlation,
+        Arg::Grid,
+        Arg::Block,
+        Arg::Registers,
+        Arg::SharedBytes,
+        Arg::Bytes,
+        Arg::Direction,
+        Arg::Value,
+        Arg::GraphId,
+        Arg::Cbid,
+        Arg::Return,
+        Arg::Domain,
+        Arg::Stream,
+        Arg::Event,
+        Arg::ObjectKind,
+        Arg::ObjectId,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Arg::Correlation => "correlation",
+            Arg::Grid => "grid",
+            Arg::Block => "block",
+            Arg::Registers => "registers",
+            Arg::SharedBytes => "shared_bytes",
+            Arg::Bytes => "bytes",
+            Arg::Direction => "direction",
+            Arg::Value => "value",
+            Arg::GraphId => "graph_id",
+            Arg::Cbid => "cbid",
+            Arg::Return => "return",
+            Arg::Domain => "domain",
+            Arg::Stream => "stream",
+            Arg::Event => "event",
+            Arg::ObjectKind => "object_kind",
+            Arg::ObjectId => "object_id",
+        }
+    }
+}
+
+/// An event's name, by what it is made from: interned the first time it is used.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Name {
+    /// A stored string (kernel or NVTX range), shown demangled.
+    Str(i64),
+    /// An API call: (domain, cbid).
+    Api(i64, i64),
+    Memcpy(i64),
+    Memset,
+    Graph(i64),
+    Sync(i64),
+    Overhead(i64),
+}
+
 /// What one record becomes: its track, name, category and arguments.
 struct Slice {
     track: Track,
-    name: String,
-    cat: &'static str,
+    name: Name,
+    cat: Cat,
     args: Vec<DebugAnnotation>,
 }
 
@@ -87,18 +222,25 @@ struct Writer<'a> {
     tracks: HashMap<Track, u64>,
     strings: Strings,
     first: bool,
+    /// Event names interned so far, with their iids (1, 2, ...).
+    names: HashMap<Name, u64>,
+    /// Interned data for the next event's packet: the categories and argument names (on the
+    /// first), and the names it is the first to use.
+    interned: Option<InternedData>,
+    categories_interned: bool,
 }
 
-fn uint(name: &str, v: i64) -> DebugAnnotation {
-    DebugAnnotation { name: Some(name.into()), value: Some(debug_annotation::Value::UintValue(v.max(0) as u64)) }
+fn uint(name: Arg, v: i64) -> DebugAnnotation {
+    let value = Some(debug_annotation::Value::UintValue(v.max(0) as u64));
+    DebugAnnotation { name_iid: Some(name as u64), name: None, value }
 }
 
-fn int(name: &str, v: i64) -> DebugAnnotation {
-    DebugAnnotation { name: Some(name.into()), value: Some(debug_annotation::Value::IntValue(v)) }
+fn int(name: Arg, v: i64) -> DebugAnnotation {
+    DebugAnnotation { name_iid: Some(name as u64), name: None, value: Some(debug_annotation::Value::IntValue(v)) }
 }
 
-fn text(name: &str, v: String) -> DebugAnnotation {
-    DebugAnnotation { name: Some(name.into()), value: Some(debug_annotation::Value::StringValue(v)) }
+fn text(name: Arg, v: String) -> DebugAnnotation {
+    DebugAnnotation { name_iid: Some(name as u64), name: None, value: Some(debug_annotation::Value::StringValue(v)) }
 }
 
 /// "x×y×z" from the stored x * 10^6 + y * 10^3 + z.
@@ -112,63 +254,51 @@ impl Writer<'_> {
         let v = rec.v;
         let p = rec.proc;
         let table = EVENT_TABLES[rec.table];
-        let corr_arg = |corr: i64| uint("correlation", corr);
+        let corr_arg = |corr: i64| uint(Arg::Correlation, corr);
         let (slice, instant) = match table {
             "kernel" | "memcpy" | "memset" | "graph" => {
-                let (name, args) = match table {
+                let (name, cat, args) = match table {
                     "kernel" => (
-                        self.strings.get(self.c, v[3])?,
+                        Name::Str(v[3]),
+                        Cat::Kernel,
                         vec![
                             corr_arg(v[2]),
-                            text("grid", dim3(v[4])),
-                            text("block", dim3(v[5])),
-                            uint("registers", v[6]),
-                            uint("shared_bytes", v[7]),
+                            text(Arg::Grid, dim3(v[4])),
+                            text(Arg::Block, dim3(v[5])),
+                            uint(Arg::Registers, v[6]),
+                            uint(Arg::SharedBytes, v[7]),
                         ],
                     ),
                     "memcpy" => {
-                        let dir = copy_kind_name(v[4]);
-                        (format!("Memcpy {dir}"), vec![corr_arg(v[2]), uint("bytes", v[3]), text("direction", dir)])
+                        let dir = copy_kind_name(v[4]).to_string();
+                        let args = vec![corr_arg(v[2]), uint(Arg::Bytes, v[3]), text(Arg::Direction, dir)];
+                        (Name::Memcpy(v[4]), Cat::Memcpy, args)
                     }
-                    "memset" => ("Memset".into(), vec![corr_arg(v[2]), uint("bytes", v[3]), int("value", v[4])]),
-                    _ => (format!("Graph {}", v[3]), vec![corr_arg(v[2]), uint("graph_id", v[3])]),
-                };
-                let cat = match table {
-                    "kernel" => "kernel",
-                    "memcpy" => "memcpy",
-                    "memset" => "memset",
-                    _ => "graph",
+                    "memset" => {
+                        let args = vec![corr_arg(v[2]), uint(Arg::Bytes, v[3]), int(Arg::Value, v[4])];
+                        (Name::Memset, Cat::Memset, args)
+                    }
+                    _ => (Name::Graph(v[3]), Cat::Graph, vec![corr_arg(v[2]), uint(Arg::GraphId, v[3])]),
                 };
                 (Slice { track: Track::Stream(p, v[0], v[1]), name, cat, args }, false)
             }
             "api" => {
-                let cat = if v[2] == 2 { "cuda_driver" } else { "cuda_runtime" };
-                let args = vec![corr_arg(v[1]), uint("cbid", v[3]), int("return", v[4])];
-                let name = crate::cbid::name(v[2], v[3]).to_string();
-                (Slice { track: Track::Thread(p, v[0] as u32), name, cat, args }, false)
+                let cat = if v[2] == 2 { Cat::CudaDriver } else { Cat::CudaRuntime };
+                let args = vec![corr_arg(v[1]), uint(Arg::Cbid, v[3]), int(Arg::Return, v[4])];
+                (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Api(v[2], v[3]), cat, args }, false)
             }
             "marker" => {
-                let name = self.strings.get(self.c, v[1])?;
                 let domain = if v[2] != 0 { self.strings.get(self.c, v[2])? } else { String::new() };
-                (
-                    Slice {
-                        track: Track::Thread(p, v[0] as u32),
-                        name,
-                        cat: "nvtx",
-                        args: vec![text("domain", domain)],
-                    },
-                    v[3] != 0,
-                )
+                let args = vec![text(Arg::Domain, domain)];
+                (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Str(v[1]), cat: Cat::Nvtx, args }, v[3] != 0)
             }
             "sync" => {
-                let name = format!("Sync {}", sync_type_name(v[2]));
-                let args = vec![corr_arg(v[1]), int("stream", v[0]), int("event", v[3])];
-                (Slice { track: Track::Sync(p), name, cat: "sync", args }, false)
+                let args = vec![corr_arg(v[1]), int(Arg::Stream, v[0]), int(Arg::Event, v[3])];
+                (Slice { track: Track::Sync(p), name: Name::Sync(v[2]), cat: Cat::Sync, args }, false)
             }
             _ => {
-                let name = format!("CUPTI overhead {}", v[0]);
-                let args = vec![int("object_kind", v[1]), int("object_id", v[2])];
-                (Slice { track: Track::Overhead(p), name, cat: "overhead", args }, false)
+                let args = vec![int(Arg::ObjectKind, v[1]), int(Arg::ObjectId, v[2])];
+                (Slice { track: Track::Overhead(p), name: Name::Overhead(v[0]), cat: Cat::Overhead, args }, false)
             }
         };
         // Launch flows: from a call to each activity it launched (graph launches have none).
@@ -184,15 +314,16 @@ impl Writer<'_> {
             _ => {}
         }
         let uuid = self.track(slice.track);
+        let name_iid = self.intern(slice.name)?;
         let begin = TrackEvent {
             r#type: Some(if instant { track_event::Type::Instant } else { track_event::Type::SliceBegin } as i32),
             track_uuid: Some(uuid),
-            categories: vec![slice.cat.into()],
-            name: Some(slice.name),
+            category_iids: vec![slice.cat as u64],
+            name_iid: Some(name_iid),
             debug_annotations: slice.args,
             flow_ids,
             terminating_flow_ids: terminating,
-            counter_value: None,
+            ..Default::default()
         };
         self.event(rec.start, begin);
         if !instant {
@@ -206,9 +337,45 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// The iid of an event name, interned in the next event's packet the first time it is used
+    /// (with the categories and argument names, the very first time).
+    fn intern(&mut self, name: Name) -> Result<u64, Stop> {
+        if !std::mem::replace(&mut self.categories_interned, true) {
+            let d = self.interned.get_or_insert_default();
+            d.event_categories =
+                Cat::ALL.iter().map(|&c| EventCategory { iid: Some(c as u64), name: Some(c.name().into()) }).collect();
+            d.debug_annotation_names = Arg::ALL
+                .iter()
+                .map(|&a| DebugAnnotationName { iid: Some(a as u64), name: Some(a.name().into()) })
+                .collect();
+        }
+        if let Some(&iid) = self.names.get(&name) {
+            return Ok(iid);
+        }
+        let text = match name {
+            Name::Str(id) => self.strings.get(self.c, id)?,
+            Name::Api(domain, cbid) => crate::cbid::name(domain, cbid).to_string(),
+            Name::Memcpy(kind) => format!("Memcpy {}", copy_kind_name(kind)),
+            Name::Memset => "Memset".into(),
+            Name::Graph(id) => format!("Graph {id}"),
+            Name::Sync(t) => format!("Sync {}", sync_type_name(t)),
+            Name::Overhead(kind) => format!("CUPTI overhead {kind}"),
+        };
+        let iid = self.names.len() as u64 + 1;
+        self.names.insert(name, iid);
+        self.interned.get_or_insert_default().event_names.push(EventName { iid: Some(iid), name: Some(text) });
+        Ok(iid)
+    }
+
+    /// An event's packet, with the interned data it is the first to use; an event that refers to
+    /// interned names says so (`SEQ_NEEDS_INCREMENTAL_STATE`).
     fn event(&mut self, ts: i64, e: TrackEvent) {
+        let needs = e.name_iid.is_some();
+        let interned_data = if needs { self.interned.take() } else { None };
         self.packet(TracePacket {
             timestamp: Some(ts.max(0) as u64),
+            interned_data,
+            sequence_flags: needs.then_some(NEEDS_STATE),
             data: Some(trace_packet::Data::TrackEvent(e)),
             ..Default::default()
         });
@@ -319,7 +486,7 @@ impl Writer<'_> {
     fn packet(&mut self, mut p: TracePacket) {
         p.trusted_packet_sequence_id = Some(SEQUENCE);
         if std::mem::take(&mut self.first) {
-            p.sequence_flags = Some(STATE_CLEARED);
+            p.sequence_flags = Some(p.sequence_flags.unwrap_or(0) | STATE_CLEARED);
         }
         self.out.buf.push(0x0a); // field 1, length-delimited
         // Encoding into a Vec cannot run out of room.
