@@ -31,7 +31,7 @@ pub const UNKNOWN: i64 = u32::MAX as i64;
 const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 7, on_conflict: "" };
 const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 12, on_conflict: "" };
 const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "" };
-const API: Table = Table { name: "api_data", slot: 3, cols: 7, on_conflict: "" };
+const API: Table = Table { name: "api_data", slot: 3, cols: 5, on_conflict: "" };
 const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "" };
 const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "" };
 const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "" };
@@ -53,16 +53,20 @@ pub(super) const STREAM: Table = Table {
 };
 const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "" };
 
-/// The writer's copies of `tracks` ((session, process, device, context, stream, thread) → id)
-/// and `kernel_shapes` ((name, grid y, z, block x, y, z, registers, static and dynamic shared
-/// memory) → id). Emptied whenever something else wrote through the writer's connection
-/// (retention deletes tracks) or a transaction rolled back (its new rows are gone), then filled
-/// again from the tables as records come.
+/// The writer's copies of `tracks` ((session, process, device, context, stream, thread) → id),
+/// `kernel_shapes` ((name, grid y, z, block x, y, z, registers, static and dynamic shared
+/// memory) → id) and `api_kinds` ((domain, cbid, return value) → id). Emptied whenever
+/// something else wrote through the writer's connection (retention deletes tracks) or a
+/// transaction rolled back (its new rows are gone), then filled again from the tables as
+/// records come.
 #[derive(Default)]
 pub(super) struct Tracks {
-    ids: HashMap<[i64; 6], i64, std::hash::BuildHasherDefault<KeyHasher>>,
-    shapes: HashMap<[i64; 9], i64, std::hash::BuildHasherDefault<KeyHasher>>,
+    ids: Ids<6>,
+    shapes: Ids<9>,
+    api_kinds: Ids<3>,
 }
+
+type Ids<const N: usize> = HashMap<[i64; N], i64, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// A multiply-rotate hash for the writer's small integer keys (looked up once per record;
 /// SipHash's resistance to chosen keys is not needed for ids the daemon itself assigns).
@@ -97,38 +101,61 @@ impl Tracks {
     pub(super) fn clear(&mut self) {
         self.ids.clear();
         self.shapes.clear();
+        self.api_kinds.clear();
     }
 
     /// The id of kernel shape `key`, inserted if the table has none.
     fn shape(&mut self, c: &Connection, key: [i64; 9]) -> rusqlite::Result<i64> {
-        if let Some(id) = self.shapes.get(&key) {
-            return Ok(*id);
-        }
-        let id = find_or_insert(
+        cached(
+            &mut self.shapes,
             c,
             "SELECT id FROM kernel_shapes WHERE name = ?1 AND gy = ?2 AND gz = ?3 AND bx = ?4 AND by = ?5
              AND bz = ?6 AND regs = ?7 AND ssmem = ?8 AND dsmem = ?9",
             "INSERT INTO kernel_shapes(name, gy, gz, bx, by, bz, regs, ssmem, dsmem) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
             key,
-        )?;
-        self.shapes.insert(key, id);
-        Ok(id)
+        )
+    }
+
+    /// The id of API call kind `key` (domain, cbid, return value), inserted if the table has none.
+    fn api_kind(&mut self, c: &Connection, key: [i64; 3]) -> rusqlite::Result<i64> {
+        cached(
+            &mut self.api_kinds,
+            c,
+            "SELECT id FROM api_kinds WHERE domain = ?1 AND cbid = ?2 AND ret = ?3",
+            "INSERT INTO api_kinds(domain, cbid, ret) VALUES (?1,?2,?3)",
+            key,
+        )
     }
 
     /// The id of track `key`, inserted if the table has none.
     fn id(&mut self, c: &Connection, key: [i64; 6]) -> rusqlite::Result<i64> {
-        if let Some(id) = self.ids.get(&key) {
-            return Ok(*id);
-        }
-        let id = find_or_insert(
+        cached(
+            &mut self.ids,
             c,
             "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6",
             "INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)",
             key,
-        )?;
-        self.ids.insert(key, id);
-        Ok(id)
+        )
     }
+}
+
+/// The id of `key` in `ids`, or else from the table: found by `find` or added by `insert`.
+fn cached<const N: usize>(
+    ids: &mut Ids<N>,
+    c: &Connection,
+    find: &str,
+    insert: &str,
+    key: [i64; N],
+) -> rusqlite::Result<i64>
+where
+    [i64; N]: rusqlite::Params,
+{
+    if let Some(id) = ids.get(&key) {
+        return Ok(*id);
+    }
+    let id = find_or_insert(c, find, insert, key)?;
+    ids.insert(key, id);
+    Ok(id)
 }
 
 /// The id `find` selects for `key`, or that of the row `insert` adds.
@@ -301,6 +328,17 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
+    bufs.push(c, &API, &b.api_calls, |a, v| {
+        let kind = tracks.api_kind(c, [a.domain.into(), a.cbid.into(), a.return_value.into()])?;
+        v.copy_from_slice(&[
+            tracks.id(c, [s, pr, 0, 0, 0, a.thread_id.into()])?,
+            a.correlation_id.into(),
+            kind,
+            rel(a.start_ns),
+            dur(a.start_ns, a.end_ns),
+        ]);
+        Ok(())
+    })?;
     // The track of a record: its (device, context, stream, thread), 0 where the kind has none.
     let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
         tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
@@ -332,18 +370,6 @@ pub(super) fn insert_batch(
             m.value.into(),
             m.memory_kind.into(),
             m.graph_node_id as i64,
-        ]);
-        Ok(())
-    })?;
-    bufs.push(c, &API, &b.api_calls, |a, v| {
-        v.copy_from_slice(&[
-            track(0, 0, 0, a.thread_id)?,
-            a.domain.into(),
-            a.cbid.into(),
-            a.correlation_id.into(),
-            rel(a.start_ns),
-            dur(a.start_ns, a.end_ns),
-            a.return_value.into(),
         ]);
         Ok(())
     })?;

@@ -105,6 +105,59 @@ fn kernel_dimensions_read_back_as_sent() {
     assert_eq!(shapes, 5);
 }
 
+/// An API call's domain, cbid, return value, thread and times read back as sent (through its
+/// kind), and each kind is stored once.
+#[test]
+fn api_calls_read_back_as_sent() {
+    use gpuprof_proto::agent::{ApiRecord, RecordBatch};
+
+    use super::rows::{ProcCtx, RowBufs, Tracks, insert_batch};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml("").unwrap().storage;
+    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+    let mut b = RecordBatch { session_id: 3, ..Default::default() };
+    let kinds: [(i32, u32, u32); 4] = [(1, 211, 0), (2, 307, 0), (1, 211, 700), (1, u32::MAX, u32::MAX)];
+    for i in 0..40u32 {
+        let (domain, cbid, return_value) = kinds[i as usize % 4];
+        b.api_calls.push(ApiRecord {
+            domain,
+            cbid,
+            start_ns: 5000 + u64::from(i) * 100,
+            end_ns: 5050 + u64::from(i) * 100,
+            correlation_id: i + 1,
+            thread_id: 10 + i % 3,
+            return_value,
+        });
+    }
+    let mut bufs = RowBufs::default();
+    let p = ProcCtx { base_ns: 1000, strings: vec![0] };
+    c.execute_batch("BEGIN").unwrap();
+    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
+    bufs.flush(&c).unwrap();
+    c.execute_batch("COMMIT").unwrap();
+    let got: Vec<[i64; 7]> = c
+        .prepare(
+            "SELECT domain, cbid, ret, corr, tid, start, dur FROM api WHERE session = 3 AND proc = 9 ORDER BY rowid",
+        )
+        .unwrap()
+        .query_map([], |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?]))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let want: Vec<[i64; 7]> = b
+        .api_calls
+        .iter()
+        .map(|a| {
+            let (corr, tid, start) = (a.correlation_id.into(), a.thread_id.into(), a.start_ns as i64 - 1000);
+            [a.domain.into(), a.cbid.into(), a.return_value.into(), corr, tid, start, 50]
+        })
+        .collect();
+    assert_eq!(got, want);
+    let stored: i64 = c.query_row("SELECT count(*) FROM api_kinds", [], |r| r.get(0)).unwrap();
+    assert_eq!(stored, 4);
+}
+
 /// The queue's record budget: a batch's permit is held until the writer takes the batch, so
 /// connections wait once `queue_records` records are queued, and go on when the writer drains.
 #[test]
