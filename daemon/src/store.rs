@@ -21,7 +21,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0007_pc_sampling.sql", include_str!("../../migrations/0007_pc_sampling.sql")),
     ("0008_tracks.sql", include_str!("../../migrations/0008_tracks.sql")),
     ("0009_kernel_shapes.sql", include_str!("../../migrations/0009_kernel_shapes.sql")),
-    ("0010_api_kinds.sql", include_str!("../../migrations/0010_api_kinds.sql")),
+    ("0010_kinds_and_shapes.sql", include_str!("../../migrations/0010_kinds_and_shapes.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.

@@ -11,6 +11,7 @@
 //! itself (transactions, commits, string interning, process registration), `rows` the
 //! tables and how a batch becomes rows.
 
+mod ids;
 mod msg;
 mod rows;
 mod writer;

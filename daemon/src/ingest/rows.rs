@@ -1,11 +1,12 @@
 //! The record tables and how a batch becomes rows: multi-row prepared INSERTs into the
 //! `_data` tables, times made relative to the process's `base_ns`, connection-local string
-//! ids mapped to `strings.id`, (session, process, device, context, stream, thread) to `tracks.id`.
-
-use std::collections::HashMap;
+//! ids mapped to `strings.id`, (session, process, device, context, stream, thread) to `tracks.id`
+//! and launch shapes and call kinds to theirs (through the caches of `ids.rs`).
 
 use gpuprof_proto::agent::{self as wire, RecordBatch};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
+
+use super::ids::Tracks;
 
 /// What rows of one connection are written with.
 pub(super) struct ProcCtx {
@@ -28,8 +29,8 @@ pub(super) struct Table {
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 7, on_conflict: "" };
-const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 12, on_conflict: "" };
+const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 6, on_conflict: "" };
+const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "" };
 const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "" };
 const API: Table = Table { name: "api_data", slot: 3, cols: 5, on_conflict: "" };
 const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "" };
@@ -52,123 +53,6 @@ pub(super) const STREAM: Table = Table {
                   flags = excluded.flags WHERE excluded.flags != 4294967295",
 };
 const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "" };
-
-/// The writer's copies of `tracks` ((session, process, device, context, stream, thread) → id),
-/// `kernel_shapes` ((name, grid y, z, block x, y, z, registers, static and dynamic shared
-/// memory) → id) and `api_kinds` ((domain, cbid, return value) → id). Emptied whenever
-/// something else wrote through the writer's connection (retention deletes tracks) or a
-/// transaction rolled back (its new rows are gone), then filled again from the tables as
-/// records come.
-#[derive(Default)]
-pub(super) struct Tracks {
-    ids: Ids<6>,
-    shapes: Ids<9>,
-    api_kinds: Ids<3>,
-}
-
-type Ids<const N: usize> = HashMap<[i64; N], i64, std::hash::BuildHasherDefault<KeyHasher>>;
-
-/// A multiply-rotate hash for the writer's small integer keys (looked up once per record;
-/// SipHash's resistance to chosen keys is not needed for ids the daemon itself assigns).
-#[derive(Default)]
-pub(super) struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.write_u64(u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
-        }
-        for b in chunks.remainder() {
-            self.write_u64(u64::from(*b));
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_i64(&mut self, v: i64) {
-        self.write_u64(v as u64);
-    }
-}
-
-impl Tracks {
-    pub(super) fn clear(&mut self) {
-        self.ids.clear();
-        self.shapes.clear();
-        self.api_kinds.clear();
-    }
-
-    /// The id of kernel shape `key`, inserted if the table has none.
-    fn shape(&mut self, c: &Connection, key: [i64; 9]) -> rusqlite::Result<i64> {
-        cached(
-            &mut self.shapes,
-            c,
-            "SELECT id FROM kernel_shapes WHERE name = ?1 AND gy = ?2 AND gz = ?3 AND bx = ?4 AND by = ?5
-             AND bz = ?6 AND regs = ?7 AND ssmem = ?8 AND dsmem = ?9",
-            "INSERT INTO kernel_shapes(name, gy, gz, bx, by, bz, regs, ssmem, dsmem) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-            key,
-        )
-    }
-
-    /// The id of API call kind `key` (domain, cbid, return value), inserted if the table has none.
-    fn api_kind(&mut self, c: &Connection, key: [i64; 3]) -> rusqlite::Result<i64> {
-        cached(
-            &mut self.api_kinds,
-            c,
-            "SELECT id FROM api_kinds WHERE domain = ?1 AND cbid = ?2 AND ret = ?3",
-            "INSERT INTO api_kinds(domain, cbid, ret) VALUES (?1,?2,?3)",
-            key,
-        )
-    }
-
-    /// The id of track `key`, inserted if the table has none.
-    fn id(&mut self, c: &Connection, key: [i64; 6]) -> rusqlite::Result<i64> {
-        cached(
-            &mut self.ids,
-            c,
-            "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6",
-            "INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)",
-            key,
-        )
-    }
-}
-
-/// The id of `key` in `ids`, or else from the table: found by `find` or added by `insert`.
-fn cached<const N: usize>(
-    ids: &mut Ids<N>,
-    c: &Connection,
-    find: &str,
-    insert: &str,
-    key: [i64; N],
-) -> rusqlite::Result<i64>
-where
-    [i64; N]: rusqlite::Params,
-{
-    if let Some(id) = ids.get(&key) {
-        return Ok(*id);
-    }
-    let id = find_or_insert(c, find, insert, key)?;
-    ids.insert(key, id);
-    Ok(id)
-}
-
-/// The id `find` selects for `key`, or that of the row `insert` adds.
-fn find_or_insert<const N: usize>(c: &Connection, find: &str, insert: &str, key: [i64; N]) -> rusqlite::Result<i64>
-where
-    [i64; N]: rusqlite::Params,
-{
-    if let Some(id) = c.prepare_cached(find)?.query_row(key, |r| r.get(0)).optional()? {
-        return Ok(id);
-    }
-    c.prepare_cached(insert)?.execute(key)?;
-    Ok(c.last_insert_rowid())
-}
 
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
@@ -315,6 +199,7 @@ pub(super) fn insert_batch(
                 k.registers_per_thread.into(),
                 k.static_shared_bytes.into(),
                 k.dynamic_shared_bytes.into(),
+                k.graph_node_id as i64,
             ],
         )?;
         v.copy_from_slice(&[
@@ -324,7 +209,6 @@ pub(super) fn insert_batch(
             rel(k.start_ns),
             dur(k.start_ns, k.end_ns),
             k.grid_x.into(),
-            k.graph_node_id as i64,
         ]);
         Ok(())
     })?;
@@ -339,27 +223,33 @@ pub(super) fn insert_batch(
         ]);
         Ok(())
     })?;
-    // The track of a record: its (device, context, stream, thread), 0 where the kind has none.
-    let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
-        tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
-    };
     bufs.push(c, &MEMCPY, &b.memcpys, |m, v| {
+        let shape = tracks.memcpy_shape(
+            c,
+            [
+                m.copy_kind.into(),
+                m.src_kind.into(),
+                m.dst_kind.into(),
+                m.src_device_id.into(),
+                m.dst_device_id.into(),
+                m.is_async.into(),
+                m.graph_node_id as i64,
+            ],
+        )?;
         v.copy_from_slice(&[
-            track(m.device_id, m.context_id, m.stream_id, 0)?,
+            tracks.id(c, [s, pr, m.device_id.into(), m.context_id.into(), m.stream_id.into(), 0])?,
             m.correlation_id.into(),
             rel(m.start_ns),
             dur(m.start_ns, m.end_ns),
             m.bytes as i64,
-            m.copy_kind.into(),
-            m.src_kind.into(),
-            m.dst_kind.into(),
-            m.src_device_id.into(),
-            m.dst_device_id.into(),
-            m.is_async.into(),
-            m.graph_node_id as i64,
+            shape,
         ]);
         Ok(())
     })?;
+    // The track of a record: its (device, context, stream, thread), 0 where the kind has none.
+    let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
+        tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
+    };
     bufs.push(c, &MEMSET, &b.memsets, |m, v| {
         v.copy_from_slice(&[
             track(m.device_id, m.context_id, m.stream_id, 0)?,

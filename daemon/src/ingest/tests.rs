@@ -58,7 +58,8 @@ fn topology_rows_upsert_reported_over_derived() {
 fn kernel_dimensions_read_back_as_sent() {
     use gpuprof_proto::agent::{KernelRecord, RecordBatch};
 
-    use super::rows::{ProcCtx, RowBufs, Tracks, insert_batch};
+    use super::ids::Tracks;
+    use super::rows::{ProcCtx, RowBufs, insert_batch};
 
     let dir = tempfile::tempdir().unwrap();
     let cfg = crate::config::Config::from_toml("").unwrap().storage;
@@ -81,6 +82,7 @@ fn kernel_dimensions_read_back_as_sent() {
             block_x: d[3],
             block_y: d[4],
             block_z: d[5],
+            graph_node_id: (i as u64 % 2) << 40,
             ..Default::default()
         });
     }
@@ -100,6 +102,14 @@ fn kernel_dimensions_read_back_as_sent() {
         .collect::<Result<_, _>>()
         .unwrap();
     assert_eq!(got, [dims, dims].concat());
+    let nodes: Vec<i64> = c
+        .prepare("SELECT graph_node FROM kernel WHERE session = 3 ORDER BY rowid")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(nodes, [0, 1 << 40, 0, 1 << 40, 0, 0, 1 << 40, 0, 1 << 40, 0]);
     // Each launch shape is stored once.
     let shapes: i64 = c.query_row("SELECT count(*) FROM kernel_shapes", [], |r| r.get(0)).unwrap();
     assert_eq!(shapes, 5);
@@ -111,7 +121,8 @@ fn kernel_dimensions_read_back_as_sent() {
 fn api_calls_read_back_as_sent() {
     use gpuprof_proto::agent::{ApiRecord, RecordBatch};
 
-    use super::rows::{ProcCtx, RowBufs, Tracks, insert_batch};
+    use super::ids::Tracks;
+    use super::rows::{ProcCtx, RowBufs, insert_batch};
 
     let dir = tempfile::tempdir().unwrap();
     let cfg = crate::config::Config::from_toml("").unwrap().storage;
@@ -156,6 +167,89 @@ fn api_calls_read_back_as_sent() {
     assert_eq!(got, want);
     let stored: i64 = c.query_row("SELECT count(*) FROM api_kinds", [], |r| r.get(0)).unwrap();
     assert_eq!(stored, 4);
+}
+
+/// A copy's columns read back as sent (through its shape), and each shape is stored once.
+#[test]
+fn copies_read_back_as_sent() {
+    use gpuprof_proto::agent::{MemcpyRecord, RecordBatch};
+
+    use super::ids::Tracks;
+    use super::rows::{ProcCtx, RowBufs, insert_batch};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml("").unwrap().storage;
+    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+    let mut b = RecordBatch { session_id: 3, ..Default::default() };
+    // (kind, source kind, destination kind, source device, destination device, async, graph node)
+    let shapes: [(u32, u32, u32, u32, u32, bool, u64); 3] =
+        [(1, 2, 3, 0, 0, true, 0), (8, 3, 3, 0, 1, false, 0), (2, 3, 2, u32::MAX, 5, true, 1 << 50)];
+    for i in 0..30u32 {
+        let (copy_kind, src_kind, dst_kind, src_device_id, dst_device_id, is_async, graph_node_id) =
+            shapes[i as usize % 3];
+        b.memcpys.push(MemcpyRecord {
+            start_ns: 7000 + u64::from(i),
+            end_ns: 7100 + u64::from(i),
+            device_id: 1,
+            stream_id: 7 + i % 2,
+            correlation_id: i,
+            bytes: 1 << i,
+            copy_kind,
+            src_kind,
+            dst_kind,
+            src_device_id,
+            dst_device_id,
+            is_async,
+            graph_node_id,
+            ..Default::default()
+        });
+    }
+    let mut bufs = RowBufs::default();
+    let p = ProcCtx { base_ns: 0, strings: vec![0] };
+    c.execute_batch("BEGIN").unwrap();
+    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
+    bufs.flush(&c).unwrap();
+    c.execute_batch("COMMIT").unwrap();
+    let got: Vec<[i64; 11]> = c
+        .prepare(
+            "SELECT stream, corr, start, dur, bytes, kind, src_kind, dst_kind, src_dev, dst_dev, async
+             FROM memcpy WHERE session = 3 AND proc = 9 ORDER BY rowid",
+        )
+        .unwrap()
+        .query_map([], |r| {
+            let mut v = [0i64; 11];
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = r.get(i)?;
+            }
+            Ok(v)
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let want: Vec<[i64; 11]> = b
+        .memcpys
+        .iter()
+        .map(|m| {
+            [
+                m.stream_id.into(),
+                m.correlation_id.into(),
+                m.start_ns as i64,
+                100,
+                m.bytes as i64,
+                m.copy_kind.into(),
+                m.src_kind.into(),
+                m.dst_kind.into(),
+                m.src_device_id.into(),
+                m.dst_device_id.into(),
+                m.is_async.into(),
+            ]
+        })
+        .collect();
+    assert_eq!(got, want);
+    let nodes: i64 = c.query_row("SELECT sum(graph_node = 1 << 50) FROM memcpy", [], |r| r.get(0)).unwrap();
+    assert_eq!(nodes, 10);
+    let stored: i64 = c.query_row("SELECT count(*) FROM memcpy_shapes", [], |r| r.get(0)).unwrap();
+    assert_eq!(stored, 3);
 }
 
 /// The queue's record budget: a batch's permit is held until the writer takes the batch, so

@@ -11,8 +11,9 @@ use gpuprof_proto::agent::{self as wire, RecordBatch};
 use rusqlite::{Connection, params};
 use tokio::sync::mpsc;
 
+use super::ids::Tracks;
 use super::msg::{ProcessInfo, WriterMsg};
-use super::rows::{self, ProcCtx, RowBufs, Tracks, now_ns, upsert_device};
+use super::rows::{self, ProcCtx, RowBufs, now_ns, upsert_device};
 use crate::catalog::Kind;
 use crate::stats::Stats;
 

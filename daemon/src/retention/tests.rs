@@ -100,12 +100,12 @@ fn track(c: &Connection, session: i64, proc: i64) -> i64 {
 fn kernel(c: &Connection, session: i64, proc: i64, start: i64) {
     let t = track(c, session, proc);
     let shape = shape(c);
-    c.execute("INSERT INTO kernel_data VALUES (?1, 0, ?2, ?3, 10, 1, 0)", params![t, shape, start]).unwrap();
+    c.execute("INSERT INTO kernel_data VALUES (?1, 0, ?2, ?3, 10, 1)", params![t, shape, start]).unwrap();
 }
 
 /// The one kernel shape of these tests (name 1, 1×1×1 blocks).
 fn shape(c: &Connection) -> i64 {
-    c.execute("INSERT OR IGNORE INTO kernel_shapes VALUES (1, 1, 1, 1, 1, 1, 1, 0, 0, 0)", []).unwrap();
+    c.execute("INSERT OR IGNORE INTO kernel_shapes VALUES (1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)", []).unwrap();
     1
 }
 
@@ -384,7 +384,7 @@ fn database_with_kernels(dir: &std::path::Path, n: u32) -> (std::path::PathBuf, 
     let shape = shape(&c);
     c.execute(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
-         INSERT INTO kernel_data SELECT ?2, i, ?3, i * 1000, 5000, 1, 0 FROM n",
+         INSERT INTO kernel_data SELECT ?2, i, ?3, i * 1000, 5000, 1 FROM n",
         [n, t as u32, shape as u32],
     )
     .unwrap();
