@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0008_tracks.sql", include_str!("../../migrations/0008_tracks.sql")),
     ("0009_kernel_shapes.sql", include_str!("../../migrations/0009_kernel_shapes.sql")),
     ("0010_kinds_and_shapes.sql", include_str!("../../migrations/0010_kinds_and_shapes.sql")),
+    ("0011_track_epochs.sql", include_str!("../../migrations/0011_track_epochs.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.
@@ -408,6 +409,44 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert!(plan[0].contains("INTEGER PRIMARY KEY"), "{plan:?}");
+    }
+
+    /// Version 11 rebuilds `tracks` with a `base`: ids, rows and the AUTOINCREMENT sequence stay
+    /// (a deleted track's id is not given out again), starts read back the same.
+    #[test]
+    fn version_11_keeps_track_ids_and_their_sequence() {
+        let conn = Connection::open_in_memory().unwrap();
+        for (_, sql) in &MIGRATIONS[..10] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch("PRAGMA user_version=10").unwrap();
+        for id in 1..=3 {
+            conn.execute("INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (1, 2, 0, 0, ?1, 0)", [id])
+                .unwrap();
+        }
+        conn.execute_batch(
+            "DELETE FROM tracks WHERE id = 3;
+             INSERT INTO kernel_shapes VALUES (1, 5, 1, 1, 128, 1, 1, 32, 0, 0, 0);
+             INSERT INTO kernel_data VALUES (2, 9, 1, 7000000000, 10, 4);",
+        )
+        .unwrap();
+        migrate(&conn).unwrap();
+        let kept: Vec<(i64, i64, i64)> = conn
+            .prepare("SELECT id, stream, base FROM tracks ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, [(1, 1, 0), (2, 2, 0)]);
+        let start: i64 = conn.query_row("SELECT start FROM kernel WHERE stream = 2", [], |r| r.get(0)).unwrap();
+        assert_eq!(start, 7_000_000_000);
+        conn.execute(
+            "INSERT INTO tracks(session, proc, dev, ctx, stream, tid, base) VALUES (1, 2, 0, 0, 2, 0, 4294967296)",
+            [],
+        )
+        .unwrap();
+        assert_eq!(conn.last_insert_rowid(), 4, "track id 3 was deleted: never given out again");
     }
 
     #[test]

@@ -93,6 +93,12 @@ impl RecordGen {
         }
     }
 
+    /// Moves the generator's clock on by `ns`: records from then on come from a process that has
+    /// run that long since it connected.
+    pub fn advance(&mut self, ns: u64) {
+        self.ts += ns;
+    }
+
     fn rand(&mut self) -> u64 {
         // xorshift64*
         let mut x = self.state;

@@ -14,11 +14,14 @@ use rusqlite::{Connection, OptionalExtension};
 /// records come.
 #[derive(Default)]
 pub(super) struct Tracks {
-    ids: Ids<6>,
+    ids: Ids<7>,
     shapes: Ids<10>,
     memcpy_shapes: Ids<7>,
     api_kinds: Ids<3>,
 }
+
+/// Entries a cache holds before it starts over.
+const CACHE_MAX: usize = 1 << 16;
 
 type Ids<const N: usize> = HashMap<[i64; N], i64, std::hash::BuildHasherDefault<KeyHasher>>;
 
@@ -96,16 +99,31 @@ impl Tracks {
         )
     }
 
-    /// The id of track `key`, inserted if the table has none.
-    pub(super) fn id(&mut self, c: &Connection, key: [i64; 6]) -> rusqlite::Result<i64> {
-        cached(
+    /// The track of a record starting `rel` ns after its process's base, by (session, process,
+    /// device, context, stream, thread), inserted if the table has none; and the start its row
+    /// stores, relative to the track's `base` (see [`epoch`]).
+    pub(super) fn at(&mut self, c: &Connection, key: [i64; 6], rel: i64) -> rusqlite::Result<(i64, i64)> {
+        let (base, start) = epoch(rel);
+        let [session, proc, dev, ctx, stream, tid] = key;
+        let id = cached(
             &mut self.ids,
             c,
-            "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6",
-            "INSERT INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1,?2,?3,?4,?5,?6)",
-            key,
-        )
+            "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND dev = ?3 AND ctx = ?4 AND stream = ?5 AND tid = ?6
+             AND base = ?7",
+            "INSERT INTO tracks(session, proc, dev, ctx, stream, tid, base) VALUES (?1,?2,?3,?4,?5,?6,?7)",
+            [session, proc, dev, ctx, stream, tid, base],
+        )?;
+        Ok((id, start))
     }
+}
+
+/// A track's `base` for a record starting `rel` ns after its process's base, and the start
+/// stored in the record's row: bases are multiples of 2^32 ns (0 for the process's first
+/// 2.1 s) and stored starts lie within ±2^31 of them, so a start takes at most 4 bytes
+/// however long the process lives (6 bytes otherwise, once it is 2.1 s old).
+pub(super) fn epoch(rel: i64) -> (i64, i64) {
+    let base = (rel.saturating_add(1 << 31) >> 32) << 32;
+    (base, rel.wrapping_sub(base))
 }
 
 /// The id of `key` in `ids`, or else from the table: found by `find` or added by `insert`.
@@ -121,6 +139,11 @@ where
 {
     if let Some(id) = ids.get(&key) {
         return Ok(*id);
+    }
+    // Tracks gain a row every 4.3 s of a stream's records: the cache starts over rather than
+    // grow with a long-running process (the table answers until it fills again).
+    if ids.len() >= CACHE_MAX {
+        ids.clear();
     }
     let id = find_or_insert(c, find, insert, key)?;
     ids.insert(key, id);

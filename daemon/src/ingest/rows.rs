@@ -202,25 +202,15 @@ pub(super) fn insert_batch(
                 k.graph_node_id as i64,
             ],
         )?;
-        v.copy_from_slice(&[
-            tracks.id(c, [s, pr, k.device_id.into(), k.context_id.into(), k.stream_id.into(), 0])?,
-            k.correlation_id.into(),
-            shape,
-            rel(k.start_ns),
-            dur(k.start_ns, k.end_ns),
-            k.grid_x.into(),
-        ]);
+        let (track, start) =
+            tracks.at(c, [s, pr, k.device_id.into(), k.context_id.into(), k.stream_id.into(), 0], rel(k.start_ns))?;
+        v.copy_from_slice(&[track, k.correlation_id.into(), shape, start, dur(k.start_ns, k.end_ns), k.grid_x.into()]);
         Ok(())
     })?;
     bufs.push(c, &API, &b.api_calls, |a, v| {
         let kind = tracks.api_kind(c, [a.domain.into(), a.cbid.into(), a.return_value.into()])?;
-        v.copy_from_slice(&[
-            tracks.id(c, [s, pr, 0, 0, 0, a.thread_id.into()])?,
-            a.correlation_id.into(),
-            kind,
-            rel(a.start_ns),
-            dur(a.start_ns, a.end_ns),
-        ]);
+        let (track, start) = tracks.at(c, [s, pr, 0, 0, 0, a.thread_id.into()], rel(a.start_ns))?;
+        v.copy_from_slice(&[track, a.correlation_id.into(), kind, start, dur(a.start_ns, a.end_ns)]);
         Ok(())
     })?;
     bufs.push(c, &MEMCPY, &b.memcpys, |m, v| {
@@ -236,25 +226,22 @@ pub(super) fn insert_batch(
                 m.graph_node_id as i64,
             ],
         )?;
-        v.copy_from_slice(&[
-            tracks.id(c, [s, pr, m.device_id.into(), m.context_id.into(), m.stream_id.into(), 0])?,
-            m.correlation_id.into(),
-            rel(m.start_ns),
-            dur(m.start_ns, m.end_ns),
-            m.bytes as i64,
-            shape,
-        ]);
+        let (track, start) =
+            tracks.at(c, [s, pr, m.device_id.into(), m.context_id.into(), m.stream_id.into(), 0], rel(m.start_ns))?;
+        v.copy_from_slice(&[track, m.correlation_id.into(), start, dur(m.start_ns, m.end_ns), m.bytes as i64, shape]);
         Ok(())
     })?;
-    // The track of a record: its (device, context, stream, thread), 0 where the kind has none.
-    let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32| {
-        tracks.id(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()])
+    // The track of a record starting at `t`: its (device, context, stream, thread), 0 where the
+    // kind has none; and its stored start.
+    let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32, t: u64| {
+        tracks.at(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()], rel(t))
     };
     bufs.push(c, &MEMSET, &b.memsets, |m, v| {
+        let (track, start) = track(m.device_id, m.context_id, m.stream_id, 0, m.start_ns)?;
         v.copy_from_slice(&[
-            track(m.device_id, m.context_id, m.stream_id, 0)?,
+            track,
             m.correlation_id.into(),
-            rel(m.start_ns),
+            start,
             dur(m.start_ns, m.end_ns),
             m.bytes as i64,
             m.value.into(),
@@ -264,41 +251,46 @@ pub(super) fn insert_batch(
         Ok(())
     })?;
     bufs.push(c, &SYNC, &b.syncs, |y, v| {
+        let (track, start) = track(0, y.context_id, y.stream_id, 0, y.start_ns)?;
         v.copy_from_slice(&[
-            track(0, y.context_id, y.stream_id, 0)?,
+            track,
             y.sync_type.into(),
             y.event_id.into(),
             y.correlation_id.into(),
-            rel(y.start_ns),
+            start,
             dur(y.start_ns, y.end_ns),
         ]);
         Ok(())
     })?;
     bufs.push(c, &OVERHEAD, &b.overheads, |o, v| {
+        let (track, start) = track(0, 0, 0, 0, o.start_ns)?;
         v.copy_from_slice(&[
-            track(0, 0, 0, 0)?,
+            track,
             o.overhead_kind.into(),
             o.object_kind.into(),
             o.object_id as i64,
-            rel(o.start_ns),
+            start,
             dur(o.start_ns, o.end_ns),
         ]);
         Ok(())
     })?;
     bufs.push(c, &MARKER, &b.markers, |m, v| {
+        let (track, start) = track(0, 0, 0, m.thread_id, m.start_ns)?;
         v.copy_from_slice(&[
-            track(0, 0, 0, m.thread_id)?,
+            track,
             m.id as i64,
             st(m.name_id),
             st(m.domain_id),
-            rel(m.start_ns),
+            start,
             dur(m.start_ns, m.end_ns),
             m.is_mark.into(),
         ]);
         Ok(())
     })?;
     bufs.push(c, &EXTCORR, &b.external_correlations, |x, v| {
-        v.copy_from_slice(&[track(0, 0, 0, 0)?, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()]);
+        // No start: the track of the process's first epoch.
+        let (track, _) = tracks.at(c, [s, pr, 0, 0, 0, 0], 0)?;
+        v.copy_from_slice(&[track, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()]);
         Ok(())
     })?;
     insert_rows(c, &CONTEXT, &b.contexts, |x, v| {
@@ -310,13 +302,9 @@ pub(super) fn insert_batch(
         Ok(())
     })?;
     bufs.push(c, &GRAPH, &b.graphs, |g, v| {
-        v.copy_from_slice(&[
-            track(g.device_id, g.context_id, g.stream_id, 0)?,
-            g.correlation_id.into(),
-            g.graph_id.into(),
-            rel(g.start_ns),
-            dur(g.start_ns, g.end_ns),
-        ]);
+        let (track, start) =
+            tracks.at(c, [s, pr, g.device_id.into(), g.context_id.into(), g.stream_id.into(), 0], rel(g.start_ns))?;
+        v.copy_from_slice(&[track, g.correlation_id.into(), g.graph_id.into(), start, dur(g.start_ns, g.end_ns)]);
         Ok(())
     })?;
     if !b.devices.is_empty() {

@@ -252,6 +252,48 @@ fn copies_read_back_as_sent() {
     assert_eq!(stored, 3);
 }
 
+/// A process hours old: every start reads back as sent, while each row stores it in 4 bytes
+/// at most (relative to its track's base), one track row per 2^32 ns epoch of the stream.
+#[test]
+fn starts_of_a_long_running_process_read_back_as_sent() {
+    use gpuprof_proto::agent::{KernelRecord, RecordBatch};
+
+    use super::ids::Tracks;
+    use super::rows::{ProcCtx, RowBufs, insert_batch};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml("").unwrap().storage;
+    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+    let base_ns = 1_000_000;
+    let rel: [i64; 8] = [0, (1 << 31) - 1, 1 << 31, 5_000_000_000, 3_600_000_000_000, 3_600_000_000_001, 7, 1 << 40];
+    let mut b = RecordBatch { session_id: 3, ..Default::default() };
+    for r in rel {
+        let start_ns = (base_ns + r) as u64;
+        b.kernels.push(KernelRecord { start_ns, end_ns: start_ns + 10, stream_id: 7, ..Default::default() });
+    }
+    let mut bufs = RowBufs::default();
+    let p = ProcCtx { base_ns, strings: vec![0] };
+    c.execute_batch("BEGIN").unwrap();
+    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
+    bufs.flush(&c).unwrap();
+    c.execute_batch("COMMIT").unwrap();
+    let got: Vec<(i64, i64)> = c
+        .prepare("SELECT start, start + dur FROM kernel WHERE session = 3 ORDER BY rowid")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let want: Vec<(i64, i64)> = rel.iter().map(|&r| (r, r + 10)).collect();
+    assert_eq!(got, want);
+    let (lo, hi): (i64, i64) =
+        c.query_row("SELECT min(start), max(start) FROM kernel_data", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+    assert!(lo >= -(1 << 31) && hi < 1 << 31, "stored starts {lo}..={hi} take more than 4 bytes");
+    // Epochs 0 (0, 2^31 - 1, 7), 1 (2^31, 5e9), 838 (3.6e12, twice) and 256 (2^40).
+    let tracks: i64 = c.query_row("SELECT count(*) FROM tracks WHERE stream = 7", [], |r| r.get(0)).unwrap();
+    assert_eq!(tracks, 4);
+}
+
 /// The queue's record budget: a batch's permit is held until the writer takes the batch, so
 /// connections wait once `queue_records` records are queued, and go on when the writer drains.
 #[test]

@@ -167,7 +167,11 @@ pub fn expire_unsessioned_chunk(
     };
     let (deleted, next) = match before {
         None => delete_steps(&tx, table, "session = 0 AND proc = ?3", "1", &[proc], lo, hi)?,
-        Some(b) => delete_steps(&tx, table, "session = 0 AND proc = ?3", "start + dur < ?4", &[proc, b], lo, hi)?,
+        // A `_data` row's start counts from its track's base (migration 0011).
+        Some(b) => {
+            let older = "start + dur < ?4 - (SELECT base FROM tracks WHERE id = track)";
+            delete_steps(&tx, table, "session = 0 AND proc = ?3", older, &[proc, b], lo, hi)?
+        }
     };
     // A newer row of the process in the range looked at ends this pass's work on the entry.
     let newer: Option<i64> = match before {

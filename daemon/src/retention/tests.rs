@@ -84,23 +84,33 @@ fn session(c: &Connection, id: i64, state: &str, stopped_ns: Option<i64>) {
     .unwrap();
 }
 
-/// The track of (session, process) on device 0, context 0, stream 7.
-fn track(c: &Connection, session: i64, proc: i64) -> i64 {
+/// The track of (session, process) on device 0, context 0, stream 7, whose starts count from `base`.
+fn track_at(c: &Connection, session: i64, proc: i64, base: i64) -> i64 {
     c.execute(
-        "INSERT OR IGNORE INTO tracks(session, proc, dev, ctx, stream, tid) VALUES (?1, ?2, 0, 0, 7, 0)",
-        params![session, proc],
+        "INSERT OR IGNORE INTO tracks(session, proc, dev, ctx, stream, tid, base) VALUES (?1, ?2, 0, 0, 7, 0, ?3)",
+        params![session, proc, base],
     )
     .unwrap();
-    c.query_row("SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND stream = 7", params![session, proc], |r| {
-        r.get(0)
-    })
+    c.query_row(
+        "SELECT id FROM tracks WHERE session = ?1 AND proc = ?2 AND stream = 7 AND base = ?3",
+        params![session, proc, base],
+        |r| r.get(0),
+    )
     .unwrap()
 }
 
+/// The track of (session, process)'s first 2.1 s.
+fn track(c: &Connection, session: i64, proc: i64) -> i64 {
+    track_at(c, session, proc, 0)
+}
+
+/// A kernel stored as the writer stores it: its start relative to its track's base, a multiple
+/// of 2^32 ns within ±2^31 of it.
 fn kernel(c: &Connection, session: i64, proc: i64, start: i64) {
-    let t = track(c, session, proc);
+    let base = ((start + (1 << 31)) >> 32) << 32;
+    let t = track_at(c, session, proc, base);
     let shape = shape(c);
-    c.execute("INSERT INTO kernel_data VALUES (?1, 0, ?2, ?3, 10, 1)", params![t, shape, start]).unwrap();
+    c.execute("INSERT INTO kernel_data VALUES (?1, 0, ?2, ?3, 10, 1)", params![t, shape, start - base]).unwrap();
 }
 
 /// The one kernel shape of these tests (name 1, 1×1×1 blocks).

@@ -9,6 +9,7 @@
 //! of that rate that fit in 20 GiB, and whether retention kept the database under its cap.
 //!
 //! Run: cargo run --release -p gpuprof-testkit --bin gpuprof-ingest-bench [-- --records-per-agent N]
+//!      [--process-age-secs S: the agents' processes S seconds old, as an always-on node's are]
 //!      cargo run --release -p gpuprof-testkit --bin gpuprof-ingest-bench -- --retention-secs 180
 
 use std::time::{Duration, Instant};
@@ -28,6 +29,10 @@ struct Args {
     records_per_agent: u64,
     #[arg(long, default_value_t = 1000)]
     batch: usize,
+    /// Each agent's records start this many seconds after it connected (a process that has run
+    /// that long: its starts are that far from its base).
+    #[arg(long, default_value_t = 0)]
+    process_age_secs: u64,
     /// Keep the state directory (and the plain loop's database) here instead of a temporary one.
     #[arg(long)]
     state_dir: Option<std::path::PathBuf>,
@@ -71,8 +76,10 @@ fn main() -> Result<()> {
             let barrier = barrier.clone();
             let per = args.records_per_agent;
             let batch = args.batch;
+            let age_ns = args.process_age_secs * 1_000_000_000;
             std::thread::spawn(move || -> Result<()> {
                 let mut a = FakeAgent::connect(&socket, i + 1, Mix::default())?;
+                a.generator.advance(age_ns);
                 let frames = encode_batches(&mut a.generator, per, batch);
                 barrier.wait();
                 for f in &frames {
@@ -160,6 +167,7 @@ fn plain_loop(path: &std::path::Path, args: &Args) -> Result<(f64, u64)> {
     let mut batches = Vec::new();
     for i in 0..args.agents {
         let mut g = RecordGen::new(i + 1, Mix::default());
+        g.advance(args.process_age_secs * 1_000_000_000);
         g.kernel_name_ids = (1..=8).collect();
         g.marker_name_ids = (9..=13).collect();
         let mut done = 0;
