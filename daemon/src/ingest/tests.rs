@@ -1,6 +1,9 @@
 use rusqlite::Connection;
 
-use super::rows::{CONTEXT, STREAM, UNKNOWN, insert_rows};
+use gpuprof_proto::agent::RecordBatch;
+
+use super::ids::Tracks;
+use super::rows::{CONTEXT, ProcCtx, RowBufs, STREAM, UNKNOWN, insert_batch, insert_rows};
 
 /// A context/stream row CUPTI reported replaces a derived one (unknown fields), never
 /// the other way round; one row per key, also within one multi-row statement.
@@ -53,17 +56,28 @@ fn topology_rows_upsert_reported_over_derived() {
     assert_eq!(rows, want);
 }
 
-/// A kernel's grid and block read back as sent, whatever their values (through the shape).
-#[test]
-fn kernel_dimensions_read_back_as_sent() {
-    use gpuprof_proto::agent::{KernelRecord, RecordBatch};
-
-    use super::ids::Tracks;
-    use super::rows::{ProcCtx, RowBufs, insert_batch};
-
+/// A new database holding `batches` of process 9 (base `base_ns`), inserted as the writer
+/// inserts them, each with a track cache of its own, in one transaction.
+fn stored(base_ns: i64, batches: &[&RecordBatch]) -> (tempfile::TempDir, Connection) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = crate::config::Config::from_toml("").unwrap().storage;
     let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+    let mut bufs = RowBufs::default();
+    let p = ProcCtx { base_ns, strings: vec![0] };
+    c.execute_batch("BEGIN").unwrap();
+    for b in batches {
+        insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, b).unwrap();
+    }
+    bufs.flush(&c).unwrap();
+    c.execute_batch("COMMIT").unwrap();
+    (dir, c)
+}
+
+/// A kernel's grid and block read back as sent, whatever their values (through the shape).
+#[test]
+fn kernel_dimensions_read_back_as_sent() {
+    use gpuprof_proto::agent::KernelRecord;
+
     let dims: [[u32; 6]; 5] = [
         [1, 1, 1, 1, 1, 1],
         [4096, 65535, 65535, 1024, 1024, 64],
@@ -86,14 +100,8 @@ fn kernel_dimensions_read_back_as_sent() {
             ..Default::default()
         });
     }
-    let mut bufs = RowBufs::default();
-    let p = ProcCtx { base_ns: 0, strings: vec![0] };
-    c.execute_batch("BEGIN").unwrap();
     // Twice: the second batch stays buffered until the flush.
-    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
-    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
-    bufs.flush(&c).unwrap();
-    c.execute_batch("COMMIT").unwrap();
+    let (_dir, c) = stored(0, &[&b, &b]);
     let got: Vec<[u32; 6]> = c
         .prepare("SELECT gx, gy, gz, bx, by, bz FROM kernel WHERE session = 3 AND proc = 9 ORDER BY rowid")
         .unwrap()
@@ -119,14 +127,8 @@ fn kernel_dimensions_read_back_as_sent() {
 /// kind), and each kind is stored once.
 #[test]
 fn api_calls_read_back_as_sent() {
-    use gpuprof_proto::agent::{ApiRecord, RecordBatch};
+    use gpuprof_proto::agent::ApiRecord;
 
-    use super::ids::Tracks;
-    use super::rows::{ProcCtx, RowBufs, insert_batch};
-
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = crate::config::Config::from_toml("").unwrap().storage;
-    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
     let mut b = RecordBatch { session_id: 3, ..Default::default() };
     let kinds: [(i32, u32, u32); 4] = [(1, 211, 0), (2, 307, 0), (1, 211, 700), (1, u32::MAX, u32::MAX)];
     for i in 0..40u32 {
@@ -141,12 +143,7 @@ fn api_calls_read_back_as_sent() {
             return_value,
         });
     }
-    let mut bufs = RowBufs::default();
-    let p = ProcCtx { base_ns: 1000, strings: vec![0] };
-    c.execute_batch("BEGIN").unwrap();
-    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
-    bufs.flush(&c).unwrap();
-    c.execute_batch("COMMIT").unwrap();
+    let (_dir, c) = stored(1000, &[&b]);
     let got: Vec<[i64; 7]> = c
         .prepare(
             "SELECT domain, cbid, ret, corr, tid, start, dur FROM api WHERE session = 3 AND proc = 9 ORDER BY rowid",
@@ -172,14 +169,8 @@ fn api_calls_read_back_as_sent() {
 /// A copy's columns read back as sent (through its shape), and each shape is stored once.
 #[test]
 fn copies_read_back_as_sent() {
-    use gpuprof_proto::agent::{MemcpyRecord, RecordBatch};
+    use gpuprof_proto::agent::MemcpyRecord;
 
-    use super::ids::Tracks;
-    use super::rows::{ProcCtx, RowBufs, insert_batch};
-
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = crate::config::Config::from_toml("").unwrap().storage;
-    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
     let mut b = RecordBatch { session_id: 3, ..Default::default() };
     // (kind, source kind, destination kind, source device, destination device, async, graph node)
     let shapes: [(u32, u32, u32, u32, u32, bool, u64); 3] =
@@ -204,12 +195,7 @@ fn copies_read_back_as_sent() {
             ..Default::default()
         });
     }
-    let mut bufs = RowBufs::default();
-    let p = ProcCtx { base_ns: 0, strings: vec![0] };
-    c.execute_batch("BEGIN").unwrap();
-    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
-    bufs.flush(&c).unwrap();
-    c.execute_batch("COMMIT").unwrap();
+    let (_dir, c) = stored(0, &[&b]);
     let got: Vec<[i64; 11]> = c
         .prepare(
             "SELECT stream, corr, start, dur, bytes, kind, src_kind, dst_kind, src_dev, dst_dev, async
@@ -256,14 +242,8 @@ fn copies_read_back_as_sent() {
 /// at most (relative to its track's base), one track row per 2^32 ns epoch of the stream.
 #[test]
 fn starts_of_a_long_running_process_read_back_as_sent() {
-    use gpuprof_proto::agent::{KernelRecord, RecordBatch};
+    use gpuprof_proto::agent::KernelRecord;
 
-    use super::ids::Tracks;
-    use super::rows::{ProcCtx, RowBufs, insert_batch};
-
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = crate::config::Config::from_toml("").unwrap().storage;
-    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
     let base_ns = 1_000_000;
     let rel: [i64; 8] = [0, (1 << 31) - 1, 1 << 31, 5_000_000_000, 3_600_000_000_000, 3_600_000_000_001, 7, 1 << 40];
     let mut b = RecordBatch { session_id: 3, ..Default::default() };
@@ -271,12 +251,7 @@ fn starts_of_a_long_running_process_read_back_as_sent() {
         let start_ns = (base_ns + r) as u64;
         b.kernels.push(KernelRecord { start_ns, end_ns: start_ns + 10, stream_id: 7, ..Default::default() });
     }
-    let mut bufs = RowBufs::default();
-    let p = ProcCtx { base_ns, strings: vec![0] };
-    c.execute_batch("BEGIN").unwrap();
-    insert_batch(&c, &mut bufs, &mut Tracks::default(), 9, &p, &b).unwrap();
-    bufs.flush(&c).unwrap();
-    c.execute_batch("COMMIT").unwrap();
+    let (_dir, c) = stored(base_ns, &[&b]);
     let got: Vec<(i64, i64)> = c
         .prepare("SELECT start, start + dur FROM kernel WHERE session = 3 ORDER BY rowid")
         .unwrap()
