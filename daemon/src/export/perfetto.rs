@@ -56,8 +56,7 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
             strings: Strings::default(),
             first: true,
             names: HashMap::new(),
-            interned: None,
-            categories_interned: false,
+            interned: Some(fixed_names()),
         })
     };
     let mut w = each_record(db, session, f, start, |w, rec, dur| {
@@ -227,7 +226,21 @@ struct Writer<'a> {
     /// Interned data for the next event's packet: the categories and argument names (on the
     /// first), and the names it is the first to use.
     interned: Option<InternedData>,
-    categories_interned: bool,
+}
+
+/// Every category and argument name, interned in the first event's packet.
+fn fixed_names() -> InternedData {
+    InternedData {
+        event_categories: Cat::ALL
+            .iter()
+            .map(|&c| EventCategory { iid: Some(c as u64), name: Some(c.name().into()) })
+            .collect(),
+        debug_annotation_names: Arg::ALL
+            .iter()
+            .map(|&a| DebugAnnotationName { iid: Some(a as u64), name: Some(a.name().into()) })
+            .collect(),
+        event_names: Vec::new(),
+    }
 }
 
 fn uint(name: Arg, v: i64) -> DebugAnnotation {
@@ -340,15 +353,6 @@ impl Writer<'_> {
     /// The iid of an event name, interned in the next event's packet the first time it is used
     /// (with the categories and argument names, the very first time).
     fn intern(&mut self, name: Name) -> Result<u64, Stop> {
-        if !std::mem::replace(&mut self.categories_interned, true) {
-            let d = self.interned.get_or_insert_default();
-            d.event_categories =
-                Cat::ALL.iter().map(|&c| EventCategory { iid: Some(c as u64), name: Some(c.name().into()) }).collect();
-            d.debug_annotation_names = Arg::ALL
-                .iter()
-                .map(|&a| DebugAnnotationName { iid: Some(a as u64), name: Some(a.name().into()) })
-                .collect();
-        }
         if let Some(&iid) = self.names.get(&name) {
             return Ok(iid);
         }

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension};
 
-/// The writer's copies of `tracks` ((session, process, device, context, stream, thread) → id),
-/// `kernel_shapes` ((name, grid y, z, block x, y, z, registers, static and dynamic shared
-/// memory, graph node) → id), `memcpy_shapes` ((kind, source and destination kinds and
-/// devices, async, graph node) → id) and `api_kinds` ((domain, cbid, return value) → id).
-/// Emptied whenever something else wrote through the writer's connection (retention deletes tracks) or a
-/// transaction rolled back (its new rows are gone), then filled again from the tables as
-/// records come.
+/// The writer's copies of `tracks` ((session, process, device, context, stream, thread, base)
+/// → id), `kernel_shapes` ((name, grid y, z, block x, y, z, registers, static and dynamic shared
+/// memory, graph node) → id), `memcpy_shapes` ((kind, source and destination kinds and devices,
+/// async, graph node) → id) and `api_kinds` ((domain, cbid, return value) → id), filled from the
+/// tables as records come. Track ids are forgotten whenever something else wrote through the
+/// writer's connection (retention deletes tracks; shapes and kinds are never deleted), and
+/// everything when a transaction rolled back (its new rows are gone).
 #[derive(Default)]
 pub(super) struct Tracks {
     ids: Ids<7>,
@@ -55,6 +55,12 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 impl Tracks {
+    /// After another write through the connection: tracks may have been deleted.
+    pub(super) fn forget_tracks(&mut self) {
+        self.ids.clear();
+    }
+
+    /// After a rollback: rows of every kind inserted in the transaction are gone.
     pub(super) fn clear(&mut self) {
         self.ids.clear();
         self.shapes.clear();

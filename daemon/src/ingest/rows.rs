@@ -186,6 +186,8 @@ pub(super) fn insert_batch(
     let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
     let rel = |t: u64| t as i64 - base;
     let dur = |a: u64, e: u64| e.saturating_sub(a) as i64;
+    // A record's stream key: its (device, context, stream, thread), 0 where the kind has none.
+    let key = |dev: u32, ctx: u32, stream: u32, tid: u32| [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()];
     bufs.push(c, &KERNEL, &b.kernels, |k, v| {
         let shape = tracks.shape(
             c,
@@ -202,14 +204,13 @@ pub(super) fn insert_batch(
                 k.graph_node_id as i64,
             ],
         )?;
-        let (track, start) =
-            tracks.at(c, [s, pr, k.device_id.into(), k.context_id.into(), k.stream_id.into(), 0], rel(k.start_ns))?;
+        let (track, start) = tracks.at(c, key(k.device_id, k.context_id, k.stream_id, 0), rel(k.start_ns))?;
         v.copy_from_slice(&[track, k.correlation_id.into(), shape, start, dur(k.start_ns, k.end_ns), k.grid_x.into()]);
         Ok(())
     })?;
     bufs.push(c, &API, &b.api_calls, |a, v| {
         let kind = tracks.api_kind(c, [a.domain.into(), a.cbid.into(), a.return_value.into()])?;
-        let (track, start) = tracks.at(c, [s, pr, 0, 0, 0, a.thread_id.into()], rel(a.start_ns))?;
+        let (track, start) = tracks.at(c, key(0, 0, 0, a.thread_id), rel(a.start_ns))?;
         v.copy_from_slice(&[track, a.correlation_id.into(), kind, start, dur(a.start_ns, a.end_ns)]);
         Ok(())
     })?;
@@ -226,18 +227,12 @@ pub(super) fn insert_batch(
                 m.graph_node_id as i64,
             ],
         )?;
-        let (track, start) =
-            tracks.at(c, [s, pr, m.device_id.into(), m.context_id.into(), m.stream_id.into(), 0], rel(m.start_ns))?;
+        let (track, start) = tracks.at(c, key(m.device_id, m.context_id, m.stream_id, 0), rel(m.start_ns))?;
         v.copy_from_slice(&[track, m.correlation_id.into(), start, dur(m.start_ns, m.end_ns), m.bytes as i64, shape]);
         Ok(())
     })?;
-    // The track of a record starting at `t`: its (device, context, stream, thread), 0 where the
-    // kind has none; and its stored start.
-    let mut track = |dev: u32, ctx: u32, stream: u32, tid: u32, t: u64| {
-        tracks.at(c, [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()], rel(t))
-    };
     bufs.push(c, &MEMSET, &b.memsets, |m, v| {
-        let (track, start) = track(m.device_id, m.context_id, m.stream_id, 0, m.start_ns)?;
+        let (track, start) = tracks.at(c, key(m.device_id, m.context_id, m.stream_id, 0), rel(m.start_ns))?;
         v.copy_from_slice(&[
             track,
             m.correlation_id.into(),
@@ -251,7 +246,7 @@ pub(super) fn insert_batch(
         Ok(())
     })?;
     bufs.push(c, &SYNC, &b.syncs, |y, v| {
-        let (track, start) = track(0, y.context_id, y.stream_id, 0, y.start_ns)?;
+        let (track, start) = tracks.at(c, key(0, y.context_id, y.stream_id, 0), rel(y.start_ns))?;
         v.copy_from_slice(&[
             track,
             y.sync_type.into(),
@@ -263,7 +258,7 @@ pub(super) fn insert_batch(
         Ok(())
     })?;
     bufs.push(c, &OVERHEAD, &b.overheads, |o, v| {
-        let (track, start) = track(0, 0, 0, 0, o.start_ns)?;
+        let (track, start) = tracks.at(c, key(0, 0, 0, 0), rel(o.start_ns))?;
         v.copy_from_slice(&[
             track,
             o.overhead_kind.into(),
@@ -275,7 +270,7 @@ pub(super) fn insert_batch(
         Ok(())
     })?;
     bufs.push(c, &MARKER, &b.markers, |m, v| {
-        let (track, start) = track(0, 0, 0, m.thread_id, m.start_ns)?;
+        let (track, start) = tracks.at(c, key(0, 0, 0, m.thread_id), rel(m.start_ns))?;
         v.copy_from_slice(&[
             track,
             m.id as i64,
@@ -289,7 +284,7 @@ pub(super) fn insert_batch(
     })?;
     bufs.push(c, &EXTCORR, &b.external_correlations, |x, v| {
         // No start: the track of the process's first epoch.
-        let (track, _) = tracks.at(c, [s, pr, 0, 0, 0, 0], 0)?;
+        let (track, _) = tracks.at(c, key(0, 0, 0, 0), 0)?;
         v.copy_from_slice(&[track, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()]);
         Ok(())
     })?;
@@ -302,8 +297,7 @@ pub(super) fn insert_batch(
         Ok(())
     })?;
     bufs.push(c, &GRAPH, &b.graphs, |g, v| {
-        let (track, start) =
-            tracks.at(c, [s, pr, g.device_id.into(), g.context_id.into(), g.stream_id.into(), 0], rel(g.start_ns))?;
+        let (track, start) = tracks.at(c, key(g.device_id, g.context_id, g.stream_id, 0), rel(g.start_ns))?;
         v.copy_from_slice(&[track, g.correlation_id.into(), g.graph_id.into(), start, dur(g.start_ns, g.end_ns)]);
         Ok(())
     })?;

@@ -263,7 +263,7 @@ impl Writer {
                 self.commit();
                 f(&mut self.conn);
                 // It may have deleted tracks (retention): look them up again.
-                self.tracks.clear();
+                self.tracks.forget_tracks();
             }
             WriterMsg::Flush(reply) => {
                 self.commit();
