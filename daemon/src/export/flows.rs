@@ -2,10 +2,11 @@
 //! correlation id.
 
 use gpuprof_proto::api as pb;
-use rusqlite::{Connection, params_from_iter};
+use rusqlite::Connection;
 
-use super::records::process_bases;
-use crate::query::where_for;
+use super::out::Stop;
+use super::records::EVENT_TABLES;
+use super::scan::{Dims, scan};
 
 /// Flow key: process and correlation id.
 pub(super) fn key(proc: i64, corr: i64) -> u64 {
@@ -28,32 +29,28 @@ impl Flows {
     /// The flows of the session's rows that pass `f`, and the earliest start (ns since the
     /// epoch) of those rows of [`FLOW_TABLES`], `i64::MAX` when there is none: one pass over
     /// each table gives both.
-    pub(super) fn build(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<(Flows, i64)> {
-        let bases = process_bases(c)?;
+    pub(super) fn build(c: &Connection, session: u64, f: &pb::RecordFilter) -> Result<(Flows, i64), Stop> {
+        let d = Dims::read(c, session)?;
         let mut first = i64::MAX;
-        let mut scan = |table: &str, each: &mut dyn FnMut(u64)| -> rusqlite::Result<()> {
-            let w = where_for(c, table, session, f)?;
-            let mut st = c.prepare(&format!("SELECT t.proc, t.corr, t.start FROM {table} t WHERE {}", w.sql))?;
-            let mut rows = st.query(params_from_iter(w.params.iter()))?;
-            while let Some(r) = rows.next()? {
-                let proc = r.get(0)?;
-                // Rows of a process without a `processes` row are not exported.
-                let Some(base) = bases.get(&proc) else { continue };
-                first = first.min(r.get::<_, i64>(2)? + base);
-                let corr: i64 = r.get(1)?;
-                if corr != 0 {
-                    each(key(proc, corr));
+        let mut keys_of = |table: &str, each: &mut dyn FnMut(u64)| -> Result<(), Stop> {
+            let i = EVENT_TABLES.iter().position(|t| *t == table).unwrap_or_default();
+            // The correlation id's place among the record's values (see `scan::values`).
+            let at = if table == "api" { 1 } else { 2 };
+            scan(c, &d, i, session, f, |r, _| {
+                first = first.min(r.start);
+                if r.v[at] != 0 {
+                    each(key(r.proc, r.v[at]));
                 }
-            }
-            Ok(())
+                Ok(())
+            })
         };
         let mut api = Vec::new();
-        scan("api", &mut |k| api.push(k))?;
+        keys_of("api", &mut |k| api.push(k))?;
         api.sort_unstable();
         api.dedup();
         let mut dev = Vec::new();
         for t in ["kernel", "memcpy", "memset"] {
-            scan(t, &mut |k| {
+            keys_of(t, &mut |k| {
                 if api.binary_search(&k).is_ok() {
                     dev.push(k);
                 }

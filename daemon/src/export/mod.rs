@@ -19,7 +19,8 @@
 //! removed once sent.
 //!
 //! Where things are: `chrome` writes the Chrome trace from `records` (the session's rows,
-//! merged) and `flows` (launch arrows), with the helpers in `json`; `perfetto` writes the
+//! read by `scan` from the `_data` tables, put in order by `sort`, merged) and `flows` (launch
+//! arrows), with the helpers in `json`; `perfetto` writes the
 //! same records and flows as Perfetto track events; `sqlite` builds the SQLite file;
 //! `parquet_files` writes one Parquet file per record kind as the rows stream (the chunk that
 //! starts each file names it); `pprof` the PC-sampling profile; `out` sends any of them to the
@@ -33,6 +34,8 @@ mod parquet_files;
 mod perfetto;
 pub mod pprof;
 mod records;
+mod scan;
+mod sort;
 mod sqlite;
 
 #[cfg(test)]

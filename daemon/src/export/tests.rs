@@ -28,3 +28,176 @@ fn the_export_readers_read_every_table_once() {
     assert_eq!(EVENT_TABLES[READERS[0][0]], "kernel");
     assert_eq!(EVENT_TABLES[READERS[1][0]], "api");
 }
+
+/// The record views' columns that became a record's values before the exports read the
+/// `_data` tables themselves: the definition the scans must keep.
+fn view_values(table: &str) -> &'static str {
+    match table {
+        "kernel" => {
+            "t.dev, t.stream, t.corr, t.name, t.gx * 1000000 + t.gy * 1000 + t.gz, t.bx * 1000000 + t.by * 1000 + t.bz, t.regs, t.ssmem + t.dsmem"
+        }
+        "memcpy" => "t.dev, t.stream, t.corr, t.bytes, t.kind, t.src_dev, t.dst_dev, 0",
+        "memset" => "t.dev, t.stream, t.corr, t.bytes, t.value, 0, 0, 0",
+        "graph" => "t.dev, t.stream, t.corr, t.graph_id, 0, 0, 0, 0",
+        "api" => "t.tid, t.corr, t.domain, t.cbid, t.ret, 0, 0, 0",
+        "marker" => "t.tid, t.name, t.domain, t.is_mark, t.id, 0, 0, 0",
+        "sync" => "t.stream, t.corr, t.type, t.event, 0, 0, 0, 0",
+        _ => "t.kind, t.obj_kind, t.obj_id, 0, 0, 0, 0, 0",
+    }
+}
+
+/// Each event table's `_data` columns after track, start and duration, and how many values
+/// each takes (0: any small integer).
+const DATA: &[(&str, &[(&str, i64)])] = &[
+    ("kernel", &[("corr", 0), ("shape", 2), ("gx", 0)]),
+    ("memcpy", &[("corr", 0), ("bytes", 0), ("shape", 2)]),
+    ("memset", &[("corr", 0), ("bytes", 0), ("value", 0), ("mem_kind", 0), ("graph_node", 0)]),
+    ("graph", &[("corr", 0), ("graph_id", 0)]),
+    ("api", &[("corr", 0), ("kind", 2)]),
+    ("marker", &[("id", 0), ("name", 3), ("domain", 3), ("is_mark", 2)]),
+    ("sync", &[("type", 0), ("event", 0), ("corr", 0)]),
+    ("overhead", &[("kind", 0), ("obj_kind", 0), ("obj_id", 0)]),
+];
+
+/// The export's scans of the `_data` tables give, for every event table and filter, the rows
+/// the record views give with `where_for` (joined to `processes`, as the exports always
+/// required), in the same order and with the same values.
+#[test]
+fn scans_give_the_rows_the_views_give() {
+    use gpuprof_proto::api as pb;
+    use rusqlite::params_from_iter;
+
+    use super::records::EVENT_TABLES;
+    use super::scan::{Dims, scan};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml("").unwrap().storage;
+    let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
+    c.execute_batch(
+        "INSERT INTO strings(id, value) VALUES (1, 'gemm_tile'), (2, 'relu'), (3, 'train');
+         INSERT INTO processes(id, pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns, connected_ns)
+             VALUES (9, 1, 0, 0, 'injector', 'a', '[]', '', 0, 5000000000, 0),
+                    (10, 2, 0, 0, 'injector', 'b', '[]', '', 0, 7000000000, 0);
+         INSERT INTO sessions(id, name, state, targets, collect, owner_uid, created_ns, start_at_ns, duration_ms, max_records)
+             VALUES (3, 'a', 'active', '{}', '{}', 0, 0, 0, 0, 0), (4, 'b', 'active', '{}', '{}', 0, 0, 0, 0, 0);
+         INSERT INTO kernel_shapes VALUES (1, 1, 2, 3, 128, 1, 1, 32, 0, 1024, 0), (2, 2, 1, 1, 256, 2, 1, 16, 48, 0, 7);
+         INSERT INTO memcpy_shapes VALUES (1, 1, 1, 2, 0, 0, 1, 0), (2, 2, 2, 1, 1, 1, 0, 5);
+         INSERT INTO api_kinds VALUES (1, 1, 211, 0), (2, 2, 307, 1);",
+    )
+    .unwrap();
+    // Tracks of two sessions, of processes 9, 10 and 11 (which has no `processes` row), two
+    // devices, two streams, two thread ids and two bases.
+    let mut tracks = 0;
+    for session in [3, 4] {
+        for proc in [9, 10, 11] {
+            for (dev, stream, tid) in [(0, 7, 100), (1, 8, 101), (1, 7, 102)] {
+                for base in [0i64, 1 << 32] {
+                    c.execute(
+                        "INSERT INTO tracks(session, proc, dev, ctx, stream, tid, base) VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
+                        rusqlite::params![session, proc, dev, stream, tid, base],
+                    )
+                    .unwrap();
+                    tracks += 1;
+                }
+            }
+        }
+    }
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut rand = |n: i64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as i64
+    };
+    for (table, cols) in DATA {
+        let names: Vec<&str> = cols.iter().map(|(n, _)| *n).collect();
+        let sql = format!(
+            "INSERT INTO {table}_data(track, start, dur, {}) VALUES (?, ?, ?{})",
+            names.join(", "),
+            ", ?".repeat(names.len())
+        );
+        for _ in 0..300 {
+            let mut v = vec![1 + rand(tracks), rand(1 << 32) - (1 << 31), rand(3_000_000_000)];
+            v.extend(cols.iter().map(|(_, n)| if *n > 0 { 1 + rand(*n) } else { rand(40) }));
+            c.execute(&sql, params_from_iter(v)).unwrap();
+        }
+    }
+    let filters = [
+        pb::RecordFilter::default(),
+        pb::RecordFilter { process_ids: vec![10], ..Default::default() },
+        pb::RecordFilter { process_ids: vec![9, 11], ..Default::default() },
+        pb::RecordFilter { device_ids: vec![1], ..Default::default() },
+        pb::RecordFilter { stream_ids: vec![8], ..Default::default() },
+        pb::RecordFilter { process_ids: vec![9], device_ids: vec![1], stream_ids: vec![7], ..Default::default() },
+        pb::RecordFilter { name_pattern: "gemm*".into(), ..Default::default() },
+        pb::RecordFilter { name_pattern: "*none*".into(), ..Default::default() },
+        pb::RecordFilter {
+            time_range: Some(pb::TimeRange { start_ns: 8_000_000_000, end_ns: 10_000_000_000 }),
+            ..Default::default()
+        },
+        pb::RecordFilter {
+            time_range: Some(pb::TimeRange { start_ns: 9_000_000_000, end_ns: 0 }),
+            ..Default::default()
+        },
+        pb::RecordFilter {
+            time_range: Some(pb::TimeRange { start_ns: 0, end_ns: 7_500_000_000 }),
+            ..Default::default()
+        },
+    ];
+    for session in [3u64, 4] {
+        let d = Dims::read(&c, session).unwrap();
+        // Rows of each table without a filter.
+        let mut all = Vec::new();
+        for (fi, f) in filters.iter().enumerate() {
+            for (ti, table) in EVENT_TABLES.iter().enumerate() {
+                let w = crate::query::where_for(&c, table, session, f).unwrap();
+                let want: Vec<(i64, i64, i64, [i64; 8])> = c
+                    .prepare(&format!(
+                        "SELECT t.proc, t.start + p.base_ns, t.dur, {} FROM {table} t JOIN processes p ON p.id = t.proc
+                         WHERE {} ORDER BY t.rowid",
+                        view_values(table),
+                        w.sql
+                    ))
+                    .unwrap()
+                    .query_map(params_from_iter(w.params.iter()), |r| {
+                        let mut v = [0; 8];
+                        for (i, x) in v.iter_mut().enumerate() {
+                            *x = r.get(3 + i)?;
+                        }
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, v))
+                    })
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                let mut got = Vec::new();
+                if scan(&c, &d, ti, session, f, |r, dur| {
+                    got.push((r.proc, r.start, dur, r.v));
+                    Ok(())
+                })
+                .is_err()
+                {
+                    panic!("scanning {table}");
+                }
+                assert_eq!(got, want, "{table}, session {session}, filter {fi}: {f:?}");
+                // Every filter keeps some rows (but the name nothing matches), and each that
+                // applies to the table drops some.
+                let expect_none = fi == 7 && *table == "kernel";
+                assert_eq!(got.is_empty(), expect_none, "{table}, filter {fi}: {} rows", got.len());
+                let cl = crate::query::cols(table);
+                let applies = match fi {
+                    0 => false,
+                    3 => cl.dev,
+                    4 => cl.stream,
+                    6 | 7 => cl.name,
+                    8..=10 => cl.time,
+                    _ => true,
+                };
+                if fi == 0 {
+                    all.push(got.len());
+                } else if applies {
+                    assert!(got.len() < all[ti], "{table}, filter {fi}: {} of {} rows", got.len(), all[ti]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! A session's rows of one event table, read from its `_data` table (migration 0008) with
+//! each row's track, shape and kind looked up in maps held here, not joined by SQLite row by
+//! row: the record views' joins were most of an export's SQLite work. The rows are those the
+//! view gives with [`where_for`](crate::query::where_for): the session's rowid range and
+//! tracks, the filter's processes, and its devices, streams and kernel name pattern where the
+//! table has them, and its time range. Rows of a process without a `processes` row (no base
+//! for its times) are left out, as the exports always did.
+
+use std::collections::{HashMap, HashSet};
+
+use gpuprof_proto::api as pb;
+use rusqlite::{Connection, params};
+
+use super::records::{EVENT_TABLES, Rec};
+use crate::query::{NAME_GLOB, cols, rollups};
+
+/// What a row takes from its track.
+struct Track {
+    proc: i64,
+    dev: i64,
+    stream: i64,
+    tid: i64,
+    /// The process's `base_ns` plus the track's `base`: a stored start plus this is ns since
+    /// the epoch.
+    base: i64,
+}
+
+/// The session's tracks, kernel shapes, copy shapes and API kinds, read once per export.
+pub(super) struct Dims {
+    tracks: HashMap<i64, Track>,
+    /// name, gy * 1000 + gz, bx * 1000000 + by * 1000 + bz, regs, ssmem + dsmem.
+    kernel_shapes: HashMap<i64, [i64; 5]>,
+    /// kind, src_dev, dst_dev.
+    memcpy_shapes: HashMap<i64, [i64; 3]>,
+    /// domain, cbid, ret.
+    api_kinds: HashMap<i64, [i64; 3]>,
+}
+
+fn map<const N: usize>(c: &Connection, sql: &str) -> rusqlite::Result<HashMap<i64, [i64; N]>> {
+    let mut st = c.prepare(sql)?;
+    let mut rows = st.query([])?;
+    let mut m = HashMap::new();
+    while let Some(r) = rows.next()? {
+        let mut v = [0; N];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = r.get(i + 1)?;
+        }
+        m.insert(r.get(0)?, v);
+    }
+    Ok(m)
+}
+
+impl Dims {
+    pub(super) fn read(c: &Connection, session: u64) -> rusqlite::Result<Dims> {
+        let mut tracks = HashMap::new();
+        let mut st = c.prepare(
+            "SELECT t.id, t.proc, t.dev, t.stream, t.tid, p.base_ns + t.base FROM tracks t
+             JOIN processes p ON p.id = t.proc WHERE t.session = ?1",
+        )?;
+        let mut rows = st.query([session as i64])?;
+        while let Some(r) = rows.next()? {
+            let t = Track { proc: r.get(1)?, dev: r.get(2)?, stream: r.get(3)?, tid: r.get(4)?, base: r.get(5)? };
+            tracks.insert(r.get(0)?, t);
+        }
+        Ok(Dims {
+            tracks,
+            kernel_shapes: map(
+                c,
+                "SELECT id, name, gy * 1000 + gz, bx * 1000000 + by * 1000 + bz, regs, ssmem + dsmem FROM kernel_shapes",
+            )?,
+            memcpy_shapes: map(c, "SELECT id, kind, src_dev, dst_dev FROM memcpy_shapes")?,
+            api_kinds: map(c, "SELECT id, domain, cbid, ret FROM api_kinds")?,
+        })
+    }
+}
+
+/// The columns read from each table's `_data` rows after track, start and duration.
+fn data_cols(table: &str) -> &'static str {
+    match table {
+        "kernel" => "corr, shape, gx, 0",
+        "memcpy" => "corr, bytes, shape, 0",
+        "memset" => "corr, bytes, value, 0",
+        "graph" => "corr, graph_id, 0, 0",
+        "api" => "corr, kind, 0, 0",
+        "marker" => "name, domain, is_mark, id",
+        "sync" => "corr, type, event, 0",
+        _ => "kind, obj_kind, obj_id, 0",
+    }
+}
+
+/// A record's values (see `Rec::v`) from its track and `data_cols`.
+fn values(table: &str, t: &Track, c: [i64; 4], d: &Dims) -> [i64; 8] {
+    match table {
+        "kernel" => {
+            let s = d.kernel_shapes.get(&c[1]).copied().unwrap_or_default();
+            [t.dev, t.stream, c[0], s[0], c[2].wrapping_mul(1_000_000).wrapping_add(s[1]), s[2], s[3], s[4]]
+        }
+        "memcpy" => {
+            let s = d.memcpy_shapes.get(&c[2]).copied().unwrap_or_default();
+            [t.dev, t.stream, c[0], c[1], s[0], s[1], s[2], 0]
+        }
+        "memset" => [t.dev, t.stream, c[0], c[1], c[2], 0, 0, 0],
+        "graph" => [t.dev, t.stream, c[0], c[1], 0, 0, 0, 0],
+        "api" => {
+            let k = d.api_kinds.get(&c[1]).copied().unwrap_or_default();
+            [t.tid, c[0], k[0], k[1], k[2], 0, 0, 0]
+        }
+        "marker" => [t.tid, c[0], c[1], c[2], c[3], 0, 0, 0],
+        "sync" => [t.stream, c[0], c[1], c[2], 0, 0, 0, 0],
+        _ => [c[0], c[1], c[2], 0, 0, 0, 0, 0],
+    }
+}
+
+/// Calls `each` with every row of `EVENT_TABLES[table]` in the session that passes `f`, as a
+/// record (start in ns since the epoch) and its duration as stored, in rowid order.
+pub(super) fn scan(
+    c: &Connection,
+    d: &Dims,
+    table: usize,
+    session: u64,
+    f: &pb::RecordFilter,
+    mut each: impl FnMut(Rec, i64) -> Result<(), super::out::Stop>,
+) -> Result<(), super::out::Stop> {
+    let name = EVENT_TABLES[table];
+    let (lo, hi) = rollups::rowid_range(c, name, session)?;
+    let cl = cols(name);
+    let procs: HashSet<i64> = f.process_ids.iter().map(|p| *p as i64).collect();
+    let devs: HashSet<i64> = if cl.dev { f.device_ids.iter().map(|x| i64::from(*x)).collect() } else { HashSet::new() };
+    let streams: HashSet<i64> =
+        if cl.stream { f.stream_ids.iter().map(|x| i64::from(*x)).collect() } else { HashSet::new() };
+    let (from, to) = match f.time_range.as_ref().filter(|_| cl.time) {
+        Some(t) => (t.start_ns as i64, if t.end_ns > 0 { t.end_ns as i64 } else { i64::MAX }),
+        None => (0, i64::MAX),
+    };
+    let mut sql =
+        format!("SELECT track, start, dur, {} FROM {name}_data WHERE rowid BETWEEN ?1 AND ?2", data_cols(name));
+    let pattern = (cl.name && !f.name_pattern.is_empty()).then_some(f.name_pattern.as_str());
+    if pattern.is_some() {
+        sql.push_str(&format!(
+            " AND shape IN (SELECT id FROM kernel_shapes WHERE name IN (SELECT id FROM strings WHERE {}))",
+            NAME_GLOB.replace("?", "?3")
+        ));
+    }
+    let mut st = c.prepare(&sql)?;
+    let mut rows = match pattern {
+        Some(p) => st.query(params![lo, hi, p])?,
+        None => st.query(params![lo, hi])?,
+    };
+    while let Some(r) = rows.next()? {
+        let Some(t) = d.tracks.get(&r.get::<_, i64>(0)?) else { continue };
+        if (!procs.is_empty() && !procs.contains(&t.proc))
+            || (!devs.is_empty() && !devs.contains(&t.dev))
+            || (!streams.is_empty() && !streams.contains(&t.stream))
+        {
+            continue;
+        }
+        let start = r.get::<_, i64>(1)? + t.base;
+        let dur: i64 = r.get(2)?;
+        if start + dur < from || start >= to {
+            continue;
+        }
+        let v = values(name, t, [r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?], d);
+        each(Rec { proc: t.proc, start, table, v }, dur)?;
+    }
+    Ok(())
+}
