@@ -1,7 +1,9 @@
 //! The Chrome trace JSON writer: the header, one event per record in (process, start) order
 //! (with the ends of launch arrows), then the names of the trace's processes and threads.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::fasthash::FastMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -120,9 +122,9 @@ struct Trace<'a> {
     first: bool,
     strings: Strings,
     /// String id → JSON string literal.
-    names: HashMap<i64, String>,
+    names: FastMap<i64, String>,
     /// Names made from record fields (API function, copy direction, ...) → JSON string literal.
-    labels: HashMap<(u8, i64, i64), String>,
+    labels: FastMap<(u8, i64, i64), String>,
     /// (process, thread) of every host track used.
     host_threads: BTreeSet<(i64, u64)>,
     /// (process, GPU, stream) of every device track used.
@@ -138,8 +140,8 @@ impl<'a> Trace<'a> {
             t0,
             first: true,
             strings: Strings::default(),
-            names: HashMap::new(),
-            labels: HashMap::new(),
+            names: FastMap::default(),
+            labels: FastMap::default(),
             host_threads: BTreeSet::new(),
             streams: BTreeSet::new(),
         }

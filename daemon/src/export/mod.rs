@@ -27,6 +27,7 @@
 //! client in chunks.
 
 mod chrome;
+mod fasthash;
 mod flows;
 mod json;
 mod out;

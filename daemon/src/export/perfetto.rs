@@ -14,6 +14,8 @@
 //! the samples in each second (from `pc_timeline`), 0 in seconds without any.
 
 use std::collections::HashMap;
+
+use super::fasthash::FastMap;
 use std::path::Path;
 
 use gpuprof_proto::api as pb;
@@ -52,10 +54,10 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
             flows,
             procs,
             gpus,
-            tracks: HashMap::new(),
+            tracks: FastMap::default(),
             strings: Strings::default(),
             first: true,
-            names: HashMap::new(),
+            names: FastMap::default(),
             interned: Some(fixed_names()),
         })
     };
@@ -218,11 +220,11 @@ struct Writer<'a> {
     procs: Procs,
     gpus: Gpus,
     /// Tracks described so far, with their uuids (1, 2, ...).
-    tracks: HashMap<Track, u64>,
+    tracks: FastMap<Track, u64>,
     strings: Strings,
     first: bool,
     /// Event names interned so far, with their iids (1, 2, ...).
-    names: HashMap<Name, u64>,
+    names: FastMap<Name, u64>,
     /// Interned data for the next event's packet: the categories and argument names (on the
     /// first), and the names it is the first to use.
     interned: Option<InternedData>,

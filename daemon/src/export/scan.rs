@@ -6,11 +6,12 @@
 //! table has them, and its time range. Rows of a process without a `processes` row (no base
 //! for its times) are left out, as the exports always did.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use gpuprof_proto::api as pb;
 use rusqlite::{Connection, params};
 
+use super::fasthash::FastMap;
 use super::records::{EVENT_TABLES, Rec};
 use crate::query::{NAME_GLOB, cols, rollups};
 
@@ -27,19 +28,19 @@ struct Track {
 
 /// The session's tracks, kernel shapes, copy shapes and API kinds, read once per export.
 pub(super) struct Dims {
-    tracks: HashMap<i64, Track>,
+    tracks: FastMap<i64, Track>,
     /// name, gy * 1000 + gz, bx * 1000000 + by * 1000 + bz, regs, ssmem + dsmem.
-    kernel_shapes: HashMap<i64, [i64; 5]>,
+    kernel_shapes: FastMap<i64, [i64; 5]>,
     /// kind, src_dev, dst_dev.
-    memcpy_shapes: HashMap<i64, [i64; 3]>,
+    memcpy_shapes: FastMap<i64, [i64; 3]>,
     /// domain, cbid, ret.
-    api_kinds: HashMap<i64, [i64; 3]>,
+    api_kinds: FastMap<i64, [i64; 3]>,
 }
 
-fn map<const N: usize>(c: &Connection, sql: &str) -> rusqlite::Result<HashMap<i64, [i64; N]>> {
+fn map<const N: usize>(c: &Connection, sql: &str) -> rusqlite::Result<FastMap<i64, [i64; N]>> {
     let mut st = c.prepare(sql)?;
     let mut rows = st.query([])?;
-    let mut m = HashMap::new();
+    let mut m = FastMap::default();
     while let Some(r) = rows.next()? {
         let mut v = [0; N];
         for (i, x) in v.iter_mut().enumerate() {
@@ -52,7 +53,7 @@ fn map<const N: usize>(c: &Connection, sql: &str) -> rusqlite::Result<HashMap<i6
 
 impl Dims {
     pub(super) fn read(c: &Connection, session: u64) -> rusqlite::Result<Dims> {
-        let mut tracks = HashMap::new();
+        let mut tracks = FastMap::default();
         let mut st = c.prepare(
             "SELECT t.id, t.proc, t.dev, t.stream, t.tid, p.base_ns + t.base FROM tracks t
              JOIN processes p ON p.id = t.proc WHERE t.session = ?1",
