@@ -10,8 +10,8 @@
 //! writer keeps at most one row group ([`ROW_GROUP`] rows) before its bytes go to the client, so
 //! memory stays bounded whatever the session's size. Files are Snappy-compressed.
 
+use super::fasthash::FastMap;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -392,7 +392,7 @@ fn read_rows(
     pieces: &std::sync::mpsc::SyncSender<Piece>,
 ) -> Result<(), Stop> {
     let mut written = 0u64;
-    let mut names = Names { host: crate::otlp::host_name(), cache: HashMap::new(), api: HashMap::new() };
+    let mut names = Names { host: crate::otlp::host_name(), cache: FastMap::default(), api: FastMap::default() };
     for kind in KINDS {
         let cols = all_columns(kind);
         let (w, params) = where_clause(c, kind, session, f)?;
@@ -510,9 +510,9 @@ fn batch_of(schema: &Arc<Schema>, builders: &mut [Builder], tx: &Tx) -> Result<R
 /// Interned strings of one export, as shown and as stored, read once each.
 struct Names {
     host: String,
-    cache: HashMap<i64, (String, String)>,
+    cache: FastMap<i64, (String, String)>,
     /// API function names by `domain << 32 | cbid`.
-    api: HashMap<i64, String>,
+    api: FastMap<i64, String>,
 }
 
 impl Names {
