@@ -129,9 +129,13 @@ pub(super) fn scan(
     let devs: HashSet<i64> = if cl.dev { f.device_ids.iter().map(|x| i64::from(*x)).collect() } else { HashSet::new() };
     let streams: HashSet<i64> =
         if cl.stream { f.stream_ids.iter().map(|x| i64::from(*x)).collect() } else { HashSet::new() };
+    // Rows ending before `from` or starting at or after `to` are left out (0: no bound).
     let (from, to) = match f.time_range.as_ref().filter(|_| cl.time) {
-        Some(t) => (t.start_ns as i64, if t.end_ns > 0 { t.end_ns as i64 } else { i64::MAX }),
-        None => (0, i64::MAX),
+        Some(t) => (
+            if t.start_ns > 0 { t.start_ns as i64 } else { i64::MIN },
+            if t.end_ns > 0 { t.end_ns as i64 } else { i64::MAX },
+        ),
+        None => (i64::MIN, i64::MAX),
     };
     let mut sql =
         format!("SELECT track, start, dur, {} FROM {name}_data WHERE rowid BETWEEN ?1 AND ?2", data_cols(name));
@@ -157,7 +161,7 @@ pub(super) fn scan(
         }
         let start = r.get::<_, i64>(1)? + t.base;
         let dur: i64 = r.get(2)?;
-        if start + dur < from || start >= to {
+        if start.saturating_add(dur) < from || start >= to {
             continue;
         }
         let v = values(name, t, [r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?], d);
