@@ -32,6 +32,7 @@ mod flows;
 mod json;
 mod out;
 mod parquet_files;
+mod parquet_rows;
 mod perfetto;
 pub mod pprof;
 mod records;

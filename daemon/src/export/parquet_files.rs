@@ -4,8 +4,11 @@
 //! Columns are plain: the node's host name first (so that files from many nodes can be read
 //! together), ids as integers, times as ns since the Unix epoch (`start_ns`, `end_ns`,
 //! `duration_ns`), interned names as strings (kernel names demangled in `name`, as CUPTI
-//! reported them in `mangled_name`), enums as their names beside the numbers. Each table is
-//! read with one cursor; rows go into Arrow builders of [`BATCH`] rows, handed to a second
+//! reported them in `mangled_name`), enums as their names beside the numbers. Each kind is
+//! read with one cursor, from its `_data` table where it has one (see [`super::parquet_rows`]:
+//! the columns' expressions below are resolved to the row, its track, process and shape, as
+//! the view would join them), by SQL over its table otherwise (contexts, streams, PC samples);
+//! rows go into Arrow builders of [`BATCH`] rows, handed to a second
 //! thread that encodes and sends them (at most two batches between the two), and the Parquet
 //! writer keeps at most one row group ([`ROW_GROUP`] rows) before its bytes go to the client, so
 //! memory stays bounded whatever the session's size. Files are Snappy-compressed.
@@ -27,6 +30,7 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, params_from_iter};
 
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
+use super::parquet_rows::{plan, rows};
 use crate::error::ApiError;
 use crate::query::{NAME_GLOB, copy_kind_name, names, sync_type_name, where_for};
 
@@ -395,28 +399,24 @@ fn read_rows(
     let mut names = Names { host: crate::otlp::host_name(), cache: FastMap::default(), api: FastMap::default() };
     for kind in KINDS {
         let cols = all_columns(kind);
-        let (w, params) = where_clause(c, kind, session, f)?;
-        let select = cols.iter().map(|(_, e, _)| *e).collect::<Vec<_>>().join(", ");
-        let mut st =
-            c.prepare(&format!("SELECT {select} FROM {kind} t JOIN processes p ON p.id = t.proc WHERE {w}"))?;
-        let mut rows = st.query(params_from_iter(params.iter()))?;
         let schema = schema(&cols);
         let mut builders: Vec<Builder> = cols.iter().map(|(_, _, conv)| Builder::new(*conv)).collect();
-        let (mut started, mut in_batch) = (false, 0usize);
-        while let Some(r) = rows.next()? {
+        let (mut started, mut in_batch, mut gone) = (false, 0usize, false);
+        // One row's column values into the builders; the file starts with its first row.
+        let mut push = |v: &[i64]| -> Result<(), Stop> {
             if !started {
                 started = true;
                 let file = Piece::File(format!("{kind}.parquet"), schema.clone(), Box::new(properties(&cols)), written);
                 if pieces.send(file).is_err() {
-                    return Ok(());
+                    gone = true;
+                    return Err(Stop::ClientGone);
                 }
             }
-            for (i, ((_, _, conv), b)) in cols.iter().zip(builders.iter_mut()).enumerate() {
-                let v: i64 = r.get(i)?;
+            for (((_, _, conv), b), x) in cols.iter().zip(builders.iter_mut()).zip(v) {
                 match b {
-                    Builder::Int(b) => b.append_value(v),
-                    Builder::Bool(b) => b.append_value(v != 0),
-                    Builder::Str(b) => b.append_value(names.text(c, *conv, v)?),
+                    Builder::Int(b) => b.append_value(*x),
+                    Builder::Bool(b) => b.append_value(*x != 0),
+                    Builder::Str(b) => b.append_value(names.text(c, *conv, *x)?),
                 }
             }
             in_batch += 1;
@@ -424,9 +424,39 @@ fn read_rows(
                 written += in_batch as u64;
                 in_batch = 0;
                 if pieces.send(Piece::Batch(batch_of(&schema, &mut builders, tx)?, written)).is_err() {
-                    return Ok(());
+                    gone = true;
+                    return Err(Stop::ClientGone);
                 }
             }
+            Ok(())
+        };
+        let exprs: Vec<&str> = cols.iter().map(|(_, e, _)| *e).collect();
+        let read = match plan(c, kind, &exprs)? {
+            Some(p) => rows(c, &p, session, f, &mut push),
+            None => {
+                let (w, params) = where_clause(c, kind, session, f)?;
+                let sql =
+                    format!("SELECT {} FROM {kind} t JOIN processes p ON p.id = t.proc WHERE {w}", exprs.join(", "));
+                let mut st = c.prepare(&sql)?;
+                let mut rows = st.query(params_from_iter(params.iter()))?;
+                let mut v = vec![0i64; cols.len()];
+                let mut read = Ok(());
+                while let Some(r) = rows.next()? {
+                    for (i, x) in v.iter_mut().enumerate() {
+                        *x = r.get(i)?;
+                    }
+                    read = push(&v);
+                    if read.is_err() {
+                        break;
+                    }
+                }
+                read
+            }
+        };
+        match read {
+            Err(_) if gone => return Ok(()),
+            Err(e) => return Err(e),
+            Ok(()) => {}
         }
         if !started {
             continue;

@@ -9,21 +9,123 @@
 use std::collections::HashSet;
 
 use gpuprof_proto::api as pb;
-use rusqlite::{Connection, params};
+use rusqlite::types::Value;
+use rusqlite::{Connection, params_from_iter};
 
 use super::fasthash::FastMap;
 use super::records::{EVENT_TABLES, Rec};
 use crate::query::{NAME_GLOB, cols, rollups};
 
-/// What a row takes from its track.
-struct Track {
-    proc: i64,
-    dev: i64,
-    stream: i64,
-    tid: i64,
+/// What a row takes from its track (and the track's process).
+pub(super) struct Track {
+    pub(super) session: i64,
+    pub(super) proc: i64,
+    pub(super) dev: i64,
+    pub(super) ctx: i64,
+    pub(super) stream: i64,
+    pub(super) tid: i64,
+    /// The process's pid.
+    pub(super) pid: i64,
     /// The process's `base_ns` plus the track's `base`: a stored start plus this is ns since
     /// the epoch.
-    base: i64,
+    pub(super) base: i64,
+}
+
+/// The session's tracks by id, of processes with a `processes` row.
+pub(super) fn tracks(c: &Connection, session: u64) -> rusqlite::Result<FastMap<i64, Track>> {
+    let mut tracks = FastMap::default();
+    let mut st = c.prepare(
+        "SELECT t.id, t.session, t.proc, t.dev, t.ctx, t.stream, t.tid, p.pid, p.base_ns + t.base FROM tracks t
+         JOIN processes p ON p.id = t.proc WHERE t.session = ?1",
+    )?;
+    let mut rows = st.query([session as i64])?;
+    while let Some(r) = rows.next()? {
+        let t = Track {
+            session: r.get(1)?,
+            proc: r.get(2)?,
+            dev: r.get(3)?,
+            ctx: r.get(4)?,
+            stream: r.get(5)?,
+            tid: r.get(6)?,
+            pid: r.get(7)?,
+            base: r.get(8)?,
+        };
+        tracks.insert(r.get(0)?, t);
+    }
+    Ok(tracks)
+}
+
+/// Which rows of a table pass a filter: SQLite bounds the rowids (and matches kernel names),
+/// [`Filter::keeps`] the rest by the row's track and times.
+pub(super) struct Filter {
+    table: &'static str,
+    lo: i64,
+    hi: i64,
+    procs: HashSet<i64>,
+    devs: HashSet<i64>,
+    streams: HashSet<i64>,
+    /// Rows ending before `from` or starting at or after `to` are left out.
+    from: i64,
+    to: i64,
+    pattern: Option<String>,
+}
+
+impl Filter {
+    pub(super) fn new(
+        c: &Connection,
+        table: &'static str,
+        session: u64,
+        f: &pb::RecordFilter,
+    ) -> rusqlite::Result<Filter> {
+        let (lo, hi) = rollups::rowid_range(c, table, session)?;
+        let cl = cols(table);
+        let list = |on: bool, ids: &[u32]| -> HashSet<i64> {
+            if on { ids.iter().map(|x| i64::from(*x)).collect() } else { HashSet::new() }
+        };
+        let (from, to) = match f.time_range.as_ref().filter(|_| cl.time) {
+            Some(t) => (
+                if t.start_ns > 0 { t.start_ns as i64 } else { i64::MIN },
+                if t.end_ns > 0 { t.end_ns as i64 } else { i64::MAX },
+            ),
+            None => (i64::MIN, i64::MAX),
+        };
+        Ok(Filter {
+            table,
+            lo,
+            hi,
+            procs: f.process_ids.iter().map(|p| *p as i64).collect(),
+            devs: list(cl.dev, &f.device_ids),
+            streams: list(cl.stream, &f.stream_ids),
+            from,
+            to,
+            pattern: (cl.name && !f.name_pattern.is_empty()).then(|| f.name_pattern.clone()),
+        })
+    }
+
+    /// The statement reading `cols` after the track id from the table's `_data` rows, and its
+    /// parameters.
+    pub(super) fn select(&self, cols: &str) -> (String, Vec<Value>) {
+        let mut sql = format!("SELECT track, {cols} FROM {}_data WHERE rowid BETWEEN ?1 AND ?2", self.table);
+        let mut params = vec![Value::Integer(self.lo), Value::Integer(self.hi)];
+        if let Some(p) = &self.pattern {
+            sql.push_str(&format!(
+                " AND shape IN (SELECT id FROM kernel_shapes WHERE name IN (SELECT id FROM strings WHERE {}))",
+                NAME_GLOB.replace("?", "?3")
+            ));
+            params.push(Value::Text(p.clone()));
+        }
+        (sql, params)
+    }
+
+    /// Whether a row of track `t` starting at `start` (ns since the epoch) and lasting `dur`
+    /// passes (untimed tables: any times).
+    pub(super) fn keeps(&self, t: &Track, start: i64, dur: i64) -> bool {
+        (self.procs.is_empty() || self.procs.contains(&t.proc))
+            && (self.devs.is_empty() || self.devs.contains(&t.dev))
+            && (self.streams.is_empty() || self.streams.contains(&t.stream))
+            && start.saturating_add(dur) >= self.from
+            && start < self.to
+    }
 }
 
 /// The session's tracks, kernel shapes, copy shapes and API kinds, read once per export.
@@ -53,18 +155,8 @@ fn map<const N: usize>(c: &Connection, sql: &str) -> rusqlite::Result<FastMap<i6
 
 impl Dims {
     pub(super) fn read(c: &Connection, session: u64) -> rusqlite::Result<Dims> {
-        let mut tracks = FastMap::default();
-        let mut st = c.prepare(
-            "SELECT t.id, t.proc, t.dev, t.stream, t.tid, p.base_ns + t.base FROM tracks t
-             JOIN processes p ON p.id = t.proc WHERE t.session = ?1",
-        )?;
-        let mut rows = st.query([session as i64])?;
-        while let Some(r) = rows.next()? {
-            let t = Track { proc: r.get(1)?, dev: r.get(2)?, stream: r.get(3)?, tid: r.get(4)?, base: r.get(5)? };
-            tracks.insert(r.get(0)?, t);
-        }
         Ok(Dims {
-            tracks,
+            tracks: tracks(c, session)?,
             kernel_shapes: map(
                 c,
                 "SELECT id, name, gy * 1000 + gz, bx * 1000000 + by * 1000 + bz, regs, ssmem + dsmem FROM kernel_shapes",
@@ -123,45 +215,15 @@ pub(super) fn scan(
     mut each: impl FnMut(Rec, i64) -> Result<(), super::out::Stop>,
 ) -> Result<(), super::out::Stop> {
     let name = EVENT_TABLES[table];
-    let (lo, hi) = rollups::rowid_range(c, name, session)?;
-    let cl = cols(name);
-    let procs: HashSet<i64> = f.process_ids.iter().map(|p| *p as i64).collect();
-    let devs: HashSet<i64> = if cl.dev { f.device_ids.iter().map(|x| i64::from(*x)).collect() } else { HashSet::new() };
-    let streams: HashSet<i64> =
-        if cl.stream { f.stream_ids.iter().map(|x| i64::from(*x)).collect() } else { HashSet::new() };
-    // Rows ending before `from` or starting at or after `to` are left out (0: no bound).
-    let (from, to) = match f.time_range.as_ref().filter(|_| cl.time) {
-        Some(t) => (
-            if t.start_ns > 0 { t.start_ns as i64 } else { i64::MIN },
-            if t.end_ns > 0 { t.end_ns as i64 } else { i64::MAX },
-        ),
-        None => (i64::MIN, i64::MAX),
-    };
-    let mut sql =
-        format!("SELECT track, start, dur, {} FROM {name}_data WHERE rowid BETWEEN ?1 AND ?2", data_cols(name));
-    let pattern = (cl.name && !f.name_pattern.is_empty()).then_some(f.name_pattern.as_str());
-    if pattern.is_some() {
-        sql.push_str(&format!(
-            " AND shape IN (SELECT id FROM kernel_shapes WHERE name IN (SELECT id FROM strings WHERE {}))",
-            NAME_GLOB.replace("?", "?3")
-        ));
-    }
+    let filter = Filter::new(c, name, session, f)?;
+    let (sql, params) = filter.select(&format!("start, dur, {}", data_cols(name)));
     let mut st = c.prepare(&sql)?;
-    let mut rows = match pattern {
-        Some(p) => st.query(params![lo, hi, p])?,
-        None => st.query(params![lo, hi])?,
-    };
+    let mut rows = st.query(params_from_iter(params))?;
     while let Some(r) = rows.next()? {
         let Some(t) = d.tracks.get(&r.get::<_, i64>(0)?) else { continue };
-        if (!procs.is_empty() && !procs.contains(&t.proc))
-            || (!devs.is_empty() && !devs.contains(&t.dev))
-            || (!streams.is_empty() && !streams.contains(&t.stream))
-        {
-            continue;
-        }
         let start = r.get::<_, i64>(1)? + t.base;
         let dur: i64 = r.get(2)?;
-        if start.saturating_add(dur) < from || start >= to {
+        if !filter.keeps(t, start, dur) {
             continue;
         }
         let v = values(name, t, [r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?], d);

@@ -46,8 +46,8 @@ fn view_values(table: &str) -> &'static str {
     }
 }
 
-/// Each event table's `_data` columns after track, start and duration, and how many values
-/// each takes (0: any small integer).
+/// Each record table's `_data` columns after track (and start and duration, but for external
+/// correlations), and how many values each takes (0: any small integer).
 const DATA: &[(&str, &[(&str, i64)])] = &[
     ("kernel", &[("corr", 0), ("shape", 2), ("gx", 0)]),
     ("memcpy", &[("corr", 0), ("bytes", 0), ("shape", 2)]),
@@ -57,18 +57,15 @@ const DATA: &[(&str, &[(&str, i64)])] = &[
     ("marker", &[("id", 0), ("name", 3), ("domain", 3), ("is_mark", 2)]),
     ("sync", &[("type", 0), ("event", 0), ("corr", 0)]),
     ("overhead", &[("kind", 0), ("obj_kind", 0), ("obj_id", 0)]),
+    ("external_correlation", &[("ext_kind", 0), ("ext_id", 0), ("corr", 0)]),
 ];
 
-/// The export's scans of the `_data` tables give, for every event table and filter, the rows
-/// the record views give with `where_for` (joined to `processes`, as the exports always
-/// required), in the same order and with the same values.
-#[test]
-fn scans_give_the_rows_the_views_give() {
-    use gpuprof_proto::api as pb;
+/// A database of two sessions (3 and 4) whose tracks cover three processes (11 without a
+/// `processes` row), two devices, two streams, three threads and two bases, with 300 rows of
+/// varied values in each record table with tracks, and two kernel shapes, copy shapes and API
+/// kinds.
+pub(super) fn varied_db() -> (tempfile::TempDir, rusqlite::Connection) {
     use rusqlite::params_from_iter;
-
-    use super::records::EVENT_TABLES;
-    use super::scan::{Dims, scan};
 
     let dir = tempfile::tempdir().unwrap();
     let cfg = crate::config::Config::from_toml("").unwrap().storage;
@@ -110,19 +107,29 @@ fn scans_give_the_rows_the_views_give() {
         (x % n as u64) as i64
     };
     for (table, cols) in DATA {
-        let names: Vec<&str> = cols.iter().map(|(n, _)| *n).collect();
-        let sql = format!(
-            "INSERT INTO {table}_data(track, start, dur, {}) VALUES (?, ?, ?{})",
-            names.join(", "),
-            ", ?".repeat(names.len())
-        );
+        let timed = *table != "external_correlation";
+        let mut names: Vec<&str> = if timed { vec!["track", "start", "dur"] } else { vec!["track"] };
+        names.extend(cols.iter().map(|(n, _)| *n));
+        let sql = format!("INSERT INTO {table}_data({}) VALUES (?{})", names.join(", "), ", ?".repeat(names.len() - 1));
         for _ in 0..300 {
-            let mut v = vec![1 + rand(tracks), rand(1 << 32) - (1 << 31), rand(3_000_000_000)];
+            let mut v = vec![1 + rand(tracks)];
+            if timed {
+                v.extend([rand(1 << 32) - (1 << 31), rand(3_000_000_000)]);
+            }
             v.extend(cols.iter().map(|(_, n)| if *n > 0 { 1 + rand(*n) } else { rand(40) }));
             c.execute(&sql, params_from_iter(v)).unwrap();
         }
     }
-    let filters = [
+    (dir, c)
+}
+
+/// Filters of each kind (the index is what the tests' messages name): none; processes;
+/// processes, one without a `processes` row; a device; a stream; all three; a kernel name
+/// pattern; one nothing matches; a time range; its start only; its end only.
+pub(super) fn filters() -> Vec<gpuprof_proto::api::RecordFilter> {
+    use gpuprof_proto::api as pb;
+
+    vec![
         pb::RecordFilter::default(),
         pb::RecordFilter { process_ids: vec![10], ..Default::default() },
         pb::RecordFilter { process_ids: vec![9, 11], ..Default::default() },
@@ -143,7 +150,21 @@ fn scans_give_the_rows_the_views_give() {
             time_range: Some(pb::TimeRange { start_ns: 0, end_ns: 7_500_000_000 }),
             ..Default::default()
         },
-    ];
+    ]
+}
+
+/// The export's scans of the `_data` tables give, for every event table and filter, the rows
+/// the record views give with `where_for` (joined to `processes`, as the exports always
+/// required), in the same order and with the same values.
+#[test]
+fn scans_give_the_rows_the_views_give() {
+    use rusqlite::params_from_iter;
+
+    use super::records::EVENT_TABLES;
+    use super::scan::{Dims, scan};
+
+    let (_dir, c) = varied_db();
+    let filters = filters();
     for session in [3u64, 4] {
         let d = Dims::read(&c, session).unwrap();
         // Rows of each table without a filter.

@@ -79,3 +79,52 @@ fn a_file_streams_in_chunks_the_first_naming_it_and_reads_back() {
     assert_eq!(sum, (0..n as i64).map(|i| i * 7919).sum::<i64>());
     assert_eq!(marks, n.div_ceil(2));
 }
+
+/// The Parquet files' columns read from the `_data` tables (`parquet_rows`) are, for every
+/// kind stored there and every filter, the values the columns' SQL expressions give over the
+/// kind's view with `where_for`, row for row in the same order; the kinds without a `_data`
+/// table are read by SQL.
+#[test]
+fn columns_from_data_tables_are_the_views() {
+    use crate::export::tests::{filters, varied_db};
+
+    let (_dir, c) = varied_db();
+    let mut planned = Vec::new();
+    for kind in KINDS {
+        let cols = all_columns(kind);
+        let exprs: Vec<&str> = cols.iter().map(|(_, e, _)| *e).collect();
+        let Ok(p) = plan(&c, kind, &exprs) else { panic!("{kind}: a column without a source") };
+        let Some(p) = p else { continue };
+        planned.push(*kind);
+        for session in [3u64, 4] {
+            let mut all = None;
+            for (fi, f) in filters().iter().enumerate() {
+                let (w, params) = where_clause(&c, kind, session, f).unwrap();
+                let want: Vec<Vec<i64>> = c
+                    .prepare(&format!(
+                        "SELECT {} FROM {kind} t JOIN processes p ON p.id = t.proc WHERE {w} ORDER BY t.rowid",
+                        exprs.join(", ")
+                    ))
+                    .unwrap()
+                    .query_map(params_from_iter(params.iter()), |r| (0..exprs.len()).map(|i| r.get(i)).collect())
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                let mut got = Vec::new();
+                if rows(&c, &p, session, f, |v| {
+                    got.push(v.to_vec());
+                    Ok(())
+                })
+                .is_err()
+                {
+                    panic!("reading {kind}");
+                }
+                assert_eq!(got, want, "{kind}, session {session}, filter {fi}");
+                let n = *all.get_or_insert(got.len());
+                assert!(n > 0 && got.len() <= n, "{kind}, filter {fi}: {} of {n} rows", got.len());
+            }
+        }
+    }
+    let want = ["kernel", "memcpy", "memset", "graph", "api", "sync", "marker", "overhead", "external_correlation"];
+    assert_eq!(planned, want);
+}
