@@ -33,6 +33,11 @@ struct Args {
     /// that long: its starts are that far from its base).
     #[arg(long, default_value_t = 0)]
     process_age_secs: u64,
+    /// Track ids start at this number, as on a node that has run a while: ids are never
+    /// reused, and a busy stream starts a track row every 4.3 s of its records (about 20,000 a
+    /// day). 0: a new database's (1).
+    #[arg(long, default_value_t = 0)]
+    first_track_id: i64,
     /// Keep the state directory (and the plain loop's database) here instead of a temporary one.
     #[arg(long)]
     state_dir: Option<std::path::PathBuf>,
@@ -68,6 +73,14 @@ fn main() -> Result<()> {
     let d = TestDaemon::start(&dir)?;
     std::thread::sleep(Duration::from_millis(300));
     let (_, idle_rss) = d.rss();
+    if args.first_track_id > 1 {
+        let c = Connection::open(d.db_path())?;
+        c.busy_timeout(Duration::from_secs(5))?;
+        let seq = args.first_track_id - 1;
+        if c.execute("UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'tracks'", [seq])? == 0 {
+            c.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('tracks', ?1)", [seq])?;
+        }
+    }
     // Agents pre-encode their frames so the benchmark measures the daemon, not the generator.
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(args.agents as usize + 1));
     let handles: Vec<_> = (0..args.agents)
