@@ -5,8 +5,7 @@ use gpuprof_proto::api as pb;
 use rusqlite::Connection;
 
 use super::out::Stop;
-use super::records::EVENT_TABLES;
-use super::scan::{Dims, scan};
+use super::scan::{Dims, corrs};
 
 /// Flow key: process and correlation id.
 pub(super) fn key(proc: i64, corr: i64) -> u64 {
@@ -32,16 +31,12 @@ impl Flows {
     pub(super) fn build(c: &Connection, session: u64, f: &pb::RecordFilter) -> Result<(Flows, i64), Stop> {
         let d = Dims::read(c, session)?;
         let mut first = i64::MAX;
-        let mut keys_of = |table: &str, each: &mut dyn FnMut(u64)| -> Result<(), Stop> {
-            let i = EVENT_TABLES.iter().position(|t| *t == table).unwrap_or_default();
-            // The correlation id's place among the record's values (see `scan::values`).
-            let at = if table == "api" { 1 } else { 2 };
-            scan(c, &d, i, session, f, |r, _| {
-                first = first.min(r.start);
-                if r.v[at] != 0 {
-                    each(key(r.proc, r.v[at]));
+        let mut keys_of = |table: &'static str, each: &mut dyn FnMut(u64)| {
+            corrs(c, &d, table, session, f, |proc, start, corr| {
+                first = first.min(start);
+                if corr != 0 {
+                    each(key(proc, corr));
                 }
-                Ok(())
             })
         };
         let mut api = Vec::new();

@@ -260,7 +260,14 @@ fn text(name: Arg, v: String) -> DebugAnnotation {
 
 /// "x×y×z" from the stored x * 10^6 + y * 10^3 + z.
 fn dim3(v: i64) -> String {
-    format!("{}×{}×{}", v / 1_000_000, v / 1000 % 1000, v % 1000)
+    let mut s = String::with_capacity(24);
+    let mut b = itoa::Buffer::new();
+    s.push_str(b.format(v / 1_000_000));
+    s.push('×');
+    s.push_str(b.format(v / 1000 % 1000));
+    s.push('×');
+    s.push_str(b.format(v % 1000));
+    s
 }
 
 impl Writer<'_> {

@@ -231,3 +231,28 @@ pub(super) fn scan(
     }
     Ok(())
 }
+
+/// Calls `each` with the process, start (ns since the epoch) and correlation id of every row
+/// of `table` (a table with a `corr` column) in the session that passes `f`, in rowid order:
+/// what the flows need, without the rest of the record.
+pub(super) fn corrs(
+    c: &Connection,
+    d: &Dims,
+    table: &'static str,
+    session: u64,
+    f: &pb::RecordFilter,
+    mut each: impl FnMut(i64, i64, i64),
+) -> rusqlite::Result<()> {
+    let filter = Filter::new(c, table, session, f)?;
+    let (sql, params) = filter.select("start, dur, corr");
+    let mut st = c.prepare(&sql)?;
+    let mut rows = st.query(params_from_iter(params))?;
+    while let Some(r) = rows.next()? {
+        let Some(t) = d.tracks.get(&r.get::<_, i64>(0)?) else { continue };
+        let start = r.get::<_, i64>(1)? + t.base;
+        if filter.keeps(t, start, r.get(2)?) {
+            each(t.proc, start, r.get(3)?);
+        }
+    }
+    Ok(())
+}

@@ -200,6 +200,14 @@ fn scans_give_the_rows_the_views_give() {
                     panic!("scanning {table}");
                 }
                 assert_eq!(got, want, "{table}, session {session}, filter {fi}: {f:?}");
+                // The flows' pass gives the same rows' processes, starts and correlation ids.
+                if super::flows::FLOW_TABLES.contains(table) {
+                    let at = if *table == "api" { 1 } else { 2 };
+                    let want: Vec<(i64, i64, i64)> = want.iter().map(|w| (w.0, w.1, w.3[at])).collect();
+                    let mut got = Vec::new();
+                    super::scan::corrs(&c, &d, table, session, f, |p, s, corr| got.push((p, s, corr))).unwrap();
+                    assert_eq!(got, want, "corrs of {table}, session {session}, filter {fi}");
+                }
                 // Every filter keeps some rows (but the name nothing matches), and each that
                 // applies to the table drops some.
                 let expect_none = fi == 7 && *table == "kernel";
