@@ -8,7 +8,8 @@
 #             kernel rows, once under CUDA_INJECTION64_PATH and once under LD_PRELOAD;
 #   matmul    PyTorch: exactly 100 bf16 8192x8192 matmuls and copies of known sizes; the stored
 #             trace has the 100 GEMM kernels, the copies with their byte counts, and every GEMM
-#             joined to its launch API record by correlation id;
+#             joined to its launch API record by correlation id; its Chrome export has every
+#             kernel, the GEMMs each at the end of a launch flow from an API call;
 #   nvtx      PyTorch NVTX ranges and marks (NVTX_INJECTION64_PATH): exactly the ranges pushed and
 #             the marks made are stored, with their names;
 #   coexist   torch.profiler inside an injected process still records (>= 90% of) its CUDA
@@ -186,6 +187,25 @@ EOF
   res=$(grep -c "RESULT ok" "$STATE/matmul.check")
   pass_if "PyTorch: 100 GEMM kernels, all joined to their launch API record, 3 known copies" "$res" \
     "$(head -1 "$STATE/matmul.check"); $(sed -n 3p "$STATE/matmul.check"); exit $rc"
+  # The same session as a Chrome trace: every stored kernel an event, the 100 GEMMs among them,
+  # each the end of a launch flow that starts at an API call of its process.
+  "${CTL[@]}" export "$s" --format chrome -o "$STATE/matmul.json" | tee -a "$STATE/run_matmul.log"
+  "$PY" - "$STATE/matmul.jsonl" "$STATE/matmul.json" <<'EOF' | tee "$STATE/matmul_export.check"
+import json, re, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+kernels = sum(1 for r in recs if r["kind"] == "kernel")
+ev = json.load(open(sys.argv[2]))["traceEvents"]
+k = [e for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X"]
+gemm = [e for e in k if re.search(r"gemm|nvjet|xmma|cutlass|sm90_", e["name"], re.I)]
+starts = {(e["pid"] // 1000, e["id"]) for e in ev if e.get("ph") == "s"}
+ends = {(e["pid"], e["tid"], e["ts"]): e["id"] for e in ev if e.get("ph") == "f"}
+flowed = [g for g in gemm if (g["pid"] // 1000, ends.get((g["pid"], g["tid"], g["ts"]))) in starts]
+print(f"chrome kernel_events={len(k)} stored_kernels={kernels} gemm_events={len(gemm)} gemm_with_launch_flow={len(flowed)}")
+print("RESULT", "ok" if len(k) == kernels and len(gemm) == 100 and len(flowed) == 100 else "bad")
+EOF
+  res=$(grep -c "RESULT ok" "$STATE/matmul_export.check")
+  pass_if "PyTorch: the Chrome export has every kernel, the 100 GEMMs each at the end of a launch flow" "$res" \
+    "$(head -1 "$STATE/matmul_export.check")"
 fi
 
 # ---------------------------------------------------------------- nvtx
