@@ -4,7 +4,8 @@
 //! view gives with [`where_for`](crate::query::where_for): the session's rowid range and
 //! tracks, the filter's processes, and its devices, streams and kernel name pattern where the
 //! table has them, and its time range. Rows of a process without a `processes` row (no base
-//! for its times) are left out, as the exports always did.
+//! for its times) are left out, as the exports always did. [`tracks`] and [`Filter`] serve
+//! the Parquet reader (`parquet_rows`) too, and [`corrs`] the flows' pass.
 
 use std::collections::HashSet;
 
