@@ -14,6 +14,7 @@ use super::flows::{Flows, key};
 use super::json::{Buf, json_str, us};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
 use super::records::{EVENT_TABLES, Rec, each_record, first_start_beyond_flows};
+use super::scan::Dims;
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// Synthetic thread ids of per-process host tracks.
@@ -30,9 +31,10 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> 
     let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
     let procs = session_procs(&c, session)?;
     let start = || {
-        let (flows, first) = Flows::build(&c, session, f)?;
+        let d = Dims::read(&c, session)?;
+        let (flows, first) = Flows::build(&c, &d, session, f)?;
         // Times are relative to the earliest record (0 when there is none).
-        let t0 = match first.min(first_start_beyond_flows(&c, session, f)?) {
+        let t0 = match first.min(first_start_beyond_flows(&c, &d, session, f)?) {
             i64::MAX => 0,
             t0 => t0,
         };

@@ -28,11 +28,10 @@ impl Flows {
     /// The flows of the session's rows that pass `f`, and the earliest start (ns since the
     /// epoch) of those rows of [`FLOW_TABLES`], `i64::MAX` when there is none: one pass over
     /// each table gives both.
-    pub(super) fn build(c: &Connection, session: u64, f: &pb::RecordFilter) -> Result<(Flows, i64), Stop> {
-        let d = Dims::read(c, session)?;
+    pub(super) fn build(c: &Connection, d: &Dims, session: u64, f: &pb::RecordFilter) -> Result<(Flows, i64), Stop> {
         let mut first = i64::MAX;
         let mut keys_of = |table: &'static str, each: &mut dyn FnMut(u64)| {
-            corrs(c, &d, table, session, f, |proc, start, corr| {
+            corrs(c, d, table, session, f, |proc, start, corr| {
                 first = first.min(start);
                 if corr != 0 {
                     each(key(proc, corr));

@@ -397,6 +397,8 @@ fn read_rows(
 ) -> Result<(), Stop> {
     let mut written = 0u64;
     let mut names = Names { host: crate::otlp::host_name(), cache: FastMap::default(), api: FastMap::default() };
+    // The session's tracks, for every kind read from a `_data` table.
+    let tracks = super::scan::tracks(c, session)?;
     for kind in KINDS {
         let cols = all_columns(kind);
         let schema = schema(&cols);
@@ -432,7 +434,7 @@ fn read_rows(
         };
         let exprs: Vec<&str> = cols.iter().map(|(_, e, _)| *e).collect();
         let read = match plan(c, kind, &exprs)? {
-            Some(p) => rows(c, &p, session, f, &mut push),
+            Some(p) => rows(c, &tracks, &p, session, f, &mut push),
             None => {
                 let (w, params) = where_clause(c, kind, session, f)?;
                 let sql =

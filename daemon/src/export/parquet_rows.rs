@@ -10,10 +10,10 @@ use rusqlite::{Connection, params_from_iter};
 
 use super::fasthash::FastMap;
 use super::out::Stop;
-use super::scan::{Filter, Track, tracks};
+use super::scan::{Filter, Track};
 
 /// Where a column's value comes from.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 enum Src {
     Const(i64),
     Session,
@@ -31,8 +31,8 @@ enum Src {
     Data(usize),
     /// The n-th column of the row's shape or API kind.
     Dim(usize),
-    /// `domain << 32 | cbid` of the API kind.
-    ApiName,
+    /// `domain << 32 | cbid` of the API kind, from its columns at these places.
+    ApiName(usize, usize),
 }
 
 /// The table a kind's `_data` rows point into for the rest of their columns, and the column
@@ -43,6 +43,17 @@ fn dim_table(kind: &str) -> Option<(&'static str, &'static str)> {
         "memcpy" => Some(("memcpy_shapes", "shape")),
         "api" => Some(("api_kinds", "kind")),
         _ => None,
+    }
+}
+
+/// The index of `col` in `list`, appended if it is not there yet.
+fn place(list: &mut Vec<String>, col: &str) -> usize {
+    match list.iter().position(|c| c == col) {
+        Some(i) => i,
+        None => {
+            list.push(col.to_string());
+            list.len() - 1
+        }
     }
 }
 
@@ -75,15 +86,8 @@ pub(super) fn plan(c: &Connection, kind: &'static str, exprs: &[&str]) -> Result
         None => (Vec::new(), None),
     };
     let mut data: Vec<String> = Vec::new();
-    let at = |col: &str, data: &mut Vec<String>| match data.iter().position(|d| d == col) {
-        Some(i) => i,
-        None => {
-            data.push(col.to_string());
-            data.len() - 1
-        }
-    };
-    let times = own.iter().any(|c| c == "start").then(|| (at("start", &mut data), at("dur", &mut data)));
     let mut dim_used: Vec<String> = Vec::new();
+    let times = own.iter().any(|c| c == "start").then(|| (place(&mut data, "start"), place(&mut data, "dur")));
     let mut srcs = Vec::with_capacity(exprs.len());
     for e in exprs {
         let src = match *e {
@@ -91,7 +95,9 @@ pub(super) fn plan(c: &Connection, kind: &'static str, exprs: &[&str]) -> Result
             "p.pid" => Src::Pid,
             "t.start + p.base_ns" if times.is_some() => Src::StartNs,
             "t.start + t.dur + p.base_ns" if times.is_some() => Src::EndNs,
-            "(t.domain << 32) | t.cbid" if kind == "api" => Src::ApiName,
+            "(t.domain << 32) | t.cbid" if kind == "api" => {
+                Src::ApiName(place(&mut dim_used, "domain"), place(&mut dim_used, "cbid"))
+            }
             e => match e.strip_prefix("t.") {
                 Some("session") => Src::Session,
                 Some("proc") => Src::Proc,
@@ -99,16 +105,8 @@ pub(super) fn plan(c: &Connection, kind: &'static str, exprs: &[&str]) -> Result
                 Some("ctx") => Src::Ctx,
                 Some("stream") => Src::Stream,
                 Some("tid") => Src::Tid,
-                Some(col) if own.iter().any(|o| o == col) && col != "track" => Src::Data(at(col, &mut data)),
-                Some(col) if dim_cols.iter().any(|o| o == col) && col != "id" => {
-                    Src::Dim(match dim_used.iter().position(|d| d == col) {
-                        Some(i) => i,
-                        None => {
-                            dim_used.push(col.to_string());
-                            dim_used.len() - 1
-                        }
-                    })
-                }
+                Some(col) if own.iter().any(|o| o == col) && col != "track" => Src::Data(place(&mut data, col)),
+                Some(col) if dim_cols.iter().any(|o| o == col) && col != "id" => Src::Dim(place(&mut dim_used, col)),
                 _ => {
                     return Err(Stop::Failed(crate::error::ApiError::Internal(format!(
                         "export: Parquet column {e} of {kind} has no source in {kind}_data"
@@ -118,16 +116,9 @@ pub(super) fn plan(c: &Connection, kind: &'static str, exprs: &[&str]) -> Result
         };
         srcs.push(src);
     }
-    if kind == "api" && srcs.contains(&Src::ApiName) {
-        for col in ["domain", "cbid"] {
-            if !dim_used.iter().any(|d| d == col) {
-                dim_used.push(col.into());
-            }
-        }
-    }
     let dim = match dim {
         Some((table, by)) if !dim_used.is_empty() => {
-            let i = at(by, &mut data);
+            let i = place(&mut data, by);
             let sql = format!("SELECT id, {} FROM {table}", dim_used.join(", "));
             let mut st = c.prepare(&sql)?;
             let mut rows = st.query([])?;
@@ -136,34 +127,24 @@ pub(super) fn plan(c: &Connection, kind: &'static str, exprs: &[&str]) -> Result
                 let v = (0..dim_used.len()).map(|k| r.get(k + 1)).collect::<Result<Vec<i64>, _>>()?;
                 m.insert(r.get(0)?, v);
             }
-            // ApiName reads domain and cbid by their places.
-            if kind == "api" {
-                let pos = |n: &str| dim_used.iter().position(|d| d == n).unwrap_or_default();
-                let (d, b) = (pos("domain"), pos("cbid"));
-                for v in m.values_mut() {
-                    let name = (v[d] << 32) | v[b];
-                    v.push(name);
-                }
-            }
             Some((i, m))
         }
         _ => None,
     };
-    let api_name = dim_used.len();
-    let srcs = srcs.into_iter().map(|s| if s == Src::ApiName { Src::Dim(api_name) } else { s }).collect();
     Ok(Some(Plan { kind, data, dim, srcs, times }))
 }
 
 /// Calls `each` with the column values of every row of the plan's kind in the session that
-/// passes `f`, in rowid order (the order of the view's rows).
+/// passes `f`, in rowid order (the order of the view's rows); `tracks` are the session's
+/// ([`super::scan::tracks`]).
 pub(super) fn rows(
     c: &Connection,
+    tracks: &FastMap<i64, Track>,
     p: &Plan,
     session: u64,
     f: &pb::RecordFilter,
     mut each: impl FnMut(&[i64]) -> Result<(), Stop>,
 ) -> Result<(), Stop> {
-    let tracks = tracks(c, session)?;
     let filter = Filter::new(c, p.kind, session, f)?;
     let (sql, params) = filter.select(&p.data.join(", "));
     let mut st = c.prepare(&sql)?;
@@ -210,6 +191,6 @@ fn value(s: Src, t: &Track, d: &[i64], dim: &[i64], start: i64, dur: i64) -> i64
         Src::Data(i) => d[i],
         // A row whose shape is missing reads 0 there.
         Src::Dim(i) => dim.get(i).copied().unwrap_or(0),
-        Src::ApiName => 0,
+        Src::ApiName(d, b) => (dim.get(d).copied().unwrap_or(0) << 32) | dim.get(b).copied().unwrap_or(0),
     }
 }

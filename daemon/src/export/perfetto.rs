@@ -30,6 +30,7 @@ use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
 use super::flows::{Flows, key};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
 use super::records::{EVENT_TABLES, Rec, each_record};
+use super::scan::Dims;
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// The one packet sequence of the file.
@@ -47,7 +48,7 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
     let procs = session_procs(&c, session)?;
     let gpus = session_gpus(&c, session)?;
     let start = || {
-        let (flows, _) = Flows::build(&c, session, f)?;
+        let (flows, _) = Flows::build(&c, &Dims::read(&c, session)?, session, f)?;
         Ok(Writer {
             c: &c,
             out,

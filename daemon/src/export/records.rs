@@ -29,12 +29,16 @@ pub(super) struct Rec {
 /// The earliest start (ns since the epoch) of the session's rows that pass `f` in the event
 /// tables [`Flows::build`](super::flows::Flows::build) does not read (it finds that of its
 /// own), `i64::MAX` when there is none: one pass over each table's rows, no sorting.
-pub(super) fn first_start_beyond_flows(c: &Connection, session: u64, f: &pb::RecordFilter) -> Result<i64, Stop> {
-    let d = Dims::read(c, session)?;
+pub(super) fn first_start_beyond_flows(
+    c: &Connection,
+    d: &Dims,
+    session: u64,
+    f: &pb::RecordFilter,
+) -> Result<i64, Stop> {
     let mut t0 = i64::MAX;
     for (i, t) in EVENT_TABLES.iter().enumerate() {
         if !FLOW_TABLES.contains(t) {
-            scan(c, &d, i, session, f, |r, _| {
+            scan(c, d, i, session, f, |r, _| {
                 t0 = t0.min(r.start);
                 Ok(())
             })?;

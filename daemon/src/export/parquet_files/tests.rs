@@ -97,6 +97,7 @@ fn columns_from_data_tables_are_the_views() {
         let Some(p) = p else { continue };
         planned.push(*kind);
         for session in [3u64, 4] {
+            let tracks = crate::export::scan::tracks(&c, session).unwrap();
             let mut all = None;
             for (fi, f) in filters().iter().enumerate() {
                 let (w, params) = where_clause(&c, kind, session, f).unwrap();
@@ -111,7 +112,7 @@ fn columns_from_data_tables_are_the_views() {
                     .collect::<Result<_, _>>()
                     .unwrap();
                 let mut got = Vec::new();
-                if rows(&c, &p, session, f, |v| {
+                if rows(&c, &tracks, &p, session, f, |v| {
                     got.push(v.to_vec());
                     Ok(())
                 })
