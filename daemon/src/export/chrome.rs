@@ -2,14 +2,13 @@
 //! (with the ends of launch arrows), then the names of the trace's processes and threads.
 
 use std::collections::{BTreeMap, BTreeSet};
-
-use super::fasthash::FastMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use gpuprof_proto::api as pb;
 use rusqlite::Connection;
 
+use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::json::{Buf, json_str, us};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};

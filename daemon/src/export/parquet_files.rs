@@ -13,7 +13,6 @@
 //! writer keeps at most one row group ([`ROW_GROUP`] rows) before its bytes go to the client, so
 //! memory stays bounded whatever the session's size. Files are Snappy-compressed.
 
-use super::fasthash::FastMap;
 use std::borrow::Cow;
 use std::io::Write;
 use std::sync::Arc;
@@ -29,6 +28,7 @@ use parquet::schema::types::ColumnPath;
 use rusqlite::types::Value;
 use rusqlite::{Connection, params_from_iter};
 
+use super::fasthash::FastMap;
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
 use super::parquet_rows::{plan, rows};
 use crate::error::ApiError;

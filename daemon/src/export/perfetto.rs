@@ -14,8 +14,6 @@
 //! the samples in each second (from `pc_timeline`), 0 in seconds without any.
 
 use std::collections::HashMap;
-
-use super::fasthash::FastMap;
 use std::path::Path;
 
 use gpuprof_proto::api as pb;
@@ -27,6 +25,7 @@ use prost::Message;
 use rusqlite::Connection;
 
 use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
+use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
 use super::records::{EVENT_TABLES, Rec, each_record};

@@ -129,7 +129,8 @@ impl Filter {
     }
 }
 
-/// The session's tracks, kernel shapes, copy shapes and API kinds, read once per export.
+/// The session's tracks, kernel shapes, copy shapes and API kinds: read once by each reading
+/// thread and once for the flows and the first start.
 pub(super) struct Dims {
     tracks: FastMap<i64, Track>,
     /// name, gy * 1000 + gz, bx * 1000000 + by * 1000 + bz, regs, ssmem + dsmem.
