@@ -12,8 +12,7 @@ use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::json::{Buf, json_str, us};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
-use super::records::{EVENT_TABLES, Rec, each_record, first_start_beyond_flows};
-use super::scan::Dims;
+use super::records::{EVENT_TABLES, Prelude, Rec, each_record};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// Synthetic thread ids of per-process host tracks.
@@ -29,15 +28,10 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> 
     let total = total_rows(&c, session, EVENT_TABLES)?;
     let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
     let procs = session_procs(&c, session)?;
-    let start = || {
-        let d = Dims::read(&c, session)?;
-        let (flows, first) = Flows::build(&c, &d, session, f)?;
+    let start = |p: Prelude| {
         // Times are relative to the earliest record (0 when there is none).
-        let t0 = match first.min(first_start_beyond_flows(&c, &d, session, f)?) {
-            i64::MAX => 0,
-            t0 => t0,
-        };
-        let mut trace = Trace::new(&c, out, flows, t0);
+        let t0 = if p.first == i64::MAX { 0 } else { p.first };
+        let mut trace = Trace::new(&c, out, p.flows, t0);
         trace.header(session);
         Ok(trace)
     };

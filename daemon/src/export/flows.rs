@@ -1,11 +1,7 @@
 //! Flow arrows from each launch/copy API call to the device activities with the same
 //! correlation id.
 
-use gpuprof_proto::api as pb;
-use rusqlite::Connection;
-
-use super::out::Stop;
-use super::scan::{Dims, corrs};
+use super::records::{EVENT_TABLES, Rec};
 
 /// Flow key: process and correlation id.
 pub(super) fn key(proc: i64, corr: i64) -> u64 {
@@ -21,35 +17,48 @@ pub(super) struct Flows {
     next: Vec<u32>,
 }
 
-/// The tables [`Flows::build`] reads.
-pub(super) const FLOW_TABLES: &[&str] = &["api", "kernel", "memcpy", "memset"];
+/// Which side of a flow a record of each of [`EVENT_TABLES`] is on, and where its correlation
+/// id is in `Rec::v`: API calls start flows; kernels, copies and sets end them.
+fn side(table: usize) -> Option<(bool, usize)> {
+    match EVENT_TABLES[table] {
+        "api" => Some((true, 1)),
+        "kernel" | "memcpy" | "memset" => Some((false, 2)),
+        _ => None,
+    }
+}
+
+/// The flow keys of the records one reader read: gathered as it reads them, so that the
+/// flows need no pass of their own over the tables.
+#[derive(Default)]
+pub(super) struct FlowKeys {
+    api: Vec<u64>,
+    dev: Vec<u64>,
+}
+
+impl FlowKeys {
+    /// Notes a record (those without a correlation id start or end no flow).
+    pub(super) fn note(&mut self, rec: &Rec) {
+        if let Some((api, at)) = side(rec.table)
+            && rec.v[at] != 0
+        {
+            let k = key(rec.proc, rec.v[at]);
+            if api { self.api.push(k) } else { self.dev.push(k) }
+        }
+    }
+}
 
 impl Flows {
-    /// The flows of the session's rows that pass `f`, and the earliest start (ns since the
-    /// epoch) of those rows of [`FLOW_TABLES`], `i64::MAX` when there is none: one pass over
-    /// each table gives both.
-    pub(super) fn build(c: &Connection, d: &Dims, session: u64, f: &pb::RecordFilter) -> Result<(Flows, i64), Stop> {
-        let mut first = i64::MAX;
-        let mut keys_of = |table: &'static str, each: &mut dyn FnMut(u64)| {
-            corrs(c, d, table, session, f, |proc, start, corr| {
-                first = first.min(start);
-                if corr != 0 {
-                    each(key(proc, corr));
-                }
-            })
-        };
+    /// The flows of the records the readers noted.
+    pub(super) fn from_keys(parts: Vec<FlowKeys>) -> Flows {
         let mut api = Vec::new();
-        keys_of("api", &mut |k| api.push(k))?;
+        let mut dev = Vec::new();
+        for p in parts {
+            api.extend(p.api);
+            dev.extend(p.dev);
+        }
         api.sort_unstable();
         api.dedup();
-        let mut dev = Vec::new();
-        for t in ["kernel", "memcpy", "memset"] {
-            keys_of(t, &mut |k| {
-                if api.binary_search(&k).is_ok() {
-                    dev.push(k);
-                }
-            })?;
-        }
+        dev.retain(|k| api.binary_search(k).is_ok());
         drop(api);
         dev.sort_unstable();
         let mut keys = Vec::new();
@@ -71,7 +80,7 @@ impl Flows {
             id += u64::from(*c);
         }
         let next = vec![0; keys.len()];
-        Ok((Flows { keys, counts, first_id, next }, first))
+        Flows { keys, counts, first_id, next }
     }
 
     /// Flow ids starting at an API call.

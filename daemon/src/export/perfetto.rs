@@ -28,8 +28,7 @@ use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
 use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
-use super::records::{EVENT_TABLES, Rec, each_record};
-use super::scan::Dims;
+use super::records::{EVENT_TABLES, Prelude, Rec, each_record};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// The one packet sequence of the file.
@@ -46,12 +45,11 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
     let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
     let procs = session_procs(&c, session)?;
     let gpus = session_gpus(&c, session)?;
-    let start = || {
-        let (flows, _) = Flows::build(&c, &Dims::read(&c, session)?, session, f)?;
+    let start = |p: Prelude| {
         Ok(Writer {
             c: &c,
             out,
-            flows,
+            flows: p.flows,
             procs,
             gpus,
             tracks: FastMap::default(),

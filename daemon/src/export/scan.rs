@@ -5,7 +5,7 @@
 //! tracks, the filter's processes, and its devices, streams and kernel name pattern where the
 //! table has them, and its time range. Rows of a process without a `processes` row (no base
 //! for its times) are left out, as the exports always did. [`tracks`] and [`Filter`] serve
-//! the Parquet reader (`parquet_rows`) too, and [`corrs`] the flows' pass.
+//! the Parquet reader (`parquet_rows`) too.
 
 use std::collections::HashSet;
 
@@ -130,7 +130,7 @@ impl Filter {
 }
 
 /// The session's tracks, kernel shapes, copy shapes and API kinds: read once by each reading
-/// thread and once for the flows and the first start.
+/// thread.
 pub(super) struct Dims {
     tracks: FastMap<i64, Track>,
     /// name, gy * 1000 + gz, bx * 1000000 + by * 1000 + bz, regs, ssmem + dsmem.
@@ -230,31 +230,6 @@ pub(super) fn scan(
         }
         let v = values(name, t, [r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?], d);
         each(Rec { proc: t.proc, start, table, v }, dur)?;
-    }
-    Ok(())
-}
-
-/// Calls `each` with the process, start (ns since the epoch) and correlation id of every row
-/// of `table` (a table with a `corr` column) in the session that passes `f`, in rowid order:
-/// what the flows need, without the rest of the record.
-pub(super) fn corrs(
-    c: &Connection,
-    d: &Dims,
-    table: &'static str,
-    session: u64,
-    f: &pb::RecordFilter,
-    mut each: impl FnMut(i64, i64, i64),
-) -> rusqlite::Result<()> {
-    let filter = Filter::new(c, table, session, f)?;
-    let (sql, params) = filter.select("start, dur, corr");
-    let mut st = c.prepare(&sql)?;
-    let mut rows = st.query(params_from_iter(params))?;
-    while let Some(r) = rows.next()? {
-        let Some(t) = d.tracks.get(&r.get::<_, i64>(0)?) else { continue };
-        let start = r.get::<_, i64>(1)? + t.base;
-        if filter.keeps(t, start, r.get(2)?) {
-            each(t.proc, start, r.get(3)?);
-        }
     }
     Ok(())
 }
