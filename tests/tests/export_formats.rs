@@ -197,6 +197,25 @@ fn json_gz_and_stdout_hold_the_chrome_json_and_unknown_names_are_refused() {
     flate2::read::GzDecoder::new(gz.as_slice()).read_to_end(&mut unzipped).unwrap();
     serde_json::from_slice::<serde_json::Value>(&unzipped).expect("the gunzipped export is JSON");
     assert!(unzipped == plain, "the gunzipped export is the Chrome JSON");
+    // gzip's own level: smaller than the default (fastest) level, the same JSON inside.
+    export(&d, &[&id, "-o", &path("t9.json.gz"), "--gzip-level", "9"]);
+    let gz9 = std::fs::read(path("t9.json.gz")).unwrap();
+    assert!(gz9.len() < gz.len(), "level 9: {} bytes, default: {}", gz9.len(), gz.len());
+    let mut unzipped = Vec::new();
+    flate2::read::GzDecoder::new(gz9.as_slice()).read_to_end(&mut unzipped).unwrap();
+    assert!(unzipped == plain, "the level-9 export is the Chrome JSON");
+    // A level out of range, or for a format that is not gzipped: usage errors, nothing written.
+    let (p0, p1) = (path("t0.json.gz"), path("t1.json"));
+    for (args, says, file) in [
+        (["-o", p0.as_str(), "--gzip-level", "0"], "0 is not in 1..=9", "t0.json.gz"),
+        (["-o", p1.as_str(), "--gzip-level", "1"], "applies to chrome-gz (.json.gz) only", "t1.json"),
+    ] {
+        let out = d.ctl(&[&["export", id.as_str()][..], &args[..]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!dir.path().join(file).exists(), "{args:?} wrote a file");
+    }
 
     // `-o -`: the trace on stdout, the summary on stderr.
     let out = export(&d, &[&id, "-o", "-"]);

@@ -6,7 +6,9 @@
 //! 2. Top kernels over `--kernels` stored kernel rows of one session (target < 300 ms),
 //!    from the rollup, next to the same summary computed by scanning the rows.
 //! 3. ExportTrace throughput in events/s (Chrome JSON, SQLite, Parquet and Perfetto) over
-//!    `--export-records` records of the default mix.
+//!    `--export-records` records of the default mix; then `gpuprofctl export` of the same
+//!    session to a `.json` and a `.json.gz` file (the gzip is the client's), timed from the
+//!    command's start to its exit.
 //!
 //! Run: cargo run --release -p gpuprof-testkit --bin gpuprof-session-bench
 //! (`-- --only export`: that measurement alone).
@@ -219,6 +221,25 @@ async fn export(d: &TestDaemon, c: &mut Client, records: u64) -> Result<()> {
             events as f64 / secs,
             bytes as f64 / (1 << 20) as f64 / secs
         );
+    }
+    let dir = tempfile::tempdir()?;
+    for name in ["trace.json", "trace.json.gz"] {
+        let path = dir.path().join(name);
+        let t = Instant::now();
+        let out = d.ctl(&["export", &id.to_string(), "-o", path.to_str().context("path")?, "--json"]);
+        let secs = t.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!("gpuprofctl export -o {name}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let said: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let events = said["events"].as_u64().context("events")?;
+        let bytes = std::fs::metadata(&path)?.len();
+        println!(
+            "  gpuprofctl -o {name}: {events} events, {:.1} MiB in {secs:.2} s = {:.0} events/s",
+            bytes as f64 / (1 << 20) as f64,
+            events as f64 / secs
+        );
+        std::fs::remove_file(&path)?;
     }
     Ok(())
 }
