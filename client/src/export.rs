@@ -81,9 +81,9 @@ pub struct ExportArgs {
     pub filter: FilterArgs,
 }
 
-/// gzip level of chrome-gz without `--gzip-level`: level 1 keeps up with the daemon's export
+/// gzip level of chrome-gz without `--gzip-level` (and of a fleet trace's): level 1 keeps up with the daemon's export
 /// (level 6 took about 4 times its CPU).
-const GZIP_LEVEL: u32 = 1;
+pub(crate) const GZIP_LEVEL: u32 = 1;
 
 pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
     let to_stdout = a.output.as_os_str() == "-";

@@ -201,7 +201,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         let mut merged = if format == Format::Perfetto { merge_perfetto(&traces)? } else { merge_chrome(&traces)? };
         if format == Format::ChromeGz {
             use std::io::Write;
-            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(crate::export::GZIP_LEVEL));
             gz.write_all(&merged)?;
             merged = gz.finish()?;
         }
