@@ -34,6 +34,7 @@ mod out;
 mod parquet_files;
 mod parquet_rows;
 mod perfetto;
+mod perfetto_wire;
 pub mod pprof;
 mod records;
 mod scan;

@@ -18,8 +18,8 @@ use std::path::Path;
 
 use gpuprof_proto::api as pb;
 use gpuprof_proto::perfetto::{
-    CounterDescriptor, DebugAnnotation, DebugAnnotationName, EventCategory, EventName, InternedData, ProcessDescriptor,
-    ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, debug_annotation, trace_packet, track_event,
+    CounterDescriptor, DebugAnnotationName, EventCategory, EventName, InternedData, ProcessDescriptor,
+    ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, trace_packet, track_event,
 };
 use prost::Message;
 use rusqlite::Connection;
@@ -28,6 +28,7 @@ use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
 use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
+use super::perfetto_wire::{self, Event, Packet, Scratch, Val};
 use super::records::{EVENT_TABLES, Prelude, Rec, each_record};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
@@ -57,6 +58,10 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
             first: true,
             names: FastMap::default(),
             interned: Some(fixed_names()),
+            args: Vec::new(),
+            flow_ids: Vec::new(),
+            terminating: Vec::new(),
+            scratch: Scratch::default(),
         })
     };
     let mut w = each_record(db, session, f, start, |w, rec, dur| {
@@ -203,12 +208,12 @@ enum Name {
     Overhead(i64),
 }
 
-/// What one record becomes: its track, name, category and arguments.
+/// What one record becomes: its track, name and category (its arguments go to
+/// `Writer::args`).
 struct Slice {
     track: Track,
     name: Name,
     cat: Cat,
-    args: Vec<DebugAnnotation>,
 }
 
 struct Writer<'a> {
@@ -226,6 +231,11 @@ struct Writer<'a> {
     /// Interned data for the next event's packet: the categories and argument names (on the
     /// first), and the names it is the first to use.
     interned: Option<InternedData>,
+    /// The current record's arguments, the flows it starts and those it ends (kept to reuse).
+    args: Vec<(u64, Val)>,
+    flow_ids: Vec<u64>,
+    terminating: Vec<u64>,
+    scratch: Scratch,
 }
 
 /// Every category and argument name, interned in the first event's packet.
@@ -243,87 +253,70 @@ fn fixed_names() -> InternedData {
     }
 }
 
-fn uint(name: Arg, v: i64) -> DebugAnnotation {
-    let value = Some(debug_annotation::Value::UintValue(v.max(0) as u64));
-    DebugAnnotation { name_iid: Some(name as u64), name: None, value }
-}
-
-fn int(name: Arg, v: i64) -> DebugAnnotation {
-    DebugAnnotation { name_iid: Some(name as u64), name: None, value: Some(debug_annotation::Value::IntValue(v)) }
-}
-
-fn text(name: Arg, v: String) -> DebugAnnotation {
-    DebugAnnotation { name_iid: Some(name as u64), name: None, value: Some(debug_annotation::Value::StringValue(v)) }
-}
-
-/// "x×y×z" from the stored x * 10^6 + y * 10^3 + z.
-fn dim3(v: i64) -> String {
-    let mut s = String::with_capacity(24);
-    let mut b = itoa::Buffer::new();
-    s.push_str(b.format(v / 1_000_000));
-    s.push('×');
-    s.push_str(b.format(v / 1000 % 1000));
-    s.push('×');
-    s.push_str(b.format(v % 1000));
-    s
-}
-
 impl Writer<'_> {
     /// A record's slice (or instant), with the flows it starts or ends.
     fn record(&mut self, rec: &Rec, dur: i64) -> Result<(), Stop> {
         let v = rec.v;
         let p = rec.proc;
         let table = EVENT_TABLES[rec.table];
+        let mut args = std::mem::take(&mut self.args);
+        args.clear();
+        let uint = |name: Arg, v: i64| (name as u64, Val::Uint(v.max(0) as u64));
+        let int = |name: Arg, v: i64| (name as u64, Val::Int(v));
         let corr_arg = |corr: i64| uint(Arg::Correlation, corr);
         let (slice, instant) = match table {
             "kernel" | "memcpy" | "memset" | "graph" => {
-                let (name, cat, args) = match table {
-                    "kernel" => (
-                        Name::Str(v[3]),
-                        Cat::Kernel,
-                        vec![
+                let (name, cat) = match table {
+                    "kernel" => {
+                        args.extend([
                             corr_arg(v[2]),
-                            text(Arg::Grid, dim3(v[4])),
-                            text(Arg::Block, dim3(v[5])),
+                            (Arg::Grid as u64, Val::Dim3(v[4])),
+                            (Arg::Block as u64, Val::Dim3(v[5])),
                             uint(Arg::Registers, v[6]),
                             uint(Arg::SharedBytes, v[7]),
-                        ],
-                    ),
+                        ]);
+                        (Name::Str(v[3]), Cat::Kernel)
+                    }
                     "memcpy" => {
-                        let dir = copy_kind_name(v[4]).to_string();
-                        let args = vec![corr_arg(v[2]), uint(Arg::Bytes, v[3]), text(Arg::Direction, dir)];
-                        (Name::Memcpy(v[4]), Cat::Memcpy, args)
+                        let dir = (Arg::Direction as u64, Val::Text(copy_kind_name(v[4])));
+                        args.extend([corr_arg(v[2]), uint(Arg::Bytes, v[3]), dir]);
+                        (Name::Memcpy(v[4]), Cat::Memcpy)
                     }
                     "memset" => {
-                        let args = vec![corr_arg(v[2]), uint(Arg::Bytes, v[3]), int(Arg::Value, v[4])];
-                        (Name::Memset, Cat::Memset, args)
+                        args.extend([corr_arg(v[2]), uint(Arg::Bytes, v[3]), int(Arg::Value, v[4])]);
+                        (Name::Memset, Cat::Memset)
                     }
-                    _ => (Name::Graph(v[3]), Cat::Graph, vec![corr_arg(v[2]), uint(Arg::GraphId, v[3])]),
+                    _ => {
+                        args.extend([corr_arg(v[2]), uint(Arg::GraphId, v[3])]);
+                        (Name::Graph(v[3]), Cat::Graph)
+                    }
                 };
-                (Slice { track: Track::Stream(p, v[0], v[1]), name, cat, args }, false)
+                (Slice { track: Track::Stream(p, v[0], v[1]), name, cat }, false)
             }
             "api" => {
                 let cat = if v[2] == 2 { Cat::CudaDriver } else { Cat::CudaRuntime };
-                let args = vec![corr_arg(v[1]), uint(Arg::Cbid, v[3]), int(Arg::Return, v[4])];
-                (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Api(v[2], v[3]), cat, args }, false)
+                args.extend([corr_arg(v[1]), uint(Arg::Cbid, v[3]), int(Arg::Return, v[4])]);
+                (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Api(v[2], v[3]), cat }, false)
             }
             "marker" => {
                 let domain = if v[2] != 0 { self.strings.get(self.c, v[2])? } else { String::new() };
-                let args = vec![text(Arg::Domain, domain)];
-                (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Str(v[1]), cat: Cat::Nvtx, args }, v[3] != 0)
+                args.push((Arg::Domain as u64, Val::Text(domain)));
+                (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Str(v[1]), cat: Cat::Nvtx }, v[3] != 0)
             }
             "sync" => {
-                let args = vec![corr_arg(v[1]), int(Arg::Stream, v[0]), int(Arg::Event, v[3])];
-                (Slice { track: Track::Sync(p), name: Name::Sync(v[2]), cat: Cat::Sync, args }, false)
+                args.extend([corr_arg(v[1]), int(Arg::Stream, v[0]), int(Arg::Event, v[3])]);
+                (Slice { track: Track::Sync(p), name: Name::Sync(v[2]), cat: Cat::Sync }, false)
             }
             _ => {
-                let args = vec![int(Arg::ObjectKind, v[1]), int(Arg::ObjectId, v[2])];
-                (Slice { track: Track::Overhead(p), name: Name::Overhead(v[0]), cat: Cat::Overhead, args }, false)
+                args.extend([int(Arg::ObjectKind, v[1]), int(Arg::ObjectId, v[2])]);
+                (Slice { track: Track::Overhead(p), name: Name::Overhead(v[0]), cat: Cat::Overhead }, false)
             }
         };
         // Launch flows: from a call to each activity it launched (graph launches have none).
-        let mut flow_ids = Vec::new();
-        let mut terminating = Vec::new();
+        let mut flow_ids = std::mem::take(&mut self.flow_ids);
+        let mut terminating = std::mem::take(&mut self.terminating);
+        flow_ids.clear();
+        terminating.clear();
         match table {
             "kernel" | "memcpy" | "memset" if v[2] != 0 => terminating.extend(self.flows.end(key(p, v[2]))),
             "api" if v[1] != 0 => {
@@ -333,28 +326,44 @@ impl Writer<'_> {
             }
             _ => {}
         }
-        let uuid = self.track(slice.track);
+        let track_uuid = self.track(slice.track);
         let name_iid = self.intern(slice.name)?;
-        let begin = TrackEvent {
-            r#type: Some(if instant { track_event::Type::Instant } else { track_event::Type::SliceBegin } as i32),
-            track_uuid: Some(uuid),
-            category_iids: vec![slice.cat as u64],
-            name_iid: Some(name_iid),
-            debug_annotations: slice.args,
-            flow_ids,
-            terminating_flow_ids: terminating,
-            ..Default::default()
+        let kind = if instant { track_event::Type::Instant } else { track_event::Type::SliceBegin } as i32;
+        let begin = Event {
+            kind,
+            track_uuid,
+            named: Some((slice.cat as u64, name_iid)),
+            args: &args,
+            flow_ids: &flow_ids,
+            terminating_flow_ids: &terminating,
         };
-        self.event(rec.start, begin);
+        self.write_event(rec.start, &begin);
         if !instant {
-            let end = TrackEvent {
-                r#type: Some(track_event::Type::SliceEnd as i32),
-                track_uuid: Some(uuid),
-                ..Default::default()
+            let end = Event {
+                kind: track_event::Type::SliceEnd as i32,
+                track_uuid,
+                named: None,
+                args: &[],
+                flow_ids: &[],
+                terminating_flow_ids: &[],
             };
-            self.event(rec.start + dur, end);
+            self.write_event(rec.start + dur, &end);
         }
+        (self.args, self.flow_ids, self.terminating) = (args, flow_ids, terminating);
         Ok(())
+    }
+
+    /// A record's event as its packet (see [`Writer::event`], which this writes the same bytes
+    /// as, without building the messages).
+    fn write_event(&mut self, ts: i64, e: &Event<'_>) {
+        let needs = e.named.is_some();
+        let interned = if needs { self.interned.take() } else { None };
+        let mut flags = needs.then_some(NEEDS_STATE);
+        if std::mem::take(&mut self.first) {
+            flags = Some(flags.unwrap_or(0) | STATE_CLEARED);
+        }
+        let p = Packet { timestamp: ts.max(0) as u64, sequence: SEQUENCE, interned: interned.as_ref(), flags };
+        perfetto_wire::write(&mut self.out.buf, &mut self.scratch, e, &p);
     }
 
     /// The iid of an event name, interned in the next event's packet the first time it is used
