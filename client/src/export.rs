@@ -3,6 +3,8 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -119,26 +121,24 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         .await?
         .into_inner();
     let mut part = None;
-    let sink: Box<dyn Write> = if to_stdout {
-        Box::new(std::io::stdout().lock())
+    let sink: Box<dyn Write + Send> = if to_stdout {
+        Box::new(std::io::stdout())
     } else {
         let (path, file) = part_file(&a.output)?;
         part = Some(path);
         Box::new(file)
     };
     let mut sink = match format {
-        Format::ChromeGz => Sink::Gzip(flate2::write::GzEncoder::new(
-            sink,
-            flate2::Compression::new(a.gzip_level.unwrap_or(GZIP_LEVEL)),
-        )),
+        Format::ChromeGz => Sink::gzip(sink, a.gzip_level.unwrap_or(GZIP_LEVEL)),
         _ => Sink::Plain(sink),
     };
     let progress = (!a.quiet && std::io::stderr().is_terminal()).then(progress_bar);
     let started = Instant::now();
     let (mut bytes, mut events) = (0u64, 0u64);
     while let Some(m) = stream.message().await? {
-        sink.write_all(&m.data).context("writing the export")?;
-        bytes += m.data.len() as u64;
+        let n = m.data.len() as u64;
+        sink.write(m.data).context("writing the export")?;
+        bytes += n;
         events = m.events_written.max(events);
         if let Some(p) = &progress {
             p.set_length(m.events_total.max(events));
@@ -299,17 +299,42 @@ fn safe_name(name: &str) -> Result<&str> {
     Ok(name)
 }
 
-/// Where the export goes: the file or stdout, gzipped or not.
+/// Where the export goes: the file or stdout, gzipped or not. gzip runs on a thread of its
+/// own, so that the stream is received while a chunk is compressed (at most [`GZIP_QUEUE`]
+/// chunks wait).
 enum Sink {
-    Plain(Box<dyn Write>),
-    Gzip(flate2::write::GzEncoder<Box<dyn Write>>),
+    Plain(Box<dyn Write + Send>),
+    Gzip { chunks: SyncSender<Vec<u8>>, thread: Option<JoinHandle<std::io::Result<Box<dyn Write + Send>>>> },
 }
 
+const GZIP_QUEUE: usize = 8;
+
 impl Sink {
-    fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+    fn gzip(w: Box<dyn Write + Send>, level: u32) -> Sink {
+        let (chunks, rx) = sync_channel::<Vec<u8>>(GZIP_QUEUE);
+        let thread = std::thread::spawn(move || {
+            let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::new(level));
+            for c in rx {
+                gz.write_all(&c)?;
+            }
+            gz.finish()
+        });
+        Sink::Gzip { chunks, thread: Some(thread) }
+    }
+
+    fn write(&mut self, data: Vec<u8>) -> std::io::Result<()> {
         match self {
-            Sink::Plain(w) => w.write_all(data),
-            Sink::Gzip(w) => w.write_all(data),
+            Sink::Plain(w) => w.write_all(&data),
+            Sink::Gzip { chunks, thread } => {
+                if chunks.send(data).is_ok() {
+                    return Ok(());
+                }
+                // The thread stops taking chunks only when writing failed: its error says why.
+                match thread.take().map(join) {
+                    Some(Err(e)) => Err(e),
+                    _ => Err(std::io::Error::other("the gzip thread stopped")),
+                }
+            }
         }
     }
 
@@ -317,10 +342,17 @@ impl Sink {
     fn finish(self) -> std::io::Result<()> {
         let mut w = match self {
             Sink::Plain(w) => w,
-            Sink::Gzip(g) => g.finish()?,
+            Sink::Gzip { chunks, thread } => {
+                drop(chunks);
+                join(thread.ok_or_else(|| std::io::Error::other("the gzip thread stopped"))?)?
+            }
         };
         w.flush()
     }
+}
+
+fn join<T>(t: JoinHandle<std::io::Result<T>>) -> std::io::Result<T> {
+    t.join().map_err(|_| std::io::Error::other("the gzip thread panicked"))?
 }
 
 fn progress_bar() -> indicatif::ProgressBar {

@@ -73,6 +73,10 @@ pub async fn connect_to(target: &Target) -> Result<Client> {
     Ok(GpuprofClient::with_interceptor(channel, token).max_decoding_message_size(MAX_MESSAGE))
 }
 
+/// How much of a response stream gpuprofd may send ahead of what the client has read (HTTP/2
+/// flow control): enough for an export to go on while the client writes or compresses.
+const STREAM_WINDOW: u32 = 8 << 20;
+
 /// A channel to gpuprofd's api Unix socket, for any service it serves (the API, health,
 /// reflection).
 pub async fn unix_channel(socket: &Path) -> Result<Channel> {
@@ -80,6 +84,8 @@ pub async fn unix_channel(socket: &Path) -> Result<Channel> {
     let display = path.display().to_string();
     // The URI is ignored by the connector; tonic needs a syntactically valid one.
     Endpoint::try_from("http://gpuprofd.local")?
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(STREAM_WINDOW * 2)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }

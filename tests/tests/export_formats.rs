@@ -224,6 +224,20 @@ fn json_gz_and_stdout_hold_the_chrome_json_and_unknown_names_are_refused() {
     let out = export(&d, &[&id, "-o", "-", "--format", "perfetto"]);
     assert!(!Trace::decode(out.stdout.as_slice()).unwrap().packet.is_empty());
 
+    // A full disk under the output, gzipped or not: the export fails and says so.
+    for format in ["chrome", "chrome-gz"] {
+        let out = std::process::Command::new(gpuprof_testkit::bin_path("gpuprofctl"))
+            .arg("--socket")
+            .arg(&d.api_socket)
+            .args(["export", &id, "-o", "-", "--format", format])
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{format} to /dev/full: {err}");
+        assert!(err.contains("No space left on device"), "{format} to /dev/full: {err}");
+    }
+
     // A name that says no format: usage error, the formats listed, nothing written.
     let out = d.ctl(&["export", &id, "-o", &path("t.txt")]);
     let err = String::from_utf8_lossy(&out.stderr);
