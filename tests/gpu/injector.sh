@@ -75,6 +75,8 @@ finish() {
   local failed=0
   for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1)) ;; esac; done
   echo "$((${#SUMMARY[@]} - failed)) passed, $failed failed"
+  # The exit status says whether every check passed (a check that failed: 1).
+  [ "$failed" -eq 0 ] || exit 1
 }
 trap finish EXIT
 
@@ -472,4 +474,4 @@ if [[ " $SCENARIOS " == *" overhead "* ]]; then
   pass_if "no dropped records while traced, every traced run stored >= 100k kernels" \
     "$([ "$drops" = 0 ] && [ "$short" = 0 ] && echo 1)" "dropped $drops, short runs $short"
 fi
-grep -iE " (warn|error) " "$STATE/gpuprofd.log" | tail -5
+grep -iE " (warn|error) " "$STATE/gpuprofd.log" | tail -5 || true

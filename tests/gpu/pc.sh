@@ -55,6 +55,8 @@ finish() {
   local failed=0
   for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1));; esac; done
   echo "$(( ${#SUMMARY[@]} - failed )) passed, $failed failed"
+  # The exit status says whether every check passed (a check that failed: 1).
+  [ "$failed" -eq 0 ] || exit 1
 }
 trap finish EXIT
 

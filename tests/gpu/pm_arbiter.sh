@@ -54,6 +54,8 @@ finish() {
   local failed=0
   for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1));; esac; done
   echo "$(( ${#SUMMARY[@]} - failed )) passed, $failed failed"
+  # The exit status says whether every check passed (a check that failed: 1).
+  [ "$failed" -eq 0 ] || exit 1
 }
 trap finish EXIT
 
@@ -256,4 +258,4 @@ import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
 print("audit:", ", ".join(f"{e} {n}" for e, n in c.execute("SELECT event, COUNT(*) FROM audit GROUP BY event")))
 EOF
-grep -iE "warn|error" "$STATE/gpuprofd.log" | grep -v "slow PM stream" | tail -5
+grep -iE "warn|error" "$STATE/gpuprofd.log" | grep -v "slow PM stream" | tail -5 || true
