@@ -36,13 +36,17 @@ pub(super) struct FlowKeys {
 }
 
 impl FlowKeys {
-    /// Notes a record (those without a correlation id start or end no flow).
-    pub(super) fn note(&mut self, rec: &Rec) {
-        if let Some((api, at)) = side(rec.table)
-            && rec.v[at] != 0
-        {
-            let k = key(rec.proc, rec.v[at]);
-            if api { self.api.push(k) } else { self.dev.push(k) }
+    /// What notes each record of `EVENT_TABLES[table]` (those without a correlation id start or
+    /// end no flow): the table's side is looked up once, not per record.
+    pub(super) fn for_table(&mut self, table: usize) -> impl FnMut(&Rec) + '_ {
+        let side = side(table);
+        move |rec| {
+            if let Some((api, at)) = side
+                && rec.v[at] != 0
+            {
+                let k = key(rec.proc, rec.v[at]);
+                if api { self.api.push(k) } else { self.dev.push(k) }
+            }
         }
     }
 }

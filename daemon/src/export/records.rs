@@ -141,8 +141,9 @@ fn read_tables(
     let mut keys = FlowKeys::default();
     let mut first = i64::MAX;
     for &t in tables {
+        let mut note = keys.for_table(t);
         scan(&c, &d, t, session, f, |rec, dur| {
-            keys.note(&rec);
+            note(&rec);
             first = first.min(rec.start);
             sorter.push((rec, dur.max(0))).map_err(spill_failed)
         })?;

@@ -31,18 +31,18 @@ fn flows_join_the_readers_keys() {
     // API calls on one reader, device activities on two others, as the readers split them.
     let mut api = FlowKeys::default();
     for (p, c) in [(1, 5), (1, 5), (1, 6), (2, 5), (1, 0), (1, 9)] {
-        api.note(&rec("api", p, c));
+        api.for_table(t("api"))(&rec("api", p, c));
     }
     let mut kernels = FlowKeys::default();
     for (p, c) in [(1, 5), (1, 7), (2, 5), (1, 5), (1, 0)] {
-        kernels.note(&rec("kernel", p, c));
+        kernels.for_table(t("kernel"))(&rec("kernel", p, c));
     }
     let mut others = FlowKeys::default();
-    others.note(&rec("memcpy", 1, 6));
-    others.note(&rec("memset", 1, 9));
+    others.for_table(t("memcpy"))(&rec("memcpy", 1, 6));
+    others.for_table(t("memset"))(&rec("memset", 1, 9));
     // Graphs and syncs have correlation ids but start and end no flow.
-    others.note(&rec("graph", 1, 9));
-    others.note(&rec("sync", 1, 6));
+    others.for_table(t("graph"))(&rec("graph", 1, 9));
+    others.for_table(t("sync"))(&rec("sync", 1, 6));
     let mut f = Flows::from_keys(vec![kernels, api, others]);
     // Ids are given in key order: (1, 5) two kernels, (1, 6) a copy, (1, 9) a set, (2, 5) a kernel.
     assert_eq!(f.starts(key(1, 5)), Some((1, 2)));
