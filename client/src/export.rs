@@ -105,21 +105,30 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         return export_parquet(c, a, json).await;
     }
     let wire = match format {
-        Format::Chrome | Format::ChromeGz => pb::ExportFormat::ChromeJson,
+        Format::Chrome => pb::ExportFormat::ChromeJson,
+        // gzipped by gpuprofd (by this client when gpuprofd is older than the format)
+        Format::ChromeGz => pb::ExportFormat::ChromeJsonGz,
         Format::Perfetto => pb::ExportFormat::Perfetto,
         Format::Sqlite => pb::ExportFormat::Sqlite,
         // gzipped by gpuprofd already
         Format::Pprof => pb::ExportFormat::Pprof,
         Format::Parquet => pb::ExportFormat::Parquet,
     };
-    let mut stream = c
-        .export_trace(pb::ExportTraceRequest {
-            session_id: a.session,
-            format: wire as i32,
-            filter: Some(a.filter.to_pb()?),
-        })
-        .await?
-        .into_inner();
+    let req = pb::ExportTraceRequest {
+        session_id: a.session,
+        format: wire as i32,
+        filter: Some(a.filter.to_pb()?),
+        gzip_level: if format == Format::ChromeGz { a.gzip_level.unwrap_or(0) } else { 0 },
+    };
+    let level = a.gzip_level.unwrap_or(GZIP_LEVEL);
+    let (mut stream, gzip_here) = match c.export_trace(req.clone()).await {
+        Ok(s) => (s.into_inner(), false),
+        Err(s) if format == Format::ChromeGz && gpuprofctl::format_unknown_to_gpuprofd(&s, wire as i32) => {
+            let req = pb::ExportTraceRequest { format: pb::ExportFormat::ChromeJson as i32, gzip_level: 0, ..req };
+            (c.export_trace(req).await?.into_inner(), true)
+        }
+        Err(s) => return Err(s.into()),
+    };
     let mut part = None;
     let sink: Box<dyn Write + Send> = if to_stdout {
         Box::new(std::io::stdout())
@@ -128,10 +137,7 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         part = Some(path);
         Box::new(file)
     };
-    let mut sink = match format {
-        Format::ChromeGz => Sink::gzip(sink, a.gzip_level.unwrap_or(GZIP_LEVEL)),
-        _ => Sink::Plain(sink),
-    };
+    let mut sink = if gzip_here { Sink::gzip(sink, level) } else { Sink::Plain(sink) };
     let progress = (!a.quiet && std::io::stderr().is_terminal()).then(progress_bar);
     let started = Instant::now();
     let (mut bytes, mut events) = (0u64, 0u64);
@@ -212,6 +218,7 @@ async fn export_parquet(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
             session_id: a.session,
             format: pb::ExportFormat::Parquet as i32,
             filter: Some(a.filter.to_pb()?),
+            gzip_level: 0,
         })
         .await?
         .into_inner();

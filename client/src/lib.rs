@@ -14,6 +14,14 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 pub use gpuprof_proto::api as pb;
 
+/// Whether gpuprofd refused the export `format` (its number) as one it does not know: a
+/// gpuprofd built before EXPORT_FORMAT_CHROME_JSON_GZ, for which `gpuprofctl export -o x.json.gz`
+/// asks for Chrome JSON and gzips it itself.
+pub fn format_unknown_to_gpuprofd(s: &tonic::Status, format: i32) -> bool {
+    s.code() == tonic::Code::InvalidArgument
+        && s.message().contains(&format!("format: {format} is not an export format"))
+}
+
 /// Default API socket of a system-wide gpuprofd.
 pub const DEFAULT_API_SOCKET: &str = "/run/gpuprof/api.sock";
 

@@ -259,7 +259,7 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
 /// A whole export of a session in memory (for merging several hosts' traces).
 pub async fn export_bytes(c: &mut Client, session: u64, format: pb::ExportFormat) -> Result<Vec<u8>> {
     let mut stream = c
-        .export_trace(pb::ExportTraceRequest { session_id: session, format: format as i32, filter: None })
+        .export_trace(pb::ExportTraceRequest { session_id: session, format: format as i32, ..Default::default() })
         .await?
         .into_inner();
     let mut data = Vec::new();

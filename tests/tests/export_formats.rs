@@ -12,6 +12,7 @@ use std::io::Read;
 use gpuprof_proto::perfetto::{Trace, TrackDescriptor, trace_packet::Data, track_event::Type};
 use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::traced_agent::{recorded_session, stored_rows};
+use gpuprofctl::pb;
 use prost::Message;
 
 const EVENT_TABLES: &[&str] = &["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead"];
@@ -237,6 +238,50 @@ fn json_gz_and_stdout_hold_the_chrome_json_and_unknown_names_are_refused() {
         assert!(!out.status.success(), "{format} to /dev/full: {err}");
         assert!(err.contains("No space left on device"), "{format} to /dev/full: {err}");
     }
+
+    // The RPC: EXPORT_FORMAT_CHROME_JSON_GZ is the Chrome JSON gzipped by gpuprofd, its
+    // progress the same; a gzip level out of range or for another format is INVALID_ARGUMENT.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = gpuprofctl::connect(&d.api_socket).await.unwrap();
+        let session_id: u64 = id.parse().unwrap();
+        let (mut events, mut last) = (Vec::new(), Vec::new());
+        for format in [pb::ExportFormat::ChromeJson, pb::ExportFormat::ChromeJsonGz] {
+            let req = pb::ExportTraceRequest { session_id, format: format as i32, ..Default::default() };
+            let mut st = c.export_trace(req).await.unwrap().into_inner();
+            let (mut data, mut written) = (Vec::new(), 0);
+            while let Some(m) = st.message().await.unwrap() {
+                data.extend_from_slice(&m.data);
+                written = m.events_written;
+            }
+            events.push(data);
+            last.push(written);
+        }
+        let mut unzipped = Vec::new();
+        flate2::read::GzDecoder::new(events[1].as_slice()).read_to_end(&mut unzipped).unwrap();
+        assert!(unzipped == plain && events[0] == plain, "the RPC's gzipped Chrome JSON gunzips to the Chrome JSON");
+        assert!(events[1].len() * 3 < plain.len(), "{} bytes gzipped, {} plain", events[1].len(), plain.len());
+        let slices = v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count() as u64;
+        assert_eq!(last[0], slices, "events_written: the trace's slices");
+        assert_eq!(last[0], last[1], "events_written of the last chunk, plain and gzipped");
+        for (format, level, says) in [
+            (pb::ExportFormat::ChromeJsonGz, 10, "10 is not a gzip level: use 1 (fastest) to 9 (smallest)"),
+            (pb::ExportFormat::Perfetto, 3, "gzip_level 3 applies to EXPORT_FORMAT_CHROME_JSON_GZ only"),
+            (pb::ExportFormat::ChromeJson, 1, "this export is EXPORT_FORMAT_CHROME_JSON"),
+        ] {
+            let req =
+                pb::ExportTraceRequest { session_id, format: format as i32, gzip_level: level, ..Default::default() };
+            let e = c.export_trace(req).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{format:?} at {level}: {e:?}");
+            assert!(e.message().starts_with("gzip_level: ") && e.message().contains(says), "{}", e.message());
+            assert!(!gpuprofctl::format_unknown_to_gpuprofd(&e, format as i32));
+        }
+        // A format gpuprofd does not know, as one built before EXPORT_FORMAT_CHROME_JSON_GZ
+        // answers it: what gpuprofctl falls back on (Chrome JSON, gzipped by the client).
+        let e =
+            c.export_trace(pb::ExportTraceRequest { session_id, format: 99, ..Default::default() }).await.unwrap_err();
+        assert!(gpuprofctl::format_unknown_to_gpuprofd(&e, 99), "{e:?}");
+    });
 
     // A name that says no format: usage error, the formats listed, nothing written.
     let out = d.ctl(&["export", &id, "-o", &path("t.txt")]);

@@ -11,7 +11,7 @@ use rusqlite::Connection;
 use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::json::{Buf, json_str, us};
-use super::out::{CHUNK, Out, Stop, Tx, total_rows};
+use super::out::{Out, Stop, Tx, total_rows};
 use super::records::{EVENT_TABLES, Prelude, Rec, each_record};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
@@ -22,11 +22,14 @@ const OVERHEAD_TID: u64 = 4_294_967_293;
 /// Processes of the session: daemon id → (pid, exe, base_ns).
 pub(super) type Procs = BTreeMap<i64, (i64, String, i64)>;
 
-/// Chrome trace JSON.
-pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
+/// Chrome trace JSON, gzipped at the level given.
+pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx, gzip: Option<u32>) -> Result<(), Stop> {
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, EVENT_TABLES)?;
-    let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
+    let out = match gzip {
+        Some(level) => Out::gzipped(tx, total, level),
+        None => Out::new(tx, total),
+    };
     let procs = session_procs(&c, session)?;
     let start = |p: Prelude| {
         // Times are relative to the earliest record (0 when there is none).
@@ -166,7 +169,7 @@ impl<'a> Trace<'a> {
     /// The closing bracket, and everything still buffered sent.
     fn finish(mut self) -> Result<(), Stop> {
         self.out.buf.extend_from_slice(b"\n]}\n");
-        self.out.send()
+        self.out.finish()
     }
 
     // ------------------------------------------------------------ events of each record kind

@@ -62,6 +62,10 @@ use sqlite::sqlite;
 
 pub use records::EVENT_TABLES;
 
+/// gzip level of a gzipped Chrome export that names none: level 1 compresses as fast as the
+/// trace is written, to about an eighth of its size.
+pub const DEFAULT_GZIP_LEVEL: u32 = 1;
+
 /// ExportTrace: checks the request, then produces the file on a blocking thread.
 pub async fn export(
     d: &Daemon,
@@ -70,6 +74,28 @@ pub async fn export(
 ) -> ApiResult<mpsc::Receiver<Result<pb::ExportTraceResponse, tonic::Status>>> {
     let format = pb::ExportFormat::try_from(req.format)
         .map_err(|_| ApiError::invalid("format", format!("{} is not an export format", req.format)))?;
+    let gzip = match (format, req.gzip_level) {
+        (pb::ExportFormat::ChromeJsonGz, 0) => Some(DEFAULT_GZIP_LEVEL),
+        (pb::ExportFormat::ChromeJsonGz, l @ 1..=9) => Some(l),
+        (pb::ExportFormat::ChromeJsonGz, l) => {
+            return Err(ApiError::invalid(
+                "gzip_level",
+                format!(
+                    "{l} is not a gzip level: use 1 (fastest) to 9 (smallest), or 0 for the default, {DEFAULT_GZIP_LEVEL}"
+                ),
+            ));
+        }
+        (_, 0) => None,
+        (f, l) => {
+            return Err(ApiError::invalid(
+                "gzip_level",
+                format!(
+                    "gzip_level {l} applies to EXPORT_FORMAT_CHROME_JSON_GZ only, and this export is {}",
+                    f.as_str_name()
+                ),
+            ));
+        }
+    };
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
     crate::access::authorize_session(d, caller, req.session_id).await?;
@@ -80,7 +106,9 @@ pub async fn export(
     let tmp_dir = db.parent().map(|p| p.join("exports")).unwrap_or_else(|| PathBuf::from("exports"));
     tokio::task::spawn_blocking(move || {
         let r = match format {
-            pb::ExportFormat::Unspecified | pb::ExportFormat::ChromeJson => chrome(&db, session, &f, &tx),
+            pb::ExportFormat::Unspecified | pb::ExportFormat::ChromeJson | pb::ExportFormat::ChromeJsonGz => {
+                chrome(&db, session, &f, &tx, gzip)
+            }
             pb::ExportFormat::Sqlite => sqlite(&db, &tmp_dir, session, &f, &tx),
             pb::ExportFormat::Perfetto => perfetto(&db, session, &f, &tx),
             pb::ExportFormat::Pprof => pprof(&db, session, &f, &tx),

@@ -526,10 +526,9 @@ fn file_writer<'a>(
     written: u64,
     total: u64,
 ) -> Result<ArrowWriter<Sink<'a>>, Stop> {
-    let sink = Sink {
-        out: Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written, total, file_name: String::new() },
-        name: Some(name),
-    };
+    let mut out = Out::new(tx, total);
+    out.written = written;
+    let sink = Sink { out, name: Some(name) };
     ArrowWriter::try_new(sink, schema, Some(props.clone())).map_err(|e| failed(tx, "starting the Parquet file", e))
 }
 

@@ -27,7 +27,7 @@ use rusqlite::Connection;
 use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
 use super::fasthash::FastMap;
 use super::flows::{Flows, key};
-use super::out::{CHUNK, Out, Stop, Tx, total_rows};
+use super::out::{Out, Stop, Tx, total_rows};
 use super::perfetto_wire::{self, Event, Packet, Scratch, Val};
 use super::records::{EVENT_TABLES, Prelude, Rec, each_record};
 use crate::query::{Strings, copy_kind_name, sync_type_name};
@@ -43,7 +43,7 @@ const NEEDS_STATE: u32 = 2;
 pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> Result<(), Stop> {
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, EVENT_TABLES)?;
-    let out = Out { tx, buf: Vec::with_capacity(CHUNK + 4096), written: 0, total, file_name: String::new() };
+    let out = Out::new(tx, total);
     let procs = session_procs(&c, session)?;
     let gpus = session_gpus(&c, session)?;
     let start = |p: Prelude| {

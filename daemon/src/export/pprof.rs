@@ -158,7 +158,7 @@ pub(super) fn pprof(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -> R
     gz.write_all(&p.encode_to_vec()).map_err(|e| ApiError::Internal(format!("compressing the profile: {e}")))?;
     let data = gz.finish().map_err(|e| ApiError::Internal(format!("compressing the profile: {e}")))?;
     let total = p.sample.len() as u64;
-    let mut out = Out { tx, buf: Vec::new(), written: 0, total, file_name: String::new() };
+    let mut out = Out::new(tx, total);
     for (i, chunk) in data.chunks(CHUNK).enumerate() {
         out.buf = chunk.to_vec();
         out.written = if (i + 1) * CHUNK >= data.len() { total } else { 0 };

@@ -20,7 +20,7 @@ pub(super) fn sqlite(db: &Path, tmp_dir: &Path, session: u64, f: &pb::RecordFilt
         let c = crate::store::open_reader(db)?;
         total_rows(&c, session, crate::catalog::RECORD_TABLES)?
     };
-    let mut out = Out { tx, buf: Vec::new(), written: 0, total, file_name: String::new() };
+    let mut out = Out::new(tx, total);
     {
         let c = Connection::open(&path)?;
         c.execute_batch("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA foreign_keys=OFF;")?;

@@ -200,13 +200,14 @@ async fn export(d: &TestDaemon, c: &mut Client, records: u64) -> Result<()> {
     let (id, _) = fill(d, c, "python3", records, Mix::default()).await?;
     for (name, format) in [
         ("Chrome JSON", pb::ExportFormat::ChromeJson),
+        ("Chrome JSON gzipped", pb::ExportFormat::ChromeJsonGz),
         ("SQLite", pb::ExportFormat::Sqlite),
         ("Parquet", pb::ExportFormat::Parquet),
         ("Perfetto", pb::ExportFormat::Perfetto),
     ] {
         let t = Instant::now();
         let mut st = c
-            .export_trace(pb::ExportTraceRequest { session_id: id, format: format as i32, filter: None })
+            .export_trace(pb::ExportTraceRequest { session_id: id, format: format as i32, ..Default::default() })
             .await?
             .into_inner();
         let (mut bytes, mut events) = (0u64, 0u64);

@@ -25,6 +25,7 @@ class ExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXPORT_FORMAT_PERFETTO: _ClassVar[ExportFormat]
     EXPORT_FORMAT_PPROF: _ClassVar[ExportFormat]
     EXPORT_FORMAT_PARQUET: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_CHROME_JSON_GZ: _ClassVar[ExportFormat]
 
 class PcGroupBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ EXPORT_FORMAT_SQLITE: ExportFormat
 EXPORT_FORMAT_PERFETTO: ExportFormat
 EXPORT_FORMAT_PPROF: ExportFormat
 EXPORT_FORMAT_PARQUET: ExportFormat
+EXPORT_FORMAT_CHROME_JSON_GZ: ExportFormat
 PC_GROUP_BY_UNSPECIFIED: PcGroupBy
 PC_GROUP_BY_FUNCTION: PcGroupBy
 PC_GROUP_BY_LINE: PcGroupBy
@@ -629,14 +631,16 @@ class GetSummaryResponse(_message.Message):
     def __init__(self, top_kernels: _Optional[_Iterable[_Union[KernelStat, _Mapping]]] = ..., device_busy: _Optional[_Iterable[_Union[DeviceBusy, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[CopyStat, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiStat, _Mapping]]] = ..., kernel_count: _Optional[int] = ..., kernel_total_ns: _Optional[int] = ...) -> None: ...
 
 class ExportTraceRequest(_message.Message):
-    __slots__ = ("session_id", "format", "filter")
+    __slots__ = ("session_id", "format", "filter", "gzip_level")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    GZIP_LEVEL_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     format: ExportFormat
     filter: RecordFilter
-    def __init__(self, session_id: _Optional[int] = ..., format: _Optional[_Union[ExportFormat, str]] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ...) -> None: ...
+    gzip_level: int
+    def __init__(self, session_id: _Optional[int] = ..., format: _Optional[_Union[ExportFormat, str]] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ..., gzip_level: _Optional[int] = ...) -> None: ...
 
 class ExportTraceResponse(_message.Message):
     __slots__ = ("data", "events_written", "events_total", "file_name")
