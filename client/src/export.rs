@@ -156,6 +156,10 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
     if let Some(p) = &progress {
         p.finish_and_clear();
     }
+    if let (true, Some(part)) = (gzip_here, &part) {
+        // The bytes of the file, as when gpuprofd gzips.
+        bytes = std::fs::metadata(&part.0).map(|m| m.len()).unwrap_or(bytes);
+    }
     if let Some(part) = &part {
         std::fs::rename(&part.0, &a.output).with_context(|| format!("renaming into {}", a.output.display()))?;
     }

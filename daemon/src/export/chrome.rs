@@ -27,7 +27,7 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx, gzi
     let c = crate::store::open_reader(db)?;
     let total = total_rows(&c, session, EVENT_TABLES)?;
     let out = match gzip {
-        Some(level) => Out::gzipped(tx, total, level),
+        Some(level) => Out::gzipped(tx, total, level)?,
         None => Out::new(tx, total),
     };
     let procs = session_procs(&c, session)?;

@@ -48,8 +48,10 @@ impl<'a> Out<'a> {
     }
 
     /// The same, gzipped at `level` (1 to 9) on a thread of its own.
-    pub(super) fn gzipped(tx: &'a Tx, total: u64, level: u32) -> Out<'a> {
-        Out { gzip: Some(Gzip::start(tx.clone(), level)), ..Out::new(tx, total) }
+    pub(super) fn gzipped(tx: &'a Tx, total: u64, level: u32) -> Result<Out<'a>, Stop> {
+        let gzip = Gzip::start(tx.clone(), level)
+            .map_err(|e| ApiError::Internal(format!("starting the export's gzip thread: {e}")))?;
+        Ok(Out { gzip: Some(gzip), ..Out::new(tx, total) })
     }
 
     pub(super) fn maybe_send(&mut self) -> Result<(), Stop> {
@@ -103,13 +105,10 @@ struct Gzip {
 }
 
 impl Gzip {
-    fn start(tx: Tx, level: u32) -> Gzip {
+    fn start(tx: Tx, level: u32) -> std::io::Result<Gzip> {
         let (chunks, rx) = sync_channel(GZIP_QUEUE);
-        let thread = std::thread::Builder::new()
-            .name("export-gzip".into())
-            .spawn(move || gzip(&tx, &rx, level))
-            .expect("spawning the export's gzip thread");
-        Gzip { chunks, thread: Some(thread) }
+        let thread = std::thread::Builder::new().name("export-gzip".into()).spawn(move || gzip(&tx, &rx, level))?;
+        Ok(Gzip { chunks, thread: Some(thread) })
     }
 
     fn join(&mut self) -> Result<(), Stop> {
@@ -201,7 +200,7 @@ mod tests {
     fn gzipped_output_gunzips_to_what_was_written_with_its_progress() {
         let (tx, mut rx) = mpsc::channel(1024);
         let input = text(3 * CHUNK * 8);
-        let mut out = Out::gzipped(&tx, 100, 1);
+        let mut out = Out::gzipped(&tx, 100, 1).unwrap_or_else(|_| panic!("gzip thread"));
         for (i, piece) in input.chunks(CHUNK / 3).enumerate() {
             out.buf.extend_from_slice(piece);
             out.written = i as u64 + 1;
@@ -229,7 +228,7 @@ mod tests {
         // client cannot take it for a whole trace (the error follows it).
         let (tx, mut rx) = mpsc::channel(1024);
         let input = text(4 * CHUNK * 8);
-        let mut out = Out::gzipped(&tx, 0, 1);
+        let mut out = Out::gzipped(&tx, 0, 1).unwrap_or_else(|_| panic!("gzip thread"));
         for piece in input.chunks(CHUNK) {
             out.buf.extend_from_slice(piece);
             out.send().unwrap_or_else(|_| panic!("send"));
@@ -243,7 +242,7 @@ mod tests {
         // The client is gone: the export stops with ClientGone instead of compressing on.
         let (tx, rx) = mpsc::channel(1);
         drop(rx);
-        let mut out = Out::gzipped(&tx, 0, 1);
+        let mut out = Out::gzipped(&tx, 0, 1).unwrap_or_else(|_| panic!("gzip thread"));
         let stopped = input.chunks(CHUNK).any(|piece| {
             out.buf.extend_from_slice(piece);
             matches!(out.send(), Err(Stop::ClientGone))
