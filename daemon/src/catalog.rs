@@ -105,6 +105,12 @@ pub const RECORD_TABLES: &[&str] = &[
 /// Where a record table's rows are stored: the record tables with a `track` column are views
 /// of the same name over `<name>_data` joined to `tracks` (migration 0008), and writes and
 /// deletions go to the `_data` table; `context` and `stream` are tables themselves (None).
+/// Whether a row of the record kind's `_data` table holds up to two records (migration 0012):
+/// `dur2` is NULL where it holds one.
+pub fn paired(table: &str) -> bool {
+    matches!(table, "kernel" | "api")
+}
+
 pub fn data_table(table: &str) -> Option<&'static str> {
     Some(match table {
         "kernel" => "kernel_data",

@@ -20,8 +20,10 @@ use crate::Daemon;
 use crate::catalog::RECORD_TABLES;
 use crate::error::ApiResult;
 
-/// Rows read per table and pass; a larger backlog takes several passes.
-const CHUNK: i64 = 1_000_000;
+/// Rows read per table and pass; a larger backlog takes several passes. A row of kernel_data
+/// or api_data holds up to two records: at most a million records a pass, whose kernels' busy
+/// intervals the pass holds until it sorts them.
+const CHUNK: i64 = 500_000;
 /// Background pass period while sessions are open.
 pub const PERIOD: Duration = Duration::from_secs(1);
 
@@ -154,13 +156,23 @@ fn read_delta(c: &Connection, chunk: i64) -> rusqlite::Result<Delta> {
             "api" => "rowid, session, proc, domain, cbid, 0, 0, dur, 0",
             _ => "rowid, session, proc, 0, 0, 0, 0, 0, 0",
         };
-        let mut stmt = c.prepare(&format!("SELECT {cols} FROM {t} WHERE rowid > ?1 ORDER BY rowid LIMIT ?2"))?;
+        // At most `chunk` rows of the table, whole: a row of kernel_data or api_data holds up to
+        // two records, both with its rowid (migration 0012).
+        let stored = crate::catalog::data_table(t).unwrap_or(t);
+        let mut stmt = c.prepare(&format!(
+            "SELECT {cols} FROM {t} WHERE rowid > ?1 AND rowid <= (SELECT max(rowid) FROM
+               (SELECT rowid FROM {stored} WHERE rowid > ?1 ORDER BY rowid LIMIT ?2)) ORDER BY rowid"
+        ))?;
         let mut rows = stmt.query(params![last, chunk])?;
         let mut n = 0i64;
+        let mut stored_rows = 0i64;
         let mut max_rowid = last;
         while let Some(r) = rows.next()? {
             n += 1;
             let rowid: i64 = r.get(0)?;
+            if rowid != max_rowid {
+                stored_rows += 1;
+            }
             max_rowid = rowid;
             let session: i64 = r.get(1)?;
             let proc: i64 = r.get(2)?;
@@ -218,7 +230,7 @@ fn read_delta(c: &Connection, chunk: i64) -> rusqlite::Result<Delta> {
         if n > 0 {
             delta.progress.push((t, max_rowid));
         }
-        if n == chunk {
+        if stored_rows == chunk {
             delta.more = true;
         }
     }
@@ -347,6 +359,59 @@ impl Delta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Passes of at most 3 rows over rows of one and two kernels: every kernel counted once,
+    /// and the session's rowid range and kernel total as stored.
+    #[test]
+    fn passes_read_whole_rows_of_two_records() {
+        let mut c = Connection::open_in_memory().unwrap();
+        c.execute_batch("PRAGMA foreign_keys=OFF").unwrap();
+        crate::store::migrate(&c).unwrap();
+        c.execute_batch(
+            "INSERT INTO tracks(session, proc, dev, ctx, stream, tid, base) VALUES (5, 1, 0, 1, 7, 0, 0);
+             INSERT INTO kernel_shapes VALUES (1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);",
+        )
+        .unwrap();
+        for i in 0..10i64 {
+            // Rows 3 and 7 hold one kernel, the others two: 18 kernels of 100 + i ns (+ 1000).
+            let (d2, g2) = if i % 4 == 3 { (None, None) } else { (Some(1000 + i), Some(1)) };
+            c.execute(
+                "INSERT INTO kernel_data(track, corr, shape, start, dur, gx, corr2, shape2, start2, dur2, gx2)
+                 VALUES (1, ?1, 1, ?2, ?3, 1, 1, 1, 50, ?4, ?5)",
+                rusqlite::params![2 * i, 1000 * i, 100 + i, d2, g2],
+            )
+            .unwrap();
+        }
+        let mut passes = 0;
+        loop {
+            let delta = read_delta(&c, 3).unwrap();
+            if delta.progress.is_empty() {
+                break;
+            }
+            let more = delta.more;
+            delta.apply(&mut c).unwrap();
+            passes += 1;
+            if !more {
+                break;
+            }
+        }
+        assert!(passes >= 4, "{passes} passes of 3 rows");
+        let (n, lo, hi): (i64, i64, i64) = c
+            .query_row(
+                "SELECT n, first_rowid, last_rowid FROM session_rows WHERE session = 5 AND tbl = 'kernel'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!((n, lo, hi), (18, 1, 10));
+        let (count, total): (i64, i64) = c
+            .query_row("SELECT sum(n), sum(total) FROM kernel_rollup WHERE session = 5", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        let want: i64 = (0..10).map(|i| 100 + i + if i % 4 == 3 { 0 } else { 1000 + i }).sum();
+        assert_eq!((count, total), (18, want));
+    }
 
     #[test]
     fn records_without_a_timestamp_do_not_stretch_the_span() {

@@ -103,14 +103,34 @@ impl Filter {
         })
     }
 
-    /// The statement reading `cols` after the track id from the table's `_data` rows, and its
-    /// parameters.
+    /// The statement reading `cols` (names of the `_data` table's columns or literals, split by
+    /// ", ") after the track id, one row per record, and its parameters. A row of a paired
+    /// table (migration 0012) gives its second record too, right after its first.
     pub(super) fn select(&self, cols: &str) -> (String, Vec<Value>) {
-        let mut sql = format!("SELECT track, {cols} FROM {}_data WHERE rowid BETWEEN ?1 AND ?2", self.table);
+        let table = self.table;
+        let paired = crate::catalog::paired(table);
+        let col = |c: &str| -> String {
+            match c {
+                "corr" | "start" if paired => format!("CASE h.n WHEN 0 THEN d.{c} ELSE d.{c} + d.{c}2 END"),
+                "shape" | "kind" | "dur" | "gx" if paired => format!("CASE h.n WHEN 0 THEN d.{c} ELSE d.{c}2 END"),
+                c if c.chars().all(|x| x.is_ascii_lowercase() || x == '_') => format!("d.{c}"),
+                c => c.to_string(),
+            }
+        };
+        let cols = cols.split(", ").map(col).collect::<Vec<_>>().join(", ");
+        let mut sql = if paired {
+            format!(
+                "SELECT d.track, {cols} FROM {table}_data d CROSS JOIN halves h
+                 WHERE d.rowid BETWEEN ?1 AND ?2 AND (h.n = 0 OR d.dur2 IS NOT NULL)"
+            )
+        } else {
+            format!("SELECT d.track, {cols} FROM {table}_data d WHERE d.rowid BETWEEN ?1 AND ?2")
+        };
         let mut params = vec![Value::Integer(self.lo), Value::Integer(self.hi)];
         if let Some(p) = &self.pattern {
             sql.push_str(&format!(
-                " AND shape IN (SELECT id FROM kernel_shapes WHERE name IN (SELECT id FROM strings WHERE {}))",
+                " AND {} IN (SELECT id FROM kernel_shapes WHERE name IN (SELECT id FROM strings WHERE {}))",
+                col("shape"),
                 NAME_GLOB.replace("?", "?3")
             ));
             params.push(Value::Text(p.clone()));

@@ -1,7 +1,8 @@
 //! The record tables and how a batch becomes rows: multi-row prepared INSERTs into the
 //! `_data` tables, times made relative to the process's `base_ns`, connection-local string
 //! ids mapped to `strings.id`, (session, process, device, context, stream, thread) to `tracks.id`
-//! and launch shapes and call kinds to theirs (through the caches of `ids.rs`).
+//! and launch shapes and call kinds to theirs (through the caches of `ids.rs`); kernels and API
+//! calls two of a track to a row (migration 0012).
 
 use gpuprof_proto::agent::{self as wire, RecordBatch};
 use rusqlite::{Connection, params};
@@ -24,19 +25,29 @@ pub(super) struct Table {
     cols: usize,
     /// Appended to the INSERT (an upsert clause), or "".
     on_conflict: &'static str,
+    /// Tables whose rows hold two records of a track (migration 0012): a record's values, the
+    /// first `single` of the row's (track first); the second record's follow without its track.
+    single: usize,
 }
+
+/// Where a paired table's second record stores its value less the first's: correlation id and
+/// start (in both paired tables, at the same places).
+const PAIR_DELTAS: [usize; 2] = [1, 3];
+
+/// A bound value that stands for NULL: the second half of a row holding one record.
+const NULL: i64 = i64::MIN;
 
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 6, on_conflict: "" };
-const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "" };
-const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "" };
-const API: Table = Table { name: "api_data", slot: 3, cols: 5, on_conflict: "" };
-const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "" };
-const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "" };
-const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "" };
-const EXTCORR: Table = Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "" };
+const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 11, on_conflict: "", single: 6 };
+const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "", single: 6 };
+const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "", single: 8 };
+const API: Table = Table { name: "api_data", slot: 3, cols: 9, on_conflict: "", single: 5 };
+const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "", single: 6 };
+const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "", single: 6 };
+const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "", single: 7 };
+const EXTCORR: Table = Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "", single: 4 };
 // A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
 pub(super) const CONTEXT: Table = Table {
     name: "context",
@@ -44,6 +55,7 @@ pub(super) const CONTEXT: Table = Table {
     cols: 5,
     on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
                   WHERE excluded.null_stream != 4294967295",
+    single: 5,
 };
 pub(super) const STREAM: Table = Table {
     name: "stream",
@@ -51,8 +63,9 @@ pub(super) const STREAM: Table = Table {
     cols: 6,
     on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
                   flags = excluded.flags WHERE excluded.flags != 4294967295",
+    single: 6,
 };
-const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "" };
+const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "", single: 5 };
 
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
@@ -63,7 +76,11 @@ fn insert_sql(t: &Table, rows: usize) -> String {
 fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()> {
     let mut stmt = conn.prepare_cached(&insert_sql(t, vals.len() / t.cols))?;
     for (i, v) in vals.iter().enumerate() {
-        stmt.raw_bind_parameter(i + 1, *v)?;
+        if *v == NULL {
+            stmt.raw_bind_parameter(i + 1, rusqlite::types::Null)?;
+        } else {
+            stmt.raw_bind_parameter(i + 1, *v)?;
+        }
     }
     stmt.raw_execute()?;
     Ok(())
@@ -73,9 +90,15 @@ fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()>
 /// [`MULTI_ROWS`] statements go in as they fill, the rest at commit ([`RowBufs::flush`]), so
 /// that the rows of many small batches share a few large statements. The transaction
 /// commits all of them or none, as before.
+///
+/// Rows of the paired tables hold two consecutive records of a track: a record waits in
+/// `waiting` for the next of its track, and one still waiting at commit is stored alone.
 #[derive(Default)]
 pub(super) struct RowBufs {
     vals: [Vec<i64>; 9],
+    /// Per table slot: track → (arrival number, the record's values).
+    waiting: [std::collections::HashMap<i64, (u64, [i64; 8])>; 9],
+    arrivals: u64,
 }
 
 const BUFFERED: [&Table; 9] = [&KERNEL, &MEMCPY, &MEMSET, &API, &SYNC, &OVERHEAD, &MARKER, &EXTCORR, &GRAPH];
@@ -90,11 +113,24 @@ impl RowBufs {
         mut fill: impl FnMut(&T, &mut [i64]) -> rusqlite::Result<()>,
     ) -> rusqlite::Result<()> {
         let buf = &mut self.vals[t.slot];
+        let waiting = &mut self.waiting[t.slot];
         let chunk = MULTI_ROWS * t.cols;
+        let mut one = [0i64; 8];
         for r in rows {
-            let at = buf.len();
-            buf.resize(at + t.cols, 0);
-            fill(r, &mut buf[at..])?;
+            fill(r, &mut one[..t.single])?;
+            if t.single == t.cols {
+                buf.extend_from_slice(&one[..t.cols]);
+            } else {
+                let Some((_, first)) = waiting.remove(&one[0]) else {
+                    waiting.insert(one[0], (self.arrivals, one));
+                    self.arrivals += 1;
+                    continue;
+                };
+                buf.extend_from_slice(&first[..t.single]);
+                for (i, v) in one.iter().enumerate().take(t.single).skip(1) {
+                    buf.push(if PAIR_DELTAS.contains(&i) { v - first[i] } else { *v });
+                }
+            }
             if buf.len() == chunk {
                 let r = exec_rows(conn, t, buf);
                 buf.clear();
@@ -104,9 +140,16 @@ impl RowBufs {
         Ok(())
     }
 
-    /// Inserts what is buffered, in statements of power-of-two row counts.
+    /// Inserts what is buffered, records still waiting for a second alone, in statements of
+    /// power-of-two row counts.
     pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
         for t in BUFFERED {
+            let mut alone: Vec<_> = self.waiting[t.slot].drain().map(|(_, w)| w).collect();
+            alone.sort_unstable_by_key(|w| w.0);
+            for (_, one) in alone {
+                self.vals[t.slot].extend_from_slice(&one[..t.single]);
+                self.vals[t.slot].resize(self.vals[t.slot].len() + t.cols - t.single, NULL);
+            }
             let buf = std::mem::take(&mut self.vals[t.slot]);
             let mut done = 0;
             while done < buf.len() {
@@ -126,6 +169,9 @@ impl RowBufs {
     pub(super) fn clear(&mut self) {
         for v in &mut self.vals {
             v.clear();
+        }
+        for w in &mut self.waiting {
+            w.clear();
         }
     }
 }

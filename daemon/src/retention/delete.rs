@@ -82,9 +82,12 @@ fn delete_steps(
 ) -> rusqlite::Result<(u64, i64)> {
     let t0 = Instant::now();
     // Rows of the record views are stored in their `_data` table, owned through `tracks`.
+    // A row of a paired table holds one record or two: it says which as it goes.
+    let paired = crate::catalog::paired(table);
     let sql = match crate::catalog::data_table(table) {
         Some(data) => format!(
-            "DELETE FROM {data} WHERE rowid >= ?1 AND rowid <= ?2 AND track IN (SELECT id FROM tracks WHERE {owner}) AND {cond}"
+            "DELETE FROM {data} WHERE rowid >= ?1 AND rowid <= ?2 AND track IN (SELECT id FROM tracks WHERE {owner}) AND {cond}{}",
+            if paired { " RETURNING dur2 IS NOT NULL" } else { "" }
         ),
         None => format!("DELETE FROM {table} WHERE rowid >= ?1 AND rowid <= ?2 AND {owner} AND {cond}"),
     };
@@ -97,7 +100,14 @@ fn delete_steps(
         let end = at.saturating_add(width - 1).min(hi);
         let mut p = vec![at, end];
         p.extend_from_slice(extra);
-        deleted += st.execute(params_from_iter(p))? as u64;
+        if paired {
+            let mut rows = st.query(params_from_iter(p))?;
+            while let Some(r) = rows.next()? {
+                deleted += 1 + u64::from(r.get::<_, bool>(0)?);
+            }
+        } else {
+            deleted += st.execute(params_from_iter(p))? as u64;
+        }
         if end == i64::MAX {
             return Ok((deleted, i64::MAX));
         }
@@ -169,7 +179,12 @@ pub fn expire_unsessioned_chunk(
         None => delete_steps(&tx, table, "session = 0 AND proc = ?3", "1", &[proc], lo, hi)?,
         // A `_data` row's start counts from its track's base (migration 0011).
         Some(b) => {
-            let older = "start + dur < ?4 - (SELECT base FROM tracks WHERE id = track)";
+            let older = if crate::catalog::paired(table) {
+                // Both records of the row: the second starts `start2` after the first.
+                "start + max(dur, coalesce(start2 + dur2, dur)) < ?4 - (SELECT base FROM tracks WHERE id = track)"
+            } else {
+                "start + dur < ?4 - (SELECT base FROM tracks WHERE id = track)"
+            };
             delete_steps(&tx, table, "session = 0 AND proc = ?3", older, &[proc, b], lo, hi)?
         }
     };

@@ -110,7 +110,25 @@ fn kernel(c: &Connection, session: i64, proc: i64, start: i64) {
     let base = ((start + (1 << 31)) >> 32) << 32;
     let t = track_at(c, session, proc, base);
     let shape = shape(c);
-    c.execute("INSERT INTO kernel_data VALUES (?1, 0, ?2, ?3, 10, 1)", params![t, shape, start - base]).unwrap();
+    c.execute(
+        "INSERT INTO kernel_data(track, corr, shape, start, dur, gx) VALUES (?1, 0, ?2, ?3, 10, 1)",
+        params![t, shape, start - base],
+    )
+    .unwrap();
+}
+
+/// Two kernels of a track in one row, as the writer pairs them (migration 0012): the second
+/// starts `later` ns after the first.
+fn kernel_pair(c: &Connection, session: i64, proc: i64, start: i64, later: i64) {
+    let base = ((start + (1 << 31)) >> 32) << 32;
+    let t = track_at(c, session, proc, base);
+    let shape = shape(c);
+    c.execute(
+        "INSERT INTO kernel_data(track, corr, shape, start, dur, gx, corr2, shape2, start2, dur2, gx2)
+         VALUES (?1, 0, ?2, ?3, 10, 1, 1, ?2, ?4, 10, 1)",
+        params![t, shape, start - base, later],
+    )
+    .unwrap();
 }
 
 /// The one kernel shape of these tests (name 1, 1×1×1 blocks).
@@ -334,6 +352,41 @@ fn expires_records_outside_sessions_by_age() {
 }
 
 #[test]
+fn expires_paired_records_by_the_later_of_the_two() {
+    let mut c = db();
+    let now = 10_000 * S;
+    let cutoff = now - 100 * S;
+    process(&c, 2, 5000 * S, None);
+    // Rows of two kernels 1 s apart, every 2 s: all 4900 before the cutoff (at 4900 s after
+    // the process's base) go; the row whose second kernel ends after it stays whole.
+    for i in 0..2450 {
+        kernel_pair(&c, 0, 2, 2 * i * S, S);
+    }
+    kernel_pair(&c, 0, 2, 4899 * S + S / 2, S);
+    for i in 2451..2500 {
+        kernel_pair(&c, 0, 2, 2 * i * S, S);
+    }
+    roll_up(&c);
+    assert_eq!(count(&c, "SELECT n FROM session_rows WHERE session = 0 AND tbl = 'kernel' AND proc = 2"), 5000);
+    let work = unsessioned_work(&c, cutoff).unwrap();
+    assert_eq!(work, [("kernel", 2, Some(cutoff - 5000 * S))]);
+    let mut deleted = 0;
+    loop {
+        let (n, done) = expire_unsessioned_chunk(&mut c, "kernel", 2, Some(cutoff - 5000 * S)).unwrap();
+        assert!(n <= 2 * CHUNK_ROWS);
+        deleted += n;
+        if done {
+            break;
+        }
+    }
+    assert_eq!(deleted, 4900, "records, two per row");
+    assert_eq!(count(&c, "SELECT count(*) FROM kernel_data"), 50);
+    assert_eq!(count(&c, "SELECT count(*) FROM kernel"), 100);
+    assert_eq!(count(&c, "SELECT min(start) FROM kernel"), 4899 * S + S / 2);
+    assert_eq!(count(&c, "SELECT n FROM session_rows WHERE session = 0 AND tbl = 'kernel' AND proc = 2"), 100);
+}
+
+#[test]
 fn expires_processes_nothing_refers_to() {
     let mut c = db();
     let old = Some(10 * S);
@@ -394,7 +447,7 @@ fn database_with_kernels(dir: &std::path::Path, n: u32) -> (std::path::PathBuf, 
     let shape = shape(&c);
     c.execute(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
-         INSERT INTO kernel_data SELECT ?2, i, ?3, i * 1000, 5000, 1 FROM n",
+         INSERT INTO kernel_data(track, corr, shape, start, dur, gx) SELECT ?2, i, ?3, i * 1000, 5000, 1 FROM n",
         [n, t as u32, shape as u32],
     )
     .unwrap();
