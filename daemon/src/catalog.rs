@@ -102,15 +102,49 @@ pub const RECORD_TABLES: &[&str] = &[
     "graph",
 ];
 
+/// How the second record of a paired row (migration 0012) stores one of the record's values:
+/// in the column of the same name with a `2` after it, as it is or less the first record's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Second {
+    /// `<col>2` = the second record's value - the first's (a few bytes instead of several).
+    Delta,
+    /// `<col>2` = the second record's value.
+    Own,
+}
+
+/// The columns of `kernel_data` after `track`, in order, with how a row's second record stores
+/// each; the `2` columns follow in the same order.
+pub const KERNEL_PAIR: &[(&str, Second)] = &[
+    ("corr", Second::Delta),
+    ("shape", Second::Own),
+    ("start", Second::Delta),
+    ("dur", Second::Own),
+    ("gx", Second::Own),
+];
+
+/// The columns of `api_data` after `track`, as [`KERNEL_PAIR`].
+pub const API_PAIR: &[(&str, Second)] =
+    &[("corr", Second::Delta), ("kind", Second::Own), ("start", Second::Delta), ("dur", Second::Own)];
+
+/// The record's columns of a `_data` table whose rows hold up to two records of a track
+/// (migration 0012), with how the second is stored; empty for the kinds stored one to a row.
+/// `dur2` is NULL in a row that holds one record.
+pub fn pair_columns(table: &str) -> &'static [(&'static str, Second)] {
+    match table {
+        "kernel" => KERNEL_PAIR,
+        "api" => API_PAIR,
+        _ => &[],
+    }
+}
+
+/// Whether a row of the record kind's `_data` table holds up to two records (migration 0012).
+pub fn paired(table: &str) -> bool {
+    !pair_columns(table).is_empty()
+}
+
 /// Where a record table's rows are stored: the record tables with a `track` column are views
 /// of the same name over `<name>_data` joined to `tracks` (migration 0008), and writes and
 /// deletions go to the `_data` table; `context` and `stream` are tables themselves (None).
-/// Whether a row of the record kind's `_data` table holds up to two records (migration 0012):
-/// `dur2` is NULL where it holds one.
-pub fn paired(table: &str) -> bool {
-    matches!(table, "kernel" | "api")
-}
-
 pub fn data_table(table: &str) -> Option<&'static str> {
     Some(match table {
         "kernel" => "kernel_data",

@@ -287,6 +287,29 @@ mod tests {
         }
     }
 
+    /// The writer and the export readers take a paired table's layout from
+    /// `catalog::pair_columns`: it must be the migrated schema's, column for column.
+    #[test]
+    fn paired_tables_have_the_columns_the_catalog_names() {
+        let conn = Connection::open_in_memory().unwrap();
+        migrate(&conn).unwrap();
+        let mut paired = 0;
+        for t in crate::catalog::RECORD_TABLES {
+            let pair = crate::catalog::pair_columns(t);
+            if pair.is_empty() {
+                continue;
+            }
+            paired += 1;
+            let want: Vec<String> = std::iter::once("track".to_string())
+                .chain(pair.iter().map(|(c, _)| c.to_string()))
+                .chain(pair.iter().map(|(c, _)| format!("{c}2")))
+                .collect();
+            let data = crate::catalog::data_table(t).unwrap();
+            assert_eq!(table_info(&conn, data, "name"), want, "{data}");
+        }
+        assert_eq!(paired, 2, "kernel_data and api_data hold two records a row");
+    }
+
     #[test]
     fn version_3_keeps_sessions_and_stops_reusing_their_ids() {
         let conn = Connection::open_in_memory().unwrap();

@@ -15,6 +15,7 @@ use rusqlite::{Connection, params_from_iter};
 
 use super::fasthash::FastMap;
 use super::records::{EVENT_TABLES, Rec};
+use crate::catalog::Second;
 use crate::query::{NAME_GLOB, cols, rollups};
 
 /// What a row takes from its track (and the track's process).
@@ -108,13 +109,14 @@ impl Filter {
     /// table (migration 0012) gives its second record too, right after its first.
     pub(super) fn select(&self, cols: &str) -> (String, Vec<Value>) {
         let table = self.table;
-        let paired = crate::catalog::paired(table);
+        let pair = crate::catalog::pair_columns(table);
+        let paired = !pair.is_empty();
         let col = |c: &str| -> String {
-            match c {
-                "corr" | "start" if paired => format!("CASE h.n WHEN 0 THEN d.{c} ELSE d.{c} + d.{c}2 END"),
-                "shape" | "kind" | "dur" | "gx" if paired => format!("CASE h.n WHEN 0 THEN d.{c} ELSE d.{c}2 END"),
-                c if c.chars().all(|x| x.is_ascii_lowercase() || x == '_') => format!("d.{c}"),
-                c => c.to_string(),
+            match pair.iter().find(|(p, _)| *p == c).map(|(_, second)| second) {
+                Some(Second::Delta) => format!("CASE h.n WHEN 0 THEN d.{c} ELSE d.{c} + d.{c}2 END"),
+                Some(Second::Own) => format!("CASE h.n WHEN 0 THEN d.{c} ELSE d.{c}2 END"),
+                None if c.chars().all(|x| x.is_ascii_lowercase() || x == '_') => format!("d.{c}"),
+                None => c.to_string(),
             }
         };
         let cols = cols.split(", ").map(col).collect::<Vec<_>>().join(", ");

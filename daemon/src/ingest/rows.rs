@@ -8,6 +8,7 @@ use gpuprof_proto::agent::{self as wire, RecordBatch};
 use rusqlite::{Connection, params};
 
 use super::ids::Tracks;
+use crate::catalog::{API_PAIR, KERNEL_PAIR, Second};
 
 /// What rows of one connection are written with.
 pub(super) struct ProcCtx {
@@ -26,13 +27,11 @@ pub(super) struct Table {
     /// Appended to the INSERT (an upsert clause), or "".
     on_conflict: &'static str,
     /// Tables whose rows hold two records of a track (migration 0012): a record's values, the
-    /// first `single` of the row's (track first); the second record's follow without its track.
+    /// first `single` of the row's (track first); the second record's follow without its track,
+    /// stored as `pair` says.
     single: usize,
+    pair: &'static [(&'static str, Second)],
 }
-
-/// Where a paired table's second record stores its value less the first's: correlation id and
-/// start (in both paired tables, at the same places).
-const PAIR_DELTAS: [usize; 2] = [1, 3];
 
 /// A bound value that stands for NULL: the second half of a row holding one record.
 const NULL: i64 = i64::MIN;
@@ -40,14 +39,15 @@ const NULL: i64 = i64::MIN;
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = Table { name: "kernel_data", slot: 0, cols: 11, on_conflict: "", single: 6 };
-const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "", single: 6 };
-const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "", single: 8 };
-const API: Table = Table { name: "api_data", slot: 3, cols: 9, on_conflict: "", single: 5 };
-const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "", single: 6 };
-const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "", single: 6 };
-const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "", single: 7 };
-const EXTCORR: Table = Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "", single: 4 };
+const KERNEL: Table = paired("kernel_data", 0, KERNEL_PAIR);
+const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "", single: 6, pair: &[] };
+const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "", single: 8, pair: &[] };
+const API: Table = paired("api_data", 3, API_PAIR);
+const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "", single: 6, pair: &[] };
+const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "", single: 6, pair: &[] };
+const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "", single: 7, pair: &[] };
+const EXTCORR: Table =
+    Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "", single: 4, pair: &[] };
 // A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
 pub(super) const CONTEXT: Table = Table {
     name: "context",
@@ -56,6 +56,7 @@ pub(super) const CONTEXT: Table = Table {
     on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
                   WHERE excluded.null_stream != 4294967295",
     single: 5,
+    pair: &[],
 };
 pub(super) const STREAM: Table = Table {
     name: "stream",
@@ -64,8 +65,15 @@ pub(super) const STREAM: Table = Table {
     on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
                   flags = excluded.flags WHERE excluded.flags != 4294967295",
     single: 6,
+    pair: &[],
 };
-const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "", single: 5 };
+const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "", single: 5, pair: &[] };
+
+/// A table whose rows hold up to two records of a track: the track, the first record's `pair`
+/// columns, then the second's.
+const fn paired(name: &'static str, slot: usize, pair: &'static [(&'static str, Second)]) -> Table {
+    Table { name, slot, cols: 1 + 2 * pair.len(), on_conflict: "", single: 1 + pair.len(), pair }
+}
 
 fn insert_sql(t: &Table, rows: usize) -> String {
     let one = format!("({})", vec!["?"; t.cols].join(","));
@@ -127,8 +135,8 @@ impl RowBufs {
                     continue;
                 };
                 buf.extend_from_slice(&first[..t.single]);
-                for (i, v) in one.iter().enumerate().take(t.single).skip(1) {
-                    buf.push(if PAIR_DELTAS.contains(&i) { v - first[i] } else { *v });
+                for (i, (v, (_, second))) in one[1..t.single].iter().zip(t.pair).enumerate() {
+                    buf.push(if *second == Second::Delta { v - first[i + 1] } else { *v });
                 }
             }
             if buf.len() == chunk {
