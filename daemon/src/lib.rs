@@ -19,6 +19,7 @@ pub mod demangle;
 pub mod devmetrics;
 pub mod error;
 pub mod export;
+mod fasthash;
 pub mod ingest;
 pub mod kubelet;
 pub mod nvml;

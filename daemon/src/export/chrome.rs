@@ -8,11 +8,11 @@ use std::path::Path;
 use gpuprof_proto::api as pb;
 use rusqlite::Connection;
 
-use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::json::{Buf, json_str, us};
 use super::out::{Out, Stop, Tx, total_rows};
 use super::records::{EVENT_TABLES, Prelude, Rec, each_record};
+use crate::fasthash::FastMap;
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// Synthetic thread ids of per-process host tracks.

@@ -27,7 +27,6 @@
 //! client in chunks.
 
 mod chrome;
-mod fasthash;
 mod flows;
 mod json;
 mod out;

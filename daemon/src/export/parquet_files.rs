@@ -28,10 +28,10 @@ use parquet::schema::types::ColumnPath;
 use rusqlite::types::Value;
 use rusqlite::{Connection, params_from_iter};
 
-use super::fasthash::FastMap;
 use super::out::{CHUNK, Out, Stop, Tx, total_rows};
 use super::parquet_rows::{plan, rows};
 use crate::error::ApiError;
+use crate::fasthash::FastMap;
 use crate::query::{NAME_GLOB, copy_kind_name, names, sync_type_name, where_for};
 
 /// Rows per Arrow record batch handed to the Parquet writer.

@@ -8,9 +8,9 @@
 use gpuprof_proto::api as pb;
 use rusqlite::{Connection, params_from_iter};
 
-use super::fasthash::FastMap;
 use super::out::Stop;
 use super::scan::{Filter, Track};
+use crate::fasthash::FastMap;
 
 /// Where a column's value comes from.
 #[derive(Debug, Clone, Copy)]

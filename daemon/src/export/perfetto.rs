@@ -25,11 +25,11 @@ use prost::Message;
 use rusqlite::Connection;
 
 use super::chrome::{Gpus, Procs, gpu_name, session_gpus, session_procs};
-use super::fasthash::FastMap;
 use super::flows::{Flows, key};
 use super::out::{Out, Stop, Tx, total_rows};
 use super::perfetto_wire::{self, Event, Packet, Scratch, Val};
 use super::records::{EVENT_TABLES, Prelude, Rec, each_record};
+use crate::fasthash::FastMap;
 use crate::query::{Strings, copy_kind_name, sync_type_name};
 
 /// The one packet sequence of the file.

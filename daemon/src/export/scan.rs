@@ -13,9 +13,9 @@ use gpuprof_proto::api as pb;
 use rusqlite::types::Value;
 use rusqlite::{Connection, params_from_iter};
 
-use super::fasthash::FastMap;
 use super::records::{EVENT_TABLES, Rec};
 use crate::catalog::Second;
+use crate::fasthash::FastMap;
 use crate::query::{NAME_GLOB, cols, rollups};
 
 /// What a row takes from its track (and the track's process).

@@ -9,6 +9,7 @@ use rusqlite::{Connection, params};
 
 use super::ids::Tracks;
 use crate::catalog::{API_PAIR, KERNEL_PAIR, Second};
+use crate::fasthash::FastMap;
 
 /// What rows of one connection are written with.
 pub(super) struct ProcCtx {
@@ -26,11 +27,16 @@ pub(super) struct Table {
     cols: usize,
     /// Appended to the INSERT (an upsert clause), or "".
     on_conflict: &'static str,
-    /// Tables whose rows hold two records of a track (migration 0012): a record's values, the
-    /// first `single` of the row's (track first); the second record's follow without its track,
-    /// stored as `pair` says.
-    single: usize,
+    /// Tables whose rows hold two records of a track (migration 0012): the columns the second
+    /// record's values take after the first's, and how each is stored (empty for the others).
     pair: &'static [(&'static str, Second)],
+}
+
+impl Table {
+    /// A record's values: the first `single()` of a row's (track first).
+    const fn single(&self) -> usize {
+        self.cols - self.pair.len()
+    }
 }
 
 /// A bound value that stands for NULL: the second half of a row holding one record.
@@ -40,14 +46,13 @@ const NULL: i64 = i64::MIN;
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
 const KERNEL: Table = paired("kernel_data", 0, KERNEL_PAIR);
-const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "", single: 6, pair: &[] };
-const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "", single: 8, pair: &[] };
+const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "", pair: &[] };
+const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "", pair: &[] };
 const API: Table = paired("api_data", 3, API_PAIR);
-const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "", single: 6, pair: &[] };
-const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "", single: 6, pair: &[] };
-const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "", single: 7, pair: &[] };
-const EXTCORR: Table =
-    Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "", single: 4, pair: &[] };
+const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "", pair: &[] };
+const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "", pair: &[] };
+const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "", pair: &[] };
+const EXTCORR: Table = Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "", pair: &[] };
 // A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
 pub(super) const CONTEXT: Table = Table {
     name: "context",
@@ -55,7 +60,6 @@ pub(super) const CONTEXT: Table = Table {
     cols: 5,
     on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
                   WHERE excluded.null_stream != 4294967295",
-    single: 5,
     pair: &[],
 };
 pub(super) const STREAM: Table = Table {
@@ -64,15 +68,14 @@ pub(super) const STREAM: Table = Table {
     cols: 6,
     on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
                   flags = excluded.flags WHERE excluded.flags != 4294967295",
-    single: 6,
     pair: &[],
 };
-const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "", single: 5, pair: &[] };
+const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "", pair: &[] };
 
 /// A table whose rows hold up to two records of a track: the track, the first record's `pair`
 /// columns, then the second's.
 const fn paired(name: &'static str, slot: usize, pair: &'static [(&'static str, Second)]) -> Table {
-    Table { name, slot, cols: 1 + 2 * pair.len(), on_conflict: "", single: 1 + pair.len(), pair }
+    Table { name, slot, cols: 1 + 2 * pair.len(), on_conflict: "", pair }
 }
 
 fn insert_sql(t: &Table, rows: usize) -> String {
@@ -105,7 +108,7 @@ fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()>
 pub(super) struct RowBufs {
     vals: [Vec<i64>; 9],
     /// Per table slot: track → (arrival number, the record's values).
-    waiting: [std::collections::HashMap<i64, (u64, [i64; 8])>; 9],
+    waiting: [FastMap<i64, (u64, [i64; 8])>; 9],
     arrivals: u64,
 }
 
@@ -125,8 +128,8 @@ impl RowBufs {
         let chunk = MULTI_ROWS * t.cols;
         let mut one = [0i64; 8];
         for r in rows {
-            fill(r, &mut one[..t.single])?;
-            if t.single == t.cols {
+            fill(r, &mut one[..t.single()])?;
+            if t.pair.is_empty() {
                 buf.extend_from_slice(&one[..t.cols]);
             } else {
                 let Some((_, first)) = waiting.remove(&one[0]) else {
@@ -134,8 +137,8 @@ impl RowBufs {
                     self.arrivals += 1;
                     continue;
                 };
-                buf.extend_from_slice(&first[..t.single]);
-                for (i, (v, (_, second))) in one[1..t.single].iter().zip(t.pair).enumerate() {
+                buf.extend_from_slice(&first[..t.single()]);
+                for (i, (v, (_, second))) in one[1..t.single()].iter().zip(t.pair).enumerate() {
                     buf.push(if *second == Second::Delta { v - first[i + 1] } else { *v });
                 }
             }
@@ -155,8 +158,8 @@ impl RowBufs {
             let mut alone: Vec<_> = self.waiting[t.slot].drain().map(|(_, w)| w).collect();
             alone.sort_unstable_by_key(|w| w.0);
             for (_, one) in alone {
-                self.vals[t.slot].extend_from_slice(&one[..t.single]);
-                self.vals[t.slot].resize(self.vals[t.slot].len() + t.cols - t.single, NULL);
+                self.vals[t.slot].extend_from_slice(&one[..t.single()]);
+                self.vals[t.slot].resize(self.vals[t.slot].len() + t.pair.len(), NULL);
             }
             let buf = std::mem::take(&mut self.vals[t.slot]);
             let mut done = 0;

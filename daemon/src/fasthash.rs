@@ -1,15 +1,16 @@
-//! A fast hasher for the exports' per-record maps, whose keys are the database's own ids and
-//! small tuples of them (nothing a client chooses): one rotate, xor and multiply per integer
-//! (the scheme of rustc's FxHasher), where std's SipHash took about 5 % of an export's CPU.
+//! A fast hasher for per-record maps whose keys are the database's own ids and small tuples of
+//! them (nothing a client chooses): the exports' maps and the writer's records waiting for the
+//! next of their track. One rotate, xor and multiply per integer (the scheme of rustc's
+//! FxHasher), where std's SipHash took about 5 % of an export's CPU.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A `HashMap` with [`FastHasher`].
-pub(super) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 #[derive(Default, Clone, Copy)]
-pub(super) struct FastHasher(u64);
+pub(crate) struct FastHasher(u64);
 
 impl FastHasher {
     fn add(&mut self, x: u64) {
