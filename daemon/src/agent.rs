@@ -351,6 +351,7 @@ fn msg_name(m: &Msg) -> &'static str {
         Msg::Goodbye(_) => "Goodbye",
         Msg::PcSamplingState(_) => "PcSamplingState",
         Msg::Cubin(_) => "CubinChunk",
+        Msg::DeviceActivity(_) => "DeviceActivity",
     }
 }
 
@@ -390,6 +391,16 @@ impl Conn<'_> {
                 }
                 if b.session_id != 0 {
                     d.count_session_records(b.session_id, count);
+                    // Kernels traced on a device are work there, for the PC-sampling scheduler.
+                    let mut devs: Vec<u32> = Vec::new();
+                    for k in &b.kernels {
+                        if !devs.contains(&k.device_id) {
+                            devs.push(k.device_id);
+                        }
+                    }
+                    if !devs.is_empty() && d.pc.activity(id, devs, std::time::Instant::now()) {
+                        d.sessions.wake_supervisor();
+                    }
                 }
                 let permit = d.writer.reserve_records(count).await.map_err(|_| ConnError::Shutdown)?;
                 d.stats.queued_records.fetch_add(count, Relaxed);
@@ -466,6 +477,12 @@ impl Conn<'_> {
                 }
                 if s.status == wire::PcSamplingStatus::HardwareBusy as i32 {
                     // Its retry is one of the supervisor's deadlines now.
+                    d.sessions.wake_supervisor();
+                }
+            }
+            Msg::DeviceActivity(a) => {
+                let working = a.devices.iter().filter(|u| u.context && u.syncs > 0).map(|u| u.device_id);
+                if d.pc.activity(id, working, std::time::Instant::now()) {
                     d.sessions.wake_supervisor();
                 }
             }

@@ -62,7 +62,10 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         arbiter,
         gpus,
         pm: pmstream::PmHub::default(),
-        pc: crate::pcsamp::PcHub::new(config.sampler.stream_queue),
+        pc: crate::pcsamp::PcHub::new(
+            config.sampler.stream_queue,
+            crate::pcsamp::sched::SchedConfig::from_config(&config.pc),
+        ),
         otlp_pc: Default::default(),
         writer,
         config,

@@ -20,6 +20,7 @@ pub mod config;
 pub mod convert;
 pub mod devices;
 pub mod exports;
+pub mod fatbin;
 pub mod lifecycle;
 pub mod log;
 pub mod pool;

@@ -14,6 +14,9 @@ use super::{ConnError, msg_name, proto_err};
 use crate::catalog::Kind;
 use crate::pcsamp::cubin::Assembler;
 
+/// Most devices a `DeviceActivity` may list.
+const MAX_ACTIVITY_DEVICES: usize = 256;
+
 /// The first message of a connection: a Hello in this daemon's protocol version from a known
 /// kind of agent. Returns it with the agent's kind ("injector" or "sampler").
 pub fn hello(m: AgentMessage) -> Result<(Hello, &'static str), ConnError> {
@@ -123,6 +126,15 @@ impl Checker {
             }
             Msg::SamplerState(_) => self.require_kind("sampler", msg)?,
             Msg::PcSamplingState(_) | Msg::Cubin(_) => self.require_kind("injector", msg)?,
+            Msg::DeviceActivity(a) => {
+                self.require_kind("injector", msg)?;
+                if a.devices.len() > MAX_ACTIVITY_DEVICES {
+                    return Err(proto_err(format!(
+                        "DeviceActivity lists {} devices (at most {MAX_ACTIVITY_DEVICES})",
+                        a.devices.len()
+                    )));
+                }
+            }
             Msg::Drops(_) | Msg::Heartbeat(_) | Msg::Goodbye(_) => {}
         }
         Ok(())

@@ -287,7 +287,8 @@ impl Arbiter {
         core.devices().filter_map(|(d, s)| paused_marker(d, s)).collect()
     }
 
-    fn holder_of(&self, device: u32) -> Option<Lease> {
+    /// The lease that holds `device` now.
+    pub fn holder_of(&self, device: u32) -> Option<Lease> {
         self.lock().holder(device).cloned()
     }
 

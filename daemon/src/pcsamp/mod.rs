@@ -15,10 +15,12 @@
 
 pub mod cubin;
 pub mod names;
+pub mod sched;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use gpuprof_proto::agent as wire;
 use gpuprof_proto::api as pb;
@@ -87,6 +89,8 @@ pub struct Release {
 /// The hub, one per daemon (`Daemon::pc`).
 pub struct PcHub {
     inner: Mutex<Inner>,
+    /// Which process PC-samples each GPU now (taken alone or after `inner`, never before).
+    sched: Mutex<sched::Sched>,
     streams: Mutex<HashMap<u64, broadcast::Sender<Arc<Push>>>>,
     cubins: Mutex<HashSet<String>>,
     /// Ring size of each session's stream (`sampler.stream_queue`).
@@ -97,9 +101,10 @@ pub struct PcHub {
 }
 
 impl PcHub {
-    pub fn new(queue: usize) -> PcHub {
+    pub fn new(queue: usize, sched: sched::SchedConfig) -> PcHub {
         PcHub {
             inner: Mutex::default(),
+            sched: Mutex::new(sched::Sched::new(sched)),
             streams: Mutex::default(),
             cubins: Mutex::default(),
             queue: queue.max(16),
@@ -110,6 +115,79 @@ impl PcHub {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sched(&self) -> MutexGuard<'_, sched::Sched> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts tracking `key`, which wants PC sampling on the daemon's GPU `gpu`: its GPU's
+    /// scheduler asks for the lease when it is `key`'s turn ([`Self::schedule`]).
+    pub fn track(&self, key: Key, gpu: u32, start: wire::StartPcSampling) {
+        let mut g = self.lock();
+        if g.devices.get(&key).is_some_and(|s| s.lease.is_some()) {
+            return;
+        }
+        let e = g.devices.entry(key).or_default();
+        e.start = start;
+        e.state = format!("not sampled (no CUDA work seen on GPU {gpu} yet)");
+        self.sched().add(gpu, key);
+    }
+
+    /// Process `proc` worked on its CUDA devices `devices` just now. True when that made one
+    /// of its candidates eligible for a turn (the scheduler should run).
+    pub fn activity(&self, proc: u64, devices: impl IntoIterator<Item = u32>, now: Instant) -> bool {
+        let mut s = self.sched();
+        let mut newly = false;
+        for dev in devices {
+            for key in s.of_proc(proc, dev) {
+                newly |= s.activity(&key, now);
+            }
+        }
+        newly
+    }
+
+    /// Moves the schedulers to `now` (GPUs in `frozen` rotate nothing): the states of those
+    /// waiting are set here; the leases to ask for and to release are returned.
+    pub fn schedule(&self, now: Instant, frozen: &[u32]) -> (Vec<Key>, Vec<Release>) {
+        let mut g = self.lock();
+        let actions = self.sched().tick(now, frozen);
+        let (mut grant, mut release) = (Vec::new(), Vec::new());
+        for a in actions {
+            match a {
+                sched::Action::Grant(key) => grant.push(key),
+                sched::Action::Revoke(key, state) => {
+                    if let Some(s) = g.devices.get_mut(&key) {
+                        s.granted = false;
+                        s.state = state.clone();
+                        if let Some(l) = s.lease.take() {
+                            release.push(Release { lease: l, reason: format!("turn over: {state}") });
+                        }
+                    }
+                }
+                sched::Action::State(key, state) => {
+                    if let Some(s) = g.devices.get_mut(&key)
+                        && s.lease.is_none()
+                    {
+                        s.state = state;
+                    }
+                }
+            }
+        }
+        for r in &release {
+            g.leases.remove(&r.lease);
+        }
+        (grant, release)
+    }
+
+    /// When the schedulers have something to do next at the latest.
+    pub fn next_schedule(&self) -> Option<Instant> {
+        self.sched().next_wakeup()
+    }
+
+    /// What `StartPcSampling` carries for `key` (None: not tracked).
+    pub fn start_of(&self, key: &Key) -> Option<wire::StartPcSampling> {
+        self.lock().devices.get(key).map(|s| s.start.clone())
     }
 
     /// Starts tracking `key`: `ask` requests the lease (called under the hub's lock, so the
@@ -208,6 +286,7 @@ impl PcHub {
                 None
             }
             S::Stopped => {
+                self.sched().stopped(&key);
                 // Our own reasons (preempted, stopped, no lease) say more than the agent's.
                 if s.state == "sampling" {
                     s.state = format!("stopped{detail}");
@@ -232,6 +311,9 @@ impl PcHub {
             }
             S::Unspecified => None,
         };
+        if matches!(status, S::Failed | S::HardwareBusy) {
+            self.sched().remove(&key);
+        }
         if let Some(r) = &release {
             g.leases.remove(&r.lease);
         }
@@ -261,11 +343,13 @@ impl PcHub {
     /// Counts a batch from agent connection `proc`.
     pub fn add_batch(&self, proc: u64, b: &wire::PcSampleBatch) {
         let (taken, lost) = crate::ingest::batch_totals(b);
+        let key = (b.session_id, proc, b.device_id);
         let mut g = self.lock();
-        if let Some(s) = g.devices.get_mut(&(b.session_id, proc, b.device_id)) {
+        if let Some(s) = g.devices.get_mut(&key) {
             s.samples += taken;
             s.dropped += lost;
         }
+        self.sched().samples(&key, taken);
     }
 
     /// Ends PC sampling of `session` (of one process when `proc` is given): devices still
@@ -275,6 +359,7 @@ impl PcHub {
         let mut out = Vec::new();
         let keys: Vec<Key> =
             g.devices.keys().filter(|k| k.0 == session && proc.is_none_or(|p| k.1 == p)).copied().collect();
+        self.sched().remove_where(session, proc);
         for key in keys {
             let Some(s) = g.devices.get_mut(&key) else { continue };
             s.granted = false;
@@ -283,7 +368,10 @@ impl PcHub {
                 g.leases.remove(&l);
             }
             if let Some(s) = g.devices.get_mut(&key)
-                && (s.state == "sampling" || s.state.starts_with("waiting") || s.state.starts_with("preempted"))
+                && (s.state == "sampling"
+                    || s.state.starts_with("waiting")
+                    || s.state.starts_with("preempted")
+                    || s.state.starts_with("not sampled"))
             {
                 s.state = state.to_string();
             }
@@ -376,6 +464,11 @@ pub fn short_stall(name: &str) -> &str {
 mod tests {
     use super::*;
 
+    fn test_sched() -> sched::SchedConfig {
+        let s = std::time::Duration::from_secs;
+        sched::SchedConfig { turn: s(1), max_wait: s(4), active_for: s(3), handover_timeout: s(2) }
+    }
+
     fn state(status: wire::PcSamplingStatus, detail: &str, heals: u32) -> wire::PcSamplingState {
         wire::PcSamplingState {
             session_id: 1,
@@ -389,7 +482,7 @@ mod tests {
 
     #[test]
     fn lease_states_follow_the_arbiter_and_the_agent() {
-        let hub = PcHub::new(16);
+        let hub = PcHub::new(16, test_sched());
         hub.request((1, 7, 0), wire::StartPcSampling { period_log2: 12, ..Default::default() }, || Ok(42));
         hub.request((1, 7, 1), wire::StartPcSampling::default(), || Err("GPU 1 is not managed".into()));
         assert_eq!(hub.start_message(42).map(|m| m.period_log2), Some(12));
@@ -429,7 +522,7 @@ mod tests {
 
     #[test]
     fn stop_releases_held_and_waiting_leases() {
-        let hub = PcHub::new(16);
+        let hub = PcHub::new(16, test_sched());
         hub.request((3, 1, 0), wire::StartPcSampling::default(), || Ok(1));
         hub.request((3, 2, 0), wire::StartPcSampling::default(), || Ok(2));
         hub.granted(1);

@@ -1,7 +1,9 @@
-//! PC sampling of a session's processes: a performance-monitor lease per device each process
-//! reported in its Hello, asked for when the process joins and handed back when the session
-//! stops, the process leaves or sampling fails; the states go to [`crate::pcsamp::PcHub`]
-//! while the session is open and to `pc_sampling` rows when it ends.
+//! PC sampling of a session's processes: each device a process reported in its Hello is a
+//! candidate of that GPU's scheduler ([`crate::pcsamp::sched`]) when the process joins; the
+//! performance-monitor lease is asked for when it is the process's turn on that GPU (it works
+//! there, and it is its turn among those that do) and handed back when the turn ends, the
+//! session stops, the process leaves or sampling fails; the states go to
+//! [`crate::pcsamp::PcHub`] while the session is open and to `pc_sampling` rows when it ends.
 
 use gpuprof_proto::agent as wire;
 use gpuprof_proto::api as pb;
@@ -38,11 +40,18 @@ fn gpu_of(d: &Daemon, dev: &wire::Device) -> Result<u32, String> {
     }
 }
 
-/// Asks for the PC-sampling lease of every device of `a`, which just joined `session`.
+/// Makes every device of `a`, which just joined `session`, a candidate of its GPU's scheduler.
 pub(super) fn request(d: &Daemon, session: u64, collect: &Collect, a: &Agent) {
     if !collect.pc_sampling {
         return;
     }
+    let pc = &d.config.pc;
+    let continuous = match collect.pc_mode.as_str() {
+        "" => pc.mode == "continuous",
+        m => m == "continuous",
+    };
+    let budget_ppm =
+        if collect.pc_cost_budget_ppm != 0 { collect.pc_cost_budget_ppm } else { (pc.cost_budget_pct * 10_000.0) as u32 };
     for dev in &a.devices {
         let start = wire::StartPcSampling {
             session_id: session,
@@ -52,9 +61,47 @@ pub(super) fn request(d: &Daemon, session: u64, collect: &Collect, a: &Agent) {
             flush_interval_ms: collect.pc_flush_interval_ms,
             hw_buffer_mib: collect.pc_hw_buffer_mib,
             scratch_buffer_mib: collect.pc_scratch_buffer_mib,
+            mode: if continuous { wire::PcMode::Continuous } else { wire::PcMode::Windows } as i32,
+            window_ms: pc.window.0.as_millis() as u32,
+            cost_budget_ppm: budget_ppm,
+            target_samples_per_s: pc.target_samples_per_s,
         };
-        ask(d, a, dev, start);
+        candidate(d, a, dev, start);
     }
+}
+
+/// Makes device `dev` of `a` a candidate of its GPU's scheduler for `start`'s session.
+fn candidate(d: &Daemon, a: &Agent, dev: &wire::Device, start: wire::StartPcSampling) {
+    let key = (start.session_id, a.id, dev.id);
+    match gpu_of(d, dev) {
+        Ok(gpu) => d.pc.track(key, gpu, start),
+        // Not a GPU this daemon manages: the state says why.
+        Err(_) => d.pc.request(key, start, || gpu_of(d, dev).map(|_| 0)),
+    }
+}
+
+/// Runs the GPUs' schedulers: asks for the leases of the processes whose turn begins and
+/// releases those whose turn ended. A paused GPU rotates nothing.
+pub(super) fn schedule(d: &Daemon) {
+    let frozen: Vec<u32> = d
+        .arbiter
+        .devices()
+        .into_iter()
+        .filter(|g| d.arbiter.holder_of(*g).is_some_and(|l| matches!(l.holder, Holder::Pause { .. })))
+        .collect();
+    let (grant, release_now) = d.pc.schedule(std::time::Instant::now(), &frozen);
+    release(d, release_now);
+    for (session, proc, device) in grant {
+        let Some(a) = d.registry.get(proc) else { continue };
+        let Some(dev) = a.devices.iter().find(|x| x.id == device) else { continue };
+        let Some(start) = d.pc.start_of(&(session, proc, device)) else { continue };
+        ask(d, &a, dev, start);
+    }
+}
+
+/// When the schedulers run next at the latest.
+pub(super) fn next_schedule(d: &Daemon) -> Option<std::time::Instant> {
+    d.pc.next_schedule()
 }
 
 /// Asks for the lease of device `dev` of `a` for `start`'s session.
@@ -78,8 +125,8 @@ pub(super) fn retry_busy(d: &Daemon, g: &Inner) {
             g.open.get(&session).is_some_and(|l| l.state == State::Active) && g.busy.get(&proc) == Some(&session);
         let Some(a) = d.registry.get(proc).filter(|_| member) else { continue };
         let Some(dev) = a.devices.iter().find(|x| x.id == device) else { continue };
-        tracing::info!(session, process = proc, device, "asking again for the PC-sampling lease after HARDWARE_BUSY");
-        ask(d, &a, dev, start);
+        tracing::info!(session, process = proc, device, "PC sampling takes turns again after HARDWARE_BUSY");
+        candidate(d, &a, dev, start);
     }
 }
 

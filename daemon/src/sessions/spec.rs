@@ -130,7 +130,16 @@ pub struct Collect {
     /// CUPTI PM sampling while the session is active, Hz (0: off).
     #[serde(default)]
     pub pm_sampling_rate_hz: u32,
+    /// "windows" or "continuous" ("": gpuprofd's `[pc] mode`, read when a lease is asked for).
+    #[serde(default)]
+    pub pc_mode: String,
+    /// Windows: the cost budget in parts per million (0: gpuprofd's `[pc] cost_budget_pct`).
+    #[serde(default)]
+    pub pc_cost_budget_ppm: u32,
 }
+
+/// Highest PC-sampling cost budget a session may set, in %.
+pub const MAX_PC_COST_BUDGET_PCT: f64 = 10.0;
 
 /// Highest CUPTI PM sampling rate a session may ask for (100 us).
 pub const MAX_PM_RATE_HZ: u32 = 10_000;
@@ -216,6 +225,8 @@ impl Collect {
             ("collect.pc_flush_interval_ms", c.pc_flush_interval_ms != 0),
             ("collect.pc_hw_buffer_mib", c.pc_hw_buffer_mib != 0),
             ("collect.pc_scratch_buffer_mib", c.pc_scratch_buffer_mib != 0),
+            ("collect.pc_mode", !c.pc_mode.is_empty()),
+            ("collect.pc_cost_budget_pct", c.pc_cost_budget_pct != 0.0),
         ];
         if !c.pc_sampling
             && let Some((field, _)) = pc_options.iter().find(|(_, set)| *set)
@@ -250,8 +261,30 @@ impl Collect {
                 format!("{} Hz is above the maximum of {MAX_PM_RATE_HZ} Hz (100 us)", c.pm_sampling_rate_hz),
             ));
         }
+        let pc_mode = c.pc_mode.trim().to_ascii_lowercase();
+        if !matches!(pc_mode.as_str(), "" | "windows" | "continuous") {
+            return Err(ApiError::invalid(
+                "collect.pc_mode",
+                format!("{:?} is not a PC sampling mode: use \"windows\" or \"continuous\"", c.pc_mode),
+            ));
+        }
+        let budget = c.pc_cost_budget_pct;
+        if !budget.is_finite() || !(0.0..=MAX_PC_COST_BUDGET_PCT).contains(&budget) {
+            return Err(ApiError::invalid(
+                "collect.pc_cost_budget_pct",
+                format!("{budget} is outside 0..{MAX_PC_COST_BUDGET_PCT} % (0: gpuprofd's [pc] cost_budget_pct)"),
+            ));
+        }
+        if budget != 0.0 && pc_mode == "continuous" {
+            return Err(ApiError::invalid(
+                "collect.pc_cost_budget_pct",
+                "applies to the windows mode only: continuous sampling is not spaced to a budget",
+            ));
+        }
         let pc_stall_reasons = stall_reasons(&c.pc_stall_reasons)?;
         Ok(Collect {
+            pc_mode,
+            pc_cost_budget_ppm: (budget * 10_000.0).round() as u32,
             preset,
             pc_sampling: c.pc_sampling,
             pc_sampling_period_log2: if p == 0 && c.pc_sampling { DEFAULT_PC_PERIOD_LOG2 } else { p },
@@ -275,6 +308,8 @@ impl Collect {
             pc_hw_buffer_mib: self.pc_hw_buffer_mib,
             pc_scratch_buffer_mib: self.pc_scratch_buffer_mib,
             pm_sampling_rate_hz: self.pm_sampling_rate_hz,
+            pc_mode: self.pc_mode.clone(),
+            pc_cost_budget_pct: f64::from(self.pc_cost_budget_ppm) / 10_000.0,
         }
     }
 

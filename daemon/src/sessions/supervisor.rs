@@ -231,6 +231,7 @@ fn next_wakeup(d: &Daemon) -> Option<Instant> {
     }
     consider(super::pm::next_renewal(d, &g));
     consider(super::pc::next_busy_retry(d));
+    consider(super::pc::next_schedule(d));
     next
 }
 
@@ -250,6 +251,7 @@ fn tick(d: &Daemon) {
     }
     super::pm::renew_due(d, &mut g, now);
     super::pc::retry_busy(d, &g);
+    super::pc::schedule(d);
 }
 
 fn on_event(d: &Daemon, ev: AgentEvent) {
