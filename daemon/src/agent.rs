@@ -475,8 +475,11 @@ impl Conn<'_> {
                     tracing::warn!(id, pid = self.agent.pid, device = s.device_id, reason = %r.reason, "PC sampling ended by the agent's report");
                     let _ = d.arbiter.release(r.lease, "gpuprofd", &r.reason);
                 }
-                if s.status == wire::PcSamplingStatus::HardwareBusy as i32 {
-                    // Its retry is one of the supervisor's deadlines now.
+                if s.status == wire::PcSamplingStatus::HardwareBusy as i32
+                    || s.status == wire::PcSamplingStatus::Stopped as i32
+                {
+                    // A retry after HARDWARE_BUSY is one of the supervisor's deadlines, and a
+                    // stop may let the GPU's scheduler hand the GPU over now.
                     d.sessions.wake_supervisor();
                 }
             }

@@ -72,6 +72,8 @@ pub struct PcAgent {
     next_string: u32,
     closed: Arc<AtomicBool>,
     last_trace: Arc<Mutex<Option<wire::TraceConfig>>>,
+    /// The devices it reports work on (DeviceActivity every 300 ms while not empty).
+    working: Arc<Mutex<Vec<u32>>>,
 }
 
 impl PcAgent {
@@ -123,6 +125,22 @@ impl PcAgent {
             }
             closed2.store(true, Ordering::Relaxed);
         })?;
+        // Like an injector in a session: reports the devices it works on about every 300 ms.
+        let working = Arc::new(Mutex::new((0..devices).collect::<Vec<u32>>()));
+        let (out3, closed3, working3) = (out.clone(), closed.clone(), working.clone());
+        std::thread::Builder::new().name("pc-agent-activity".into()).spawn(move || {
+            while !closed3.load(Ordering::Relaxed) {
+                let devs = working3.lock().unwrap().clone();
+                if !devs.is_empty() {
+                    let devices =
+                        devs.iter().map(|&d| wire::DeviceUse { device_id: d, context: true, syncs: 3 }).collect();
+                    if send(&out3, Msg::DeviceActivity(wire::DeviceActivity { devices })).is_err() {
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })?;
         Ok(PcAgent {
             process_id: w.process_id,
             out,
@@ -131,6 +149,7 @@ impl PcAgent {
             next_string: 1,
             closed,
             last_trace,
+            working,
         })
     }
 
@@ -217,6 +236,12 @@ impl PcAgent {
         Ok(())
     }
 
+    /// The devices it reports work on from now on (all of its devices at connect; empty: a
+    /// process that never touches a GPU, such as a launcher).
+    pub fn work_on(&self, devices: &[u32]) {
+        *self.working.lock().unwrap() = devices.to_vec();
+    }
+
     /// Sends any message.
     pub fn raw(&self, m: Msg) -> Result<()> {
         send(&self.out, m)
@@ -258,10 +283,15 @@ pub fn start_daemon(dir: &Path) -> Result<crate::TestDaemon> {
 
 /// A daemon managing the GPUs listed ("0, 1") without starting sampler children.
 pub fn start_daemon_managing(dir: &Path, gpus: &str) -> Result<crate::TestDaemon> {
+    start_daemon_config(dir, gpus, "")
+}
+
+/// The same with more configuration (`extra`, TOML sections after `[sampler]`).
+pub fn start_daemon_config(dir: &Path, gpus: &str, extra: &str) -> Result<crate::TestDaemon> {
     let cfg = dir.join("gpuprofd.toml");
     std::fs::write(
         &cfg,
-        format!("[sampler]\nspawn = false\nalways_on = true\ndevices = [{gpus}]\nstream_queue = 512\n"),
+        format!("[sampler]\nspawn = false\nalways_on = true\ndevices = [{gpus}]\nstream_queue = 512\n{extra}"),
     )?;
     crate::TestDaemon::start_with(&dir.join("state"), &["--config", cfg.to_str().unwrap_or_default()])
 }

@@ -142,7 +142,7 @@ fn a_pause_at_start_makes_the_lease_wait_and_a_disconnect_hands_it_back() -> Res
     ctl_ok(&d, &["profile", "--pause", "--gpu", "0", "--for", "60s", "--reason", "maintenance"]);
     let a = PcAgent::connect(&d.agent_socket, "/usr/bin/pcapp", 1)?;
     let id = start_session(&d, &["--exe", "pcapp", "--pc-sampling"]);
-    let s = wait_pc_state(&d, id, a.process_id, 0, |s| !s.is_empty());
+    let s = wait_pc_state(&d, id, a.process_id, 0, |s| s.starts_with("waiting for the lease"));
     assert!(s.starts_with("waiting for the lease (held by pause by uid"), "{s}");
     assert!(s.contains("maintenance"), "{s}");
     assert!(a.try_command(Duration::from_millis(300)).is_none(), "no StartPcSampling while paused");

@@ -36,7 +36,12 @@ pub struct SchedConfig {
 
 impl SchedConfig {
     pub fn from_config(c: &crate::config::PcConfig) -> SchedConfig {
-        SchedConfig { turn: c.turn.0, max_wait: c.max_wait.0, active_for: c.active_for.0, handover_timeout: c.handover_timeout.0 }
+        SchedConfig {
+            turn: c.turn.0,
+            max_wait: c.max_wait.0,
+            active_for: c.active_for.0,
+            handover_timeout: c.handover_timeout.0,
+        }
     }
 }
 
@@ -70,9 +75,15 @@ struct Cand {
 #[derive(Debug, Clone, PartialEq)]
 enum Cur {
     Idle,
-    Holding { key: Key, since: Instant },
+    Holding {
+        key: Key,
+        since: Instant,
+    },
     /// `from`'s turn was revoked at `since`; the GPU is free once it stopped.
-    Handing { from: Key, since: Instant },
+    Handing {
+        from: Key,
+        since: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -213,14 +224,12 @@ impl Sched {
         next
     }
 
-    /// Moves every GPU's schedule to `now`. GPUs in `frozen` (paused) rotate nothing.
+    /// Moves every GPU's schedule to `now`. GPUs in `frozen` (paused) end no turn.
     pub fn tick(&mut self, now: Instant, frozen: &[u32]) -> Vec<Action> {
         let mut out = Vec::new();
         let cfg = self.cfg;
         for (&gpu, g) in self.gpus.iter_mut() {
-            if !frozen.contains(&gpu) {
-                step(gpu, g, &cfg, now, &mut out);
-            }
+            step(gpu, g, &cfg, now, frozen.contains(&gpu), &mut out);
             states(gpu, g, &cfg, now, &mut out);
         }
         out
@@ -264,14 +273,17 @@ fn typical_weight(g: &Gpu) -> Option<f64> {
     g.cands.values().filter_map(|c| c.weight).reduce(f64::max)
 }
 
-fn step(gpu: u32, g: &mut Gpu, cfg: &SchedConfig, now: Instant, out: &mut Vec<Action>) {
-    let _ = gpu;
+/// One GPU's schedule at `now`; a frozen GPU (paused) ends no turn but may begin one, whose
+/// lease then waits for the pause like any other.
+fn step(gpu: u32, g: &mut Gpu, cfg: &SchedConfig, now: Instant, frozen: bool, out: &mut Vec<Action>) {
     if let Cur::Handing { since, .. } = g.cur
         && now.duration_since(since) >= cfg.handover_timeout
     {
         g.cur = Cur::Idle;
     }
-    if let Cur::Holding { key, since } = g.cur {
+    if let Cur::Holding { key, since } = g.cur
+        && !frozen
+    {
         let still = g.cands.get(&key).is_some_and(|c| eligible(c, now));
         let turn_over = now.duration_since(since) >= cfg.turn;
         let next = if turn_over || !still { pick(g, cfg, now, Some(key)) } else { None };
@@ -293,7 +305,8 @@ fn step(gpu: u32, g: &mut Gpu, cfg: &SchedConfig, now: Instant, out: &mut Vec<Ac
         && let Some(key) = pick(g, cfg, now, None)
     {
         // A newcomer starts level with the least served of the others.
-        let floor = g.cands.iter().filter(|(k, c)| **k != key && c.weight.is_some()).map(|(_, c)| c.pass).reduce(f64::min);
+        let floor =
+            g.cands.iter().filter(|(k, c)| **k != key && c.weight.is_some()).map(|(_, c)| c.pass).reduce(f64::min);
         if let Some(c) = g.cands.get_mut(&key) {
             if c.weight.is_none()
                 && let Some(f) = floor

@@ -55,7 +55,7 @@ impl Sim {
             self.now += 10 * MS;
             let now = self.now;
             let since = now.duration_since(self.t0).as_millis();
-            if since % 500 == 0 {
+            if since.is_multiple_of(500) {
                 for (k, (_, working, _)) in &self.procs {
                     if *working {
                         self.s.activity(k, now);
@@ -117,8 +117,10 @@ fn a_launcher_that_never_works_on_the_gpu_never_holds_it() {
     assert!(sim.grants.iter().all(|(_, k)| *k == A), "only the worker is granted: {:?}", sim.grants);
     assert_eq!(sim.grants.len(), 1, "a lone worker keeps the GPU: {:?}", sim.grants);
     assert!(sim.held(A) >= 9_400 * MS, "held {:?}", sim.held(A));
-    let shown: Vec<&String> =
-        acts.iter().filter_map(|a| if let Action::State(k, s) = a { (*k == LAUNCHER).then_some(s) } else { None }).collect();
+    let shown: Vec<&String> = acts
+        .iter()
+        .filter_map(|a| if let Action::State(k, s) = a { (*k == LAUNCHER).then_some(s) } else { None })
+        .collect();
     assert_eq!(shown.last().map(|s| s.as_str()), Some("not sampled (no CUDA work seen on GPU 0 yet)"));
 }
 
@@ -134,7 +136,11 @@ fn processes_sharing_a_gpu_take_turns_in_proportion_to_their_gpu_time() {
     assert!(a + b >= 55.0, "the GPU is sampled nearly all the time: {:.1}s of 60", a + b);
     assert_eq!(sim.overlaps, 0, "a turn starts only once the last holder stopped");
     for k in [A, B] {
-        assert!(sim.gaps.get(&k).copied().unwrap_or_default() <= 4_200 * MS, "{k:?} waited {:?} (max_wait and a hand-over)", sim.gaps.get(&k));
+        assert!(
+            sim.gaps.get(&k).copied().unwrap_or_default() <= 4_200 * MS,
+            "{k:?} waited {:?} (max_wait and a hand-over)",
+            sim.gaps.get(&k)
+        );
     }
 }
 

@@ -50,8 +50,11 @@ pub(super) fn request(d: &Daemon, session: u64, collect: &Collect, a: &Agent) {
         "" => pc.mode == "continuous",
         m => m == "continuous",
     };
-    let budget_ppm =
-        if collect.pc_cost_budget_ppm != 0 { collect.pc_cost_budget_ppm } else { (pc.cost_budget_pct * 10_000.0) as u32 };
+    let budget_ppm = if collect.pc_cost_budget_ppm != 0 {
+        collect.pc_cost_budget_ppm
+    } else {
+        (pc.cost_budget_pct * 10_000.0) as u32
+    };
     for dev in &a.devices {
         let start = wire::StartPcSampling {
             session_id: session,
