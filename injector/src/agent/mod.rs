@@ -41,6 +41,9 @@ use crate::wake::{Wake, poll_readable};
 
 /// While a detach left pending at the stop waits for the application: how often it is looked at.
 const DETACH_POLL: Duration = Duration::from_millis(100);
+/// How often a traced process reports the devices it works on (the daemon counts a process as
+/// working on a GPU for `[pc] active_for`, 3 s by default, after a report).
+const ACTIVITY_EVERY: Duration = Duration::from_millis(800);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -70,6 +73,8 @@ pub struct Agent<B: Backend> {
     api_watch: Option<ApiWatch>,
     /// PC-sampling leases and their collection timer.
     pc: pc::PcState,
+    /// When the last DeviceActivity went out.
+    last_activity: Instant,
     /// Frames written on this connection (tests and logs).
     pub frames_sent: u64,
 }
@@ -104,6 +109,7 @@ impl<B: Backend> Agent<B> {
             next_flush: Instant::now(),
             api_watch: None,
             pc: pc::PcState::default(),
+            last_activity: Instant::now(),
             frames_sent: 0,
         }
     }
@@ -144,6 +150,7 @@ impl<B: Backend> Agent<B> {
                 self.displaced(detail);
             }
             self.next_flush = Instant::now() + self.flush_every;
+            self.send_activity();
             self.drain_queue();
             self.check_api();
             self.send_records();
@@ -167,6 +174,26 @@ impl<B: Backend> Agent<B> {
         {
             self.send(Out::Heartbeat(pb::Heartbeat { clock: Some(clock_pair()) }));
             self.send_drops();
+        }
+    }
+
+    /// Tells the daemon, about every [`ACTIVITY_EVERY`], on which devices this process works
+    /// (for its GPUs' PC-sampling schedulers).
+    fn send_activity(&mut self) {
+        if self.last_activity.elapsed() < ACTIVITY_EVERY {
+            return;
+        }
+        self.last_activity = Instant::now();
+        let ids: Vec<u32> = self.ident.devices.iter().map(|d| d.id).collect();
+        let devices: Vec<pb::DeviceUse> = self
+            .backend
+            .device_activity(&ids)
+            .into_iter()
+            .filter(|(_, _, syncs)| *syncs > 0)
+            .map(|(device_id, context, syncs)| pb::DeviceUse { device_id, context, syncs })
+            .collect();
+        if !devices.is_empty() {
+            self.send(Out::DeviceActivity(pb::DeviceActivity { devices }));
         }
     }
 

@@ -51,6 +51,9 @@ impl<B: Backend> Agent<B> {
             stall_reasons: p.stall_reasons,
             hw_buffer_mib: p.hw_buffer_mib,
             scratch_buffer_mib: p.scratch_buffer_mib,
+            continuous: p.mode == pb::PcMode::Continuous as i32,
+            window_ms: p.window_ms,
+            cost_budget_ppm: p.cost_budget_ppm,
         };
         match self.backend.pc_start(req) {
             Ok(()) => {

@@ -70,6 +70,12 @@ pub struct PcRequest {
     pub stall_reasons: Vec<String>,
     pub hw_buffer_mib: u32,
     pub scratch_buffer_mib: u32,
+    /// Sample for as long as the lease lasts instead of in windows.
+    pub continuous: bool,
+    /// Windows: each window's length in ms (0: 20).
+    pub window_ms: u32,
+    /// Windows: the cost budget in parts per million (0: 5000).
+    pub cost_budget_ppm: u32,
 }
 
 /// What happened to PC sampling on a device.
@@ -156,6 +162,12 @@ pub trait PcBackend {
     }
     /// Devices with a lease (sampling or waiting for their context).
     fn pc_devices(&self) -> Vec<u32> {
+        Vec::new()
+    }
+    /// Per device of `devices` (CUDA ordinals): whether the process has an active primary
+    /// context there and the CUDA synchronizations on it since the last call.
+    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
+        let _ = devices;
         Vec::new()
     }
 }

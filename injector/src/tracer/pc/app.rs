@@ -1,6 +1,10 @@
-//! What runs on the application's threads, at the exit of a CUDA synchronization: enabling and
+//! What runs on the application's threads, at a CUDA synchronization: enabling and
 //! configuring PC sampling on a context, reading it (`GetData`, at most every [`READ_GAP`]),
-//! and disabling it. On the H100, enabling or reading from the background thread while a
+//! and disabling it; in windows mode, opening a window (enable) and closing it (read, disable)
+//! at the synchronizations around it, spaced by the cost measured on the application's thread.
+//! The work runs at the synchronization's entry by default (`GPUPROF_PC_AT=exit`: at its
+//! exit): the thread is about to wait for the GPU anyway, so the time spent here overlaps
+//! the GPU's queued work instead of leaving the GPU idle after the wait. On the H100, enabling or reading from the background thread while a
 //! PyTorch process loaded modules and launched kernels hung or aborted the process in 2 of 5
 //! runs, as `cuptiFinalize` did (see `detach`); at a synchronization's exit the thread that uses
 //! the context is inside CUPTI's callback and the GPU work it waited for is done. The
@@ -25,8 +29,15 @@ use super::cubins;
 use super::select_stalls;
 use crate::tracer::PcEventKind;
 
-/// Least time between two reads of a context.
+/// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
+/// overrides it).
 pub const READ_GAP: Duration = Duration::from_millis(100);
+/// Windows mode: the most of the time a window may be open, whatever the budget: the cost
+/// inside a window is not measured, and CUPTI's enable floor on launch-bound work was
+/// 1.18-1.29x on the H100, so a duty of 1.5 % keeps that part under 0.5 %.
+const MAX_DUTY: f64 = 0.015;
+/// Windows mode: the longest gap between windows.
+const MAX_GAP: Duration = Duration::from_secs(10);
 /// PCs read per `GetData` call.
 const PCS_PER_READ: usize = 5000;
 /// `GetData` calls per read at most.
@@ -34,6 +45,40 @@ const MAX_READS: usize = 64;
 
 /// (function name pointer, cubin CRC, PC offset, stall reason index) → samples.
 pub type Agg = HashMap<(usize, u64, u64, u32), u64>;
+
+/// Windows mode's settings for a context.
+#[derive(Debug, Clone, Copy)]
+pub struct WinCfg {
+    pub window: Duration,
+    /// Cost budget as a fraction of the time (0.005: 0.5 %).
+    pub budget: f64,
+}
+
+/// A context sampled in windows.
+struct Win {
+    cfg: WinCfg,
+    /// The window opened then (None: closed).
+    opened: Option<Instant>,
+    next_open: Instant,
+    /// Time the last window's enable took on the application's thread.
+    open_cost: Duration,
+}
+
+/// Time spent in PC-sampling calls on the application's threads, and windows opened, since
+/// the process started (for the log and the cost figures).
+static APP_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static WINDOWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// (time in PC-sampling calls on application threads, windows opened) so far.
+pub fn app_cost() -> (Duration, u64) {
+    (Duration::from_nanos(APP_NS.load(Ordering::Relaxed)), WINDOWS.load(Ordering::Relaxed))
+}
+
+fn charge(t: Instant) -> Duration {
+    let d = t.elapsed();
+    APP_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    d
+}
 
 /// Sampling enabled on one context.
 pub struct Enabled {
@@ -45,7 +90,10 @@ pub struct Enabled {
 /// A context being sampled.
 struct Live {
     ctx: usize,
-    on: Enabled,
+    /// None while a window is closed.
+    on: Option<Enabled>,
+    /// Windows mode (None: continuous), with what enabling needs again.
+    win: Option<(Win, PcConfig, Vec<String>)>,
     agg: Agg,
     totals: (u64, u64),
     last_read: Option<Instant>,
@@ -59,13 +107,11 @@ pub enum Op {
         ctx: usize,
         cfg: PcConfig,
         wanted: Vec<String>,
+        /// Windows mode (None: continuous).
+        win: Option<WinCfg>,
     },
     /// Disable; then report `kind` (`Healed` means enable again).
-    Disable {
-        device: u32,
-        kind: PcEventKind,
-        reason: String,
-    },
+    Disable { device: u32, kind: PcEventKind, reason: String },
 }
 
 /// Results for the background thread.
@@ -105,6 +151,58 @@ static STATE: Mutex<State> = Mutex::new(State { pending: Vec::new(), live: BTree
 /// Work for synchronization exits (operations pending or contexts to read).
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static CUPTI: OnceLock<Arc<Cupti>> = OnceLock::new();
+
+/// CUDA synchronizations per context since the last [`take_syncs`], for the daemon's
+/// PC-sampling scheduler (which process works on which GPU): a few slots of (context, count).
+const SYNC_SLOTS: usize = 16;
+static SYNC_CTX: [std::sync::atomic::AtomicUsize; SYNC_SLOTS] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; SYNC_SLOTS];
+static SYNC_N: [std::sync::atomic::AtomicU64; SYNC_SLOTS] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; SYNC_SLOTS];
+
+fn count_sync(ctx: usize) {
+    if ctx == 0 {
+        return;
+    }
+    for i in 0..SYNC_SLOTS {
+        let c = SYNC_CTX[i].load(Ordering::Relaxed);
+        if c == ctx
+            || (c == 0 && SYNC_CTX[i].compare_exchange(0, ctx, Ordering::Relaxed, Ordering::Relaxed).is_ok())
+            || SYNC_CTX[i].load(Ordering::Relaxed) == ctx
+        {
+            SYNC_N[i].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+/// The synchronizations per context since the last call.
+pub fn take_syncs() -> Vec<(usize, u64)> {
+    (0..SYNC_SLOTS)
+        .filter_map(|i| {
+            let c = SYNC_CTX[i].load(Ordering::Relaxed);
+            let n = SYNC_N[i].swap(0, Ordering::Relaxed);
+            (c != 0 && n > 0).then_some((c, n))
+        })
+        .collect()
+}
+
+/// Where the work runs: at a synchronization's entry (true, the default) or its exit.
+fn at_entry() -> bool {
+    static AT: OnceLock<bool> = OnceLock::new();
+    *AT.get_or_init(|| std::env::var("GPUPROF_PC_AT").map(|v| v.trim() != "exit").unwrap_or(true))
+}
+
+fn read_gap() -> Duration {
+    static GAP: OnceLock<Duration> = OnceLock::new();
+    *GAP.get_or_init(|| {
+        std::env::var("GPUPROF_PC_READ_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(READ_GAP)
+    })
+}
 
 thread_local! {
     /// Set on the injector's own threads: their synchronizations run nothing here.
@@ -171,16 +269,20 @@ pub extern "C" fn on_callback(
             }
             return;
         }
-        if !ACTIVE.load(Ordering::Relaxed) || OWN_THREAD.with(|t| t.get()) {
+        if cbdata.is_null() || OWN_THREAD.with(|t| t.get()) {
             return;
         }
         // Safety: the other domains switched on are the runtime and driver APIs, whose
         // `cbdata` is a CUpti_CallbackData.
-        if !unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) } {
-            return;
-        }
+        let exit = unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) };
         // Safety: as above.
         let ctx = unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).context } as usize;
+        if !exit {
+            count_sync(ctx);
+        }
+        if !ACTIVE.load(Ordering::Relaxed) || exit == at_entry() {
+            return;
+        }
         // Never wait here: the background thread holds the lock only briefly; try next time.
         if let Ok(mut s) = STATE.try_lock() {
             run(&mut s, ctx);
@@ -194,37 +296,119 @@ fn run(s: &mut State, ctx: usize) {
     let ops: Vec<Op> = std::mem::take(&mut s.pending);
     for op in ops {
         match op {
-            Op::Enable { device, ctx: c, cfg, wanted } if c == ctx => match enable(cupti, ctx, cfg, &wanted) {
-                Ok((on, reasons, unknown)) => {
-                    s.live.insert(
-                        device,
-                        Live { ctx, on, agg: Agg::new(), totals: (0, 0), last_read: None, failure: None },
-                    );
-                    s.done.push(Done::Enabled { device, reasons, unknown });
+            Op::Enable { device, ctx: c, cfg, wanted, win } if c == ctx => {
+                let t = Instant::now();
+                let r = enable(cupti, ctx, cfg.clone(), &wanted);
+                let cost = charge(t);
+                match r {
+                    Ok((on, reasons, unknown)) => {
+                        let win = win.map(|w| {
+                            WINDOWS.fetch_add(1, Ordering::Relaxed);
+                            (
+                                Win {
+                                    cfg: w,
+                                    opened: Some(Instant::now()),
+                                    next_open: Instant::now(),
+                                    open_cost: cost,
+                                },
+                                cfg,
+                                wanted,
+                            )
+                        });
+                        s.live.insert(
+                            device,
+                            Live {
+                                ctx,
+                                on: Some(on),
+                                win,
+                                agg: Agg::new(),
+                                totals: (0, 0),
+                                last_read: None,
+                                failure: None,
+                            },
+                        );
+                        s.done.push(Done::Enabled { device, reasons, unknown });
+                    }
+                    Err(error) => s.done.push(Done::EnableFailed { device, error }),
                 }
-                Err(error) => s.done.push(Done::EnableFailed { device, error }),
-            },
+            }
             Op::Disable { device, kind, reason } if s.live.get(&device).is_some_and(|l| l.ctx == ctx) => {
                 let Some(mut l) = s.live.remove(&device) else { continue };
-                if kind == PcEventKind::Stopped {
-                    let _ = drain(cupti, &mut l);
+                let t = Instant::now();
+                if l.on.is_some() {
+                    if kind == PcEventKind::Stopped {
+                        let _ = drain(cupti, &mut l);
+                    }
+                    // Safety: `ctx` is current on this thread and sampling is enabled on it.
+                    let _ = unsafe { cupti.pc_disable(ctx as sys::CUcontext) };
                 }
-                // Safety: `ctx` is current on this thread and sampling is enabled on it.
-                let _ = unsafe { cupti.pc_disable(ctx as sys::CUcontext) };
-                absorb(&l.on.at_disable, &mut l.agg, &mut l.totals);
+                if let Some(on) = &l.on {
+                    absorb(&on.at_disable, &mut l.agg, &mut l.totals);
+                }
+                charge(t);
                 s.done.push(Done::Disabled { device, kind, reason, agg: l.agg, totals: l.totals });
             }
             other => s.pending.push(other),
         }
     }
     for l in s.live.values_mut() {
-        if l.ctx != ctx || l.failure.is_some() || l.last_read.is_some_and(|t| t.elapsed() < READ_GAP) {
+        if l.ctx != ctx || l.failure.is_some() {
             continue;
         }
-        l.last_read = Some(Instant::now());
+        if l.win.is_some() {
+            window(cupti, l);
+            continue;
+        }
+        if l.last_read.is_some_and(|t| t.elapsed() < read_gap()) {
+            continue;
+        }
+        let t = Instant::now();
+        l.last_read = Some(t);
         l.failure = drain(cupti, l);
+        charge(t);
     }
     ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
+}
+
+/// Windows mode at a synchronization on the context: closes the open window once it has
+/// lasted its length (read, disable) and spaces the next so that what opening and closing
+/// cost the application's threads stays under the budget (and the duty under [`MAX_DUTY`]);
+/// opens the next when it is due.
+fn window(cupti: &Cupti, l: &mut Live) {
+    let Some((w, cfg, wanted)) = &mut l.win else { return };
+    let now = Instant::now();
+    match w.opened {
+        Some(at) if now.duration_since(at) >= w.cfg.window => {
+            let t = Instant::now();
+            let mut failure = None;
+            if let Some(on) = l.on.as_mut() {
+                failure = drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals);
+                // Safety: the context is current on this thread and sampling is enabled on it.
+                let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
+                absorb(&on.at_disable, &mut l.agg, &mut l.totals);
+            }
+            l.on = None;
+            let cost = charge(t) + w.open_cost;
+            let open = now.duration_since(at);
+            let gap = (cost.as_secs_f64() / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY);
+            w.opened = None;
+            w.next_open = Instant::now() + Duration::from_secs_f64(gap).min(MAX_GAP);
+            l.failure = failure;
+        }
+        None if now >= w.next_open => {
+            let t = Instant::now();
+            match enable(cupti, l.ctx, cfg.clone(), wanted) {
+                Ok((on, _, _)) => {
+                    l.on = Some(on);
+                    w.opened = Some(Instant::now());
+                    WINDOWS.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => l.failure = Some((e, false)),
+            }
+            w.open_cost = charge(t);
+        }
+        _ => {}
+    }
 }
 
 /// A context is about to be destroyed (CUPTI's resource callback, on the destroying thread,
@@ -279,12 +463,17 @@ pub fn stop_all(reason: &str) {
 
 /// Reads what the context still holds and disables sampling on it.
 fn close(cupti: &Cupti, l: &mut Live) {
+    if l.on.is_none() {
+        return;
+    }
     if l.failure.is_none() {
         let _ = drain(cupti, l);
     }
     // Safety: sampling is enabled on the context, which is still valid.
     let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
-    absorb(&l.on.at_disable, &mut l.agg, &mut l.totals);
+    if let Some(on) = &l.on {
+        absorb(&on.at_disable, &mut l.agg, &mut l.totals);
+    }
 }
 
 fn enable(
@@ -315,15 +504,26 @@ fn enable(
 /// Reads what CUPTI holds until it has nothing left (or the read limit). The error, and
 /// whether the hardware buffer was reported full, when a read failed.
 fn drain(cupti: &Cupti, l: &mut Live) -> Option<(CuptiError, bool)> {
-    let ctx = l.ctx as sys::CUcontext;
+    let on = l.on.as_mut()?;
+    drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals)
+}
+
+fn drain_into(
+    cupti: &Cupti,
+    ctx: usize,
+    on: &mut Enabled,
+    agg: &mut Agg,
+    totals: &mut (u64, u64),
+) -> Option<(CuptiError, bool)> {
+    let ctx = ctx as sys::CUcontext;
     for _ in 0..MAX_READS {
         // Safety: sampling is enabled on `ctx`, current on this thread.
-        let r = unsafe { cupti.pc_get_data(ctx, &mut l.on.read) };
-        absorb(&l.on.read, &mut l.agg, &mut l.totals);
+        let r = unsafe { cupti.pc_get_data(ctx, &mut on.read) };
+        absorb(&on.read, agg, totals);
         match r {
-            Ok(()) if l.on.read.remaining_pcs() > 0 => continue,
+            Ok(()) if on.read.remaining_pcs() > 0 => continue,
             Ok(()) => return None,
-            Err(e) => return Some((e, l.on.read.hardware_buffer_full())),
+            Err(e) => return Some((e, on.read.hardware_buffer_full())),
         }
     }
     None

@@ -169,7 +169,11 @@ impl PcSampler {
             hw_bytes: (d.req.hw_buffer_mib as usize) << 20,
             worker_sleep_ms: 0,
         };
-        app::arm(Op::Enable { device, ctx: pctx.handle() as usize, cfg, wanted: d.req.stall_reasons.clone() });
+        let win = (!d.req.continuous).then(|| app::WinCfg {
+            window: Duration::from_millis(if d.req.window_ms == 0 { 20 } else { u64::from(d.req.window_ms) }),
+            budget: f64::from(if d.req.cost_budget_ppm == 0 { 5000 } else { d.req.cost_budget_ppm }) / 1e6,
+        });
+        app::arm(Op::Enable { device, ctx: pctx.handle() as usize, cfg, wanted: d.req.stall_reasons.clone(), win });
         d.phase = Phase::Enabling;
     }
 
@@ -359,7 +363,16 @@ impl PcSampler {
             d.totals = (0, 0);
             d.since_ns = now;
             if let Phase::Closed(kind, reason) = &d.phase {
-                self.event(dev, *kind, reason.clone());
+                let (app_time, windows) = app::app_cost();
+                let reason = if windows > 0 || !app_time.is_zero() {
+                    format!(
+                        "{reason}; {windows} windows, {:.1} ms in PC-sampling calls on the application's threads",
+                        app_time.as_secs_f64() * 1e3
+                    )
+                } else {
+                    reason.clone()
+                };
+                self.event(dev, *kind, reason);
             } else {
                 self.devs.insert(dev, d);
             }
@@ -424,6 +437,27 @@ pub extern "C" fn on_callback(
     cbdata: *const std::ffi::c_void,
 ) {
     app::on_callback(userdata, domain, cbid, cbdata);
+}
+
+/// Per device of `devices`: whether the process has an active primary context there, and the
+/// CUDA synchronizations counted on that context since the last call (by the subscriber's
+/// callback, which exists while a session traces the process).
+pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
+    if DRIVER.get().is_none()
+        && let Some(d) = Driver::already_loaded()
+    {
+        let _ = DRIVER.set(d);
+    }
+    let Some(driver) = DRIVER.get() else { return Vec::new() };
+    let syncs = app::take_syncs();
+    devices
+        .iter()
+        .filter_map(|&dev| {
+            let ctx = driver.active_primary_context(dev)?.handle() as usize;
+            let n = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
+            Some((dev, true, n))
+        })
+        .collect()
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
