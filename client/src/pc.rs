@@ -211,19 +211,43 @@ async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&top_json(a.session, a.by, &r))?);
         return Ok(());
     }
+    let why = not_sampled(c, a.session).await;
     if r.total_samples == 0 {
         println!(
             "session {}: no PC samples (was it started with --pc-sampling? see gpuprofctl session show)",
             a.session
         );
+        for l in why {
+            println!("  {l}");
+        }
         return Ok(());
     }
     println!("session {}: {}", a.session, totals_text(&r));
+    for l in why {
+        println!("  {l}");
+    }
     println!("{}", top_text(&r, a.by, 70));
     if r.total_rows > r.rows.len() as u64 {
         println!("({} of {} rows; --limit shows more)", r.rows.len(), r.total_rows);
     }
     Ok(())
+}
+
+/// Why the session's processes are not sampled now, one line per (process, device) that is
+/// not ("pid 4242 GPU 1: not sampled (no CUDA work seen on GPU 1 yet)"); none when the
+/// session cannot be read.
+async fn not_sampled(c: &mut Client, session: u64) -> Vec<String> {
+    let Ok(s) = c.get_session(pb::GetSessionRequest { session_id: session }).await else { return Vec::new() };
+    let s = s.into_inner();
+    let mut out = Vec::new();
+    for p in &s.processes {
+        for d in &p.pc_sampling {
+            if d.state != "sampling" && !d.state.starts_with("stopped") {
+                out.push(format!("pid {} device {}: {}", p.pid, d.device, d.state));
+            }
+        }
+    }
+    out
 }
 
 /// A function's samples and its samples per stall reason.

@@ -83,10 +83,19 @@ pub struct CollectArgs {
     /// A label for the session.
     #[arg(long, default_value = "")]
     pub name: String,
-    /// Also sample the PCs of the traced processes' kernels, continuously (needs each GPU's
-    /// performance monitor: a pause or an outside profiler holds it back).
+    /// Also sample the PCs of the traced processes' kernels (needs each GPU's performance
+    /// monitor: a pause or an outside profiler holds it back). Processes sharing a GPU take
+    /// turns; by default each samples in short windows kept under a cost budget.
     #[arg(long)]
     pub pc_sampling: bool,
+    /// "windows" (short windows under --pc-budget; gpuprofd's default) or "continuous"
+    /// (sampled all the time the process holds its GPU's turn; costlier, for a focused look).
+    #[arg(long, value_name = "MODE", requires = "pc_sampling")]
+    pub pc_mode: Option<String>,
+    /// Windows: the most PC sampling may cost each process, in % of its time (default: gpuprofd's
+    /// [pc] cost_budget_pct, 0.5).
+    #[arg(long, value_name = "PCT", requires = "pc_sampling")]
+    pub pc_budget: Option<f64>,
     /// PC sampling period, a power of two of SM cycles (5..31; default 15).
     #[arg(long, value_name = "LOG2", requires = "pc_sampling")]
     pub pc_period: Option<u32>,
@@ -120,6 +129,8 @@ impl CollectArgs {
                 pc_stall_reasons: self.pc_stall.clone(),
                 pc_flush_interval_ms: self.pc_flush_ms.unwrap_or(0),
                 pm_sampling_rate_hz: self.pm_rate.unwrap_or(0),
+                pc_mode: self.pc_mode.clone().unwrap_or_default(),
+                pc_cost_budget_pct: self.pc_budget.unwrap_or(0.0),
                 ..Default::default()
             }),
             start_at_ns,

@@ -282,14 +282,29 @@ pub fn cubins_for_sm_stats(section: &[u8], sm: u32) -> (Vec<Vec<u8>>, ScanStats)
 /// [`cubins_for_sm_stats`] for the fatbin section of the ELF file at `path`, reading only the
 /// headers and the payloads of the cubins for `sm` (a library's section can be over a GiB).
 pub fn file_cubins_for_sm(path: &Path, sm: u32) -> io::Result<(Vec<Vec<u8>>, ScanStats)> {
+    let mut out = Vec::new();
+    let stats = visit_file_cubins(path, sm, |c| out.push(c.to_vec()))?;
+    Ok((out, stats))
+}
+
+/// Calls `f` with each cubin of SM `sm` in the file's fatbin section, one at a time (a
+/// library's cubins together can take hundreds of MiB; one at a time, only the largest).
+pub fn visit_file_cubins(path: &Path, sm: u32, mut f: impl FnMut(&[u8])) -> io::Result<ScanStats> {
     let file = File::open(path)?;
-    let Some(range) = fatbin_section_range(&file)? else { return Ok((Vec::new(), ScanStats::default())) };
-    Ok(scan(&FileRange { file: &file, start: range.offset, size: range.size }, sm))
+    let Some(range) = fatbin_section_range(&file)? else { return Ok(ScanStats::default()) };
+    let src = FileRange { file: &file, start: range.offset, size: range.size };
+    Ok(visit(&src, sm, &mut f))
 }
 
 fn scan<S: Source + ?Sized>(src: &S, sm: u32) -> (Vec<Vec<u8>>, ScanStats) {
+    let mut out = Vec::new();
+    let stats = visit(src, sm, &mut |c: &[u8]| out.push(c.to_vec()));
+    (out, stats)
+}
+
+fn visit<S: Source + ?Sized>(src: &S, sm: u32, f: &mut dyn FnMut(&[u8])) -> ScanStats {
     let mut walker = Walker::new(src);
-    let (mut out, mut stats) = (Vec::new(), ScanStats::default());
+    let mut stats = ScanStats::default();
     for raw in walker.by_ref() {
         let raw = match raw {
             Ok(raw) => raw,
@@ -303,13 +318,15 @@ fn scan<S: Source + ?Sized>(src: &S, sm: u32) -> (Vec<Vec<u8>>, ScanStats) {
             continue;
         }
         match decode(src, &raw) {
-            Ok(entry) => out.push(entry.data),
+            Ok(entry) => {
+                stats.matched += 1;
+                f(&entry.data);
+            }
             Err(_) => stats.failed += 1,
         }
     }
     stats.blobs = walker.blobs;
-    stats.matched = out.len();
-    (out, stats)
+    stats
 }
 
 /// Bytes of a section: a slice in memory or a range of a file.

@@ -94,3 +94,96 @@ pub extern "C" fn on_crc(cubin: *const c_void, size: usize, crc: *mut u64) {
         }
     }));
 }
+
+/// Cubins of the ELF files the process has mapped, for modules loaded before PC sampling
+/// began (a late attach): each file's fatbin is read once for the device's SM
+/// ([`crate::fatbin`]), each cubin's CRC computed and noted with where it is; the cubins the
+/// samples name are kept. A module that lives only in memory (JIT, `cuModuleLoadData`) loaded
+/// before sampling is not in any file and stays without lines.
+struct Mapped {
+    /// Files read (path, size, mtime).
+    read: std::collections::HashSet<(std::path::PathBuf, u64, i64)>,
+    /// CRC → (file, index of the cubin among the file's cubins of `sm`, sm).
+    index: HashMap<u64, (std::path::PathBuf, usize, u32)>,
+    /// CRCs looked for and found nowhere.
+    missing: std::collections::HashSet<u64>,
+}
+
+static MAPPED: Mutex<Option<Mapped>> = Mutex::new(None);
+
+/// Finds the cubins of `wanted` CRCs (not kept yet) in the files the process has mapped, for
+/// SM `sm` (e.g. 90), and keeps those found. Returns how many were found now.
+pub fn find_mapped(wanted: &[u64], sm: u32) -> usize {
+    let Some(c) = CUBINS.get() else { return 0 };
+    let mut g = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
+    let m = g.get_or_insert_with(|| Mapped {
+        read: Default::default(),
+        index: HashMap::new(),
+        missing: Default::default(),
+    });
+    let todo: Vec<u64> = wanted.iter().copied().filter(|crc| get(*crc).is_none()).collect();
+    if todo.is_empty() {
+        return 0;
+    }
+    // New files first (a library loaded since the last look).
+    if todo.iter().any(|crc| !m.index.contains_key(crc))
+        && let Ok(maps) = std::fs::read_to_string("/proc/self/maps")
+    {
+        let t = std::time::Instant::now();
+        for path in crate::fatbin::mapped_elf_files(&maps) {
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            let key = (path.clone(), meta.len(), std::os::unix::fs::MetadataExt::mtime(&meta));
+            if !m.read.insert(key) {
+                continue;
+            }
+            let mut i = 0;
+            let r = crate::fatbin::visit_file_cubins(&path, sm, |cubin| {
+                if let Ok(crc) = c.cupti.cubin_crc(cubin) {
+                    m.index.entry(crc).or_insert((path.clone(), i, sm));
+                }
+                i += 1;
+            });
+            if let Err(e) = r {
+                crate::log::log!(Debug, "PC sampling: reading the fatbin of {}: {e}", path.display());
+            }
+        }
+        crate::log::log!(
+            Info,
+            "PC sampling: mapped files read for sm_{sm} cubins in {:.0} ms ({} cubins indexed)",
+            t.elapsed().as_secs_f64() * 1e3,
+            m.index.len()
+        );
+    }
+    // The cubins wanted, grouped by file: each file is read once more.
+    let mut by_file: HashMap<(std::path::PathBuf, u32), HashMap<usize, u64>> = HashMap::new();
+    for crc in todo {
+        match m.index.get(&crc) {
+            Some((path, at, sm)) => {
+                by_file.entry((path.clone(), *sm)).or_default().insert(*at, crc);
+            }
+            None => {
+                m.missing.insert(crc);
+            }
+        }
+    }
+    let mut found = 0;
+    for ((path, sm), want) in by_file {
+        let mut i = 0;
+        let _ = crate::fatbin::visit_file_cubins(&path, sm, |cubin| {
+            if let Some(crc) = want.get(&i)
+                && c.cupti.cubin_crc(cubin).ok() == Some(*crc)
+            {
+                c.bytes.fetch_add(cubin.len(), Ordering::Relaxed);
+                c.map.lock().unwrap_or_else(|p| p.into_inner()).insert(*crc, Arc::new(cubin.to_vec()));
+                found += 1;
+            }
+            i += 1;
+        });
+    }
+    found
+}
+
+/// Modules sampled whose cubin was found neither at load nor in a mapped file.
+pub fn unresolved() -> usize {
+    MAPPED.lock().ok().and_then(|g| g.as_ref().map(|m| m.missing.iter().filter(|c| get(**c).is_none()).count())).unwrap_or(0)
+}

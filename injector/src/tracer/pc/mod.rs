@@ -76,6 +76,8 @@ pub struct PcSampler {
     strs: HashMap<String, Arc<str>>,
     lines: HashMap<(u64, usize, u64), (Arc<str>, u32)>,
     no_line: Arc<str>,
+    /// Module CRCs already looked for in the mapped files.
+    late_tried: std::collections::HashSet<u64>,
 }
 
 impl PcSampler {
@@ -89,6 +91,7 @@ impl PcSampler {
             strs: HashMap::new(),
             lines: HashMap::new(),
             no_line: Arc::from(""),
+            late_tried: Default::default(),
         }
     }
 
@@ -330,6 +333,7 @@ impl PcSampler {
             "PC sampling: {} device(s); modules seen {seen}, cubins kept {kept}, left out {skipped}",
             keys.len()
         );
+        self.find_late_cubins();
         let now = gpuprof_cupti::clock::realtime_ns();
         let mut out = PcOutput::default();
         let deadline = Instant::now() + LINE_BUDGET;
@@ -364,7 +368,7 @@ impl PcSampler {
             d.since_ns = now;
             if let Phase::Closed(kind, reason) = &d.phase {
                 let (app_time, windows) = app::app_cost();
-                let reason = if windows > 0 || !app_time.is_zero() {
+                let mut reason = if windows > 0 || !app_time.is_zero() {
                     format!(
                         "{reason}; {windows} windows, {:.1} ms in PC-sampling calls on the application's threads",
                         app_time.as_secs_f64() * 1e3
@@ -372,6 +376,12 @@ impl PcSampler {
                 } else {
                     reason.clone()
                 };
+                let unresolved = cubins::unresolved();
+                if unresolved > 0 {
+                    reason.push_str(&format!(
+                        "; {unresolved} modules without source lines (loaded from memory before sampling began)"
+                    ));
+                }
                 self.event(dev, *kind, reason);
             } else {
                 self.devs.insert(dev, d);
@@ -381,6 +391,34 @@ impl PcSampler {
             need_cubins.iter().filter_map(|crc| cubins::get(*crc).map(|b| (format!("{crc:016x}"), b))).collect();
         out.events = std::mem::take(&mut self.events);
         out
+    }
+
+    /// Modules the samples name whose cubins were not captured at load (loaded before sampling
+    /// began): looked for once in the ELF files the process has mapped ([`cubins::find_mapped`]),
+    /// for the device's SM; lines they already missed are looked up again.
+    fn find_late_cubins(&mut self) {
+        for (dev, d) in &self.devs {
+            let mut want: Vec<u64> = Vec::new();
+            for (_, crc, _, _) in d.agg.keys() {
+                if *crc != 0 && !want.contains(crc) && !self.late_tried.contains(crc) && cubins::get(*crc).is_none() {
+                    want.push(*crc);
+                }
+            }
+            if want.is_empty() {
+                continue;
+            }
+            let Some(sm) = DRIVER.get().and_then(|drv| drv.facts(*dev).ok()).map(|f| f.compute_major * 10 + f.compute_minor)
+            else {
+                continue;
+            };
+            let found = cubins::find_mapped(&want, sm);
+            log!(Info, "PC sampling on device {dev}: {found} of {} modules loaded before sampling found in mapped files", want.len());
+            self.late_tried.extend(want);
+            if found > 0 {
+                // Lines cached as unknown for those modules are looked up again.
+                self.lines.retain(|(crc, _, _), (_, line)| *line != 0 || cubins::get(*crc).is_none());
+            }
+        }
     }
 
     fn name(&mut self, fptr: usize) -> Arc<str> {

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# GPU check of PC sampling on real jobs, on a machine with NVIDIA GPUs (H100/H200; 2 or more for
+# the DDP part), CUDA 13 (`nvcc`, CUPTI and its samples) and PyTorch:
+#   ddp    torchrun DDP over every GPU under `session start --all --pc-sampling`: every rank gets
+#          samples on its own GPU and none elsewhere, the launcher none (and says why);
+#   share  two matmul processes on GPU 0 in one session: both get samples, within 3:1 of each
+#          other (equal work), and `pc top` says who waits for its turn;
+#   late   `gpuprofctl trace --pid P --pc-sampling --duration 6s` on a running -lineinfo CUDA C
+#          program: the hottest line is gather's dependent load (pc_kernel.cu:15), the pprof
+#          export names the file;
+#   cost   medians of REPS (default 3) alternating runs: untraced, CUPTI's own
+#          pc_sampling_continuous sample (the floor), gpuprof windows (the default), gpuprof
+#          continuous, and continuous with the work at synchronization exits (the old place),
+#          on a bf16 8192^3 matmul loop and on the 100k-small-kernel PyTorch loop.
+# PARTS (default "ddp share late cost") picks the parts. It prints a summary last (CHECK and
+# FIGURE lines) and copies logs to $OUT when set. Exit status 1 when a check failed.
+# Binaries: release builds in .gpu/ (or GPUPROF_BIN), as in pc.sh.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+BIN=${GPUPROF_BIN:-$PWD/.gpu}
+INJ=$BIN/libgpuprof_inject.so
+PY=${PYTHON:-python3}
+REPS=${REPS:-3}
+PARTS=" ${PARTS:-ddp share late cost} "
+CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
+export PATH="/usr/local/cuda/bin:$PATH"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+STATE=$(mktemp -d /tmp/gpuprof-pcsched.XXXXXX)
+CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
+SUMMARY=()
+check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }
+figure() { SUMMARY+=("FIGURE $1"); echo ">>> FIGURE $1"; }
+pass_if() { if [ "$2" = 1 ]; then check "$1" PASS "$3"; else check "$1" FAIL "$3"; fi; }
+calc() { awk "BEGIN { printf \"%.4g\", $1 }"; }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+jq_py() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'd["id"]'; }
+DPID=
+finish() {
+  [ -n "$DPID" ] && kill -TERM "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
+  if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    cp "$STATE/gpuprofd.log" "$OUT/pcsched_gpuprofd.log" 2>/dev/null
+    cp "$STATE"/*.txt "$OUT/" 2>/dev/null
+  fi
+  echo; echo "================ pc sched summary ================"
+  nvidia-smi -L 2>/dev/null
+  printf '%s\n' "${SUMMARY[@]}"
+  local failed=0
+  for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1));; esac; done
+  echo "$failed failed"
+  [ "$failed" -eq 0 ] || exit 1
+}
+trap finish EXIT
+
+[ -e "$INJ" ] && [ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "binaries missing in $BIN"; exit 2; }
+NGPU=$(nvidia-smi -L | grep -c '^GPU')
+cat >"$STATE/cfg.toml" <<EOF
+log_level = "info"
+EOF
+export GPUPROF_AGENT_SOCKET=$STATE/agent.sock
+"$BIN/gpuprofd" --state-dir "$STATE" --config "$STATE/cfg.toml" >"$STATE/gpuprofd.log" 2>&1 &
+DPID=$!
+for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+"${CTL[@]}" status >/dev/null 2>&1 || { echo "gpuprofd did not start"; cat "$STATE/gpuprofd.log"; exit 2; }
+
+cat >"$STATE/mm.py" <<'EOF'
+# bf16 NxN matmuls (N = argv[3], default 8192) for argv[1] s after argv[2] s of warm-up; prints ms per matmul.
+import os, sys, time, torch
+secs, warm = float(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+n = int(sys.argv[3]) if len(sys.argv) > 3 else 8192
+a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16); b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+t0 = time.time()
+while time.time() - t0 < warm: c = a @ b; torch.cuda.synchronize()
+k, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < secs:
+    for _ in range(10): c = a @ b
+    torch.cuda.synchronize(); k += 10
+print(f"MM pid={os.getpid()} ms_per_iter={(time.perf_counter() - t0) * 1e3 / k:.4f} iters={k}", flush=True)
+EOF
+
+# Samples per (pid, device) of a session, "pid:device:samples:state" lines.
+samples_of() {
+  "${CTL[@]}" --json session show "$1" | "$PY" -c '
+import json, sys
+d = json.load(sys.stdin)
+for p in d.get("processes", []):
+    for x in p.get("pc_sampling", []):
+        print("%s:%s:%s:%s" % (p["pid"], x["device"], x.get("samples", 0), x.get("state", "")))'
+}
+
+# ---------------------------------------------------------------- ddp
+if [[ $PARTS == *" ddp "* ]]; then
+  S=$(session_start --all --pc-sampling --name ddp)
+  CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 10 \
+    >"$STATE/ddp.txt" 2>&1 &
+  LPID=$!
+  sleep 7
+  "${CTL[@]}" session show "$S" >"$STATE/ddp_show_live.txt" 2>&1
+  "${CTL[@]}" pc top "$S" --limit 3 >"$STATE/ddp_top_live.txt" 2>&1
+  wait $LPID
+  "${CTL[@]}" session stop "$S" >/dev/null
+  sleep 1
+  echo "--- ddp"; grep -E '^DDP|Error|error' "$STATE/ddp.txt" | head -8
+  echo "--- session show (live)"; tail -20 "$STATE/ddp_show_live.txt"
+  echo "--- pc top (live)"; head -12 "$STATE/ddp_top_live.txt"
+  samples_of "$S" | tee "$STATE/ddp_samples.txt"
+  ranks=$(grep -oE 'DDP rank=[0-9]+ local_rank=[0-9]+' "$STATE/ddp.txt" | wc -l)
+  ok=1; detail=""
+  for r in $(seq 0 $((NGPU - 1))); do
+    rpid=$(grep -oE "RANKPID rank=$r pid=[0-9]+" "$STATE/ddp.txt" | grep -oE '[0-9]+$')
+    own=$(grep -E "^${rpid}:${r}:" "$STATE/ddp_samples.txt" | cut -d: -f3)
+    other=$(grep -E "^${rpid}:" "$STATE/ddp_samples.txt" | grep -vE "^${rpid}:${r}:" | cut -d: -f3 | awk '{s+=$1} END {print s+0}')
+    detail="$detail rank $r (pid $rpid): ${own:-0} on GPU $r, $other elsewhere;"
+    [ "${own:-0}" -gt 0 ] && [ "$other" = 0 ] || ok=0
+  done
+  lsamples=$(grep -E "^${LPID}:" "$STATE/ddp_samples.txt" | cut -d: -f3 | awk '{s+=$1} END {print s+0}')
+  lstate=$(grep -E "^${LPID}:" "$STATE/ddp_samples.txt" | head -1 | cut -d: -f4-)
+  pass_if "DDP on $NGPU GPUs: every rank sampled on its own GPU only" "$([ "$ranks" = "$NGPU" ] && [ $ok = 1 ] && echo 1)" "$detail"
+  pass_if "DDP: the launcher (pid $LPID) gets no samples" "$([ "$lsamples" = 0 ] && grep -qE "^${LPID}:" "$STATE/ddp_samples.txt" && echo 1)" "$lsamples samples; $lstate"
+  pass_if "DDP: pc top says why the launcher is not sampled" "$(grep -q "pid $LPID device .*not sampled" "$STATE/ddp_top_live.txt" && echo 1)" "$(grep "pid $LPID" "$STATE/ddp_top_live.txt" | head -1)"
+fi
+
+# ---------------------------------------------------------------- share
+if [[ $PARTS == *" share "* ]]; then
+  S=$(session_start --exe python3 --pc-sampling --name share)
+  CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/share_a.txt" 2>&1 &
+  A=$!
+  CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/share_b.txt" 2>&1 &
+  B=$!
+  sleep 8
+  "${CTL[@]}" pc top "$S" --limit 2 >"$STATE/share_top_live.txt" 2>&1
+  wait $A $B
+  "${CTL[@]}" session stop "$S" >/dev/null
+  sleep 1
+  echo "--- share"; cat "$STATE/share_a.txt" "$STATE/share_b.txt" | grep MM; head -8 "$STATE/share_top_live.txt"
+  samples_of "$S" | tee "$STATE/share_samples.txt"
+  sa=$(grep -E "^$A:" "$STATE/share_samples.txt" | cut -d: -f3 | awk '{s+=$1} END {print s+0}')
+  sb=$(grep -E "^$B:" "$STATE/share_samples.txt" | cut -d: -f3 | awk '{s+=$1} END {print s+0}')
+  pass_if "two processes sharing GPU 0 both sampled, within 3:1 (equal work)" \
+    "$(awk "BEGIN { print ($sa > 0 && $sb > 0 && $sa / $sb <= 3 && $sb / $sa <= 3) ? 1 : 0 }")" "$sa vs $sb samples"
+  pass_if "pc top shows the one waiting for its turn" "$(grep -q 'waiting for its turn' "$STATE/share_top_live.txt" && echo 1)" \
+    "$(grep -m1 'waiting' "$STATE/share_top_live.txt")"
+fi
+
+# ---------------------------------------------------------------- late
+if [[ $PARTS == *" late "* ]]; then
+  nvcc -O2 -lineinfo -o "$STATE/pc_kernel" "$HERE/pc_kernel.cu" >"$STATE/nvcc.txt" 2>&1 || cat "$STATE/nvcc.txt"
+  CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info GPUPROF_LOG_FILE="$STATE/late_inj.txt" "$STATE/pc_kernel" 14 0 \
+    >"$STATE/late_kernel.txt" 2>&1 &
+  K=$!
+  sleep 3
+  t0=$(date +%s%3N)
+  "${CTL[@]}" trace --pid "$K" --pc-sampling --duration 6s >"$STATE/late_trace.txt" 2>&1
+  S=$("${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))')
+  wait $K
+  echo "--- late attach"; tail -12 "$STATE/late_trace.txt"
+  "${CTL[@]}" pc top "$S" --by line --limit 4 | tee "$STATE/late_top.txt"
+  top_line=$("${CTL[@]}" --json pc top "$S" --by line --limit 1 | jq_py '"%s:%d %s" % (d["rows"][0]["file"].split("/")[-1], d["rows"][0]["line"], d["rows"][0]["function"]) if d["rows"] else "none"')
+  pass_if "late attach: the hottest line is gather's dependent load (pc_kernel.cu:15)" "$(grep -q '^pc_kernel.cu:15 gather' <<<"$top_line" && echo 1)" "$top_line"
+  "${CTL[@]}" export "$S" --format pprof -o "$STATE/late.pb.gz" >/dev/null 2>&1
+  pass_if "late attach: the pprof export names the file" "$(zcat "$STATE/late.pb.gz" 2>/dev/null | grep -aq 'pc_kernel.cu' && echo 1)" "$(stat -c %s "$STATE/late.pb.gz" 2>/dev/null) bytes"
+  grep -hE "mapped files|modules loaded before" "$STATE"/late_inj.txt 2>/dev/null | head -3
+fi
+
+# ---------------------------------------------------------------- cost
+if [[ $PARTS == *" cost "* ]]; then
+  FLOOR_LIB=
+  if [ -d "$CUPTI/samples/pc_sampling_continuous" ]; then
+    cp -r "$CUPTI/samples/pc_sampling_continuous" "$STATE/pcs" && cp -r "$CUPTI/samples/common" "$STATE/common" 2>/dev/null
+    (cd "$STATE/pcs" && make >"$STATE/floor_make.txt" 2>&1)
+    FLOOR_LIB=$(ls "$STATE"/pcs/libpc_sampling_continuous.so 2>/dev/null)
+    [ -z "$FLOOR_LIB" ] && tail -5 "$STATE/floor_make.txt"
+  fi
+  # The floor's library writes its samples to files in the working directory: run it in one.
+  cost_run() { # mode, command... → the command's output
+    local mode=$1; shift
+    local s=
+    case $mode in
+      off) "$@" ;;
+      floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$STATE/pcs:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@") ;;
+      win) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win); CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      cont) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cont); CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      contexit) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cexit); GPUPROF_PC_AT=exit CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+    esac
+    [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
+  }
+  MODES="off win cont contexit"
+  [ -n "$FLOOR_LIB" ] && MODES="off floor win cont contexit"
+  declare -A MM SM MMS SMS
+  for r in $(seq "$REPS"); do
+    for mode in $MODES; do
+      o=$(cost_run $mode "$PY" "$STATE/mm.py" 4 1 2>&1)
+      v=$(grep -oE 'ms_per_iter=[0-9.]+' <<<"$o" | cut -d= -f2); [ -z "$v" ] && echo "$mode mm: $o" | tail -3
+      MM[$mode]="${MM[$mode]:-} $v"
+      s=$(grep -oE '^SESSION [0-9]+' <<<"$o" | cut -d' ' -f2)
+      [ -n "$s" ] && MMS[$mode]="${MMS[$mode]:-} $("${CTL[@]}" --json pc top "$s" | jq_py 'd["total_samples"]')"
+      o=$(cost_run $mode "$PY" "$HERE/bench_torch.py" off 100000 1.5 2>&1)
+      v=$(grep -oE 'per_op_us=[0-9.]+' <<<"$o" | cut -d= -f2); [ -z "$v" ] && echo "$mode small: $o" | tail -3
+      SM[$mode]="${SM[$mode]:-} $v"
+      s=$(grep -oE '^SESSION [0-9]+' <<<"$o" | cut -d' ' -f2)
+      [ -n "$s" ] && SMS[$mode]="${SMS[$mode]:-} $("${CTL[@]}" --json pc top "$s" | jq_py 'd["total_samples"]')"
+    done
+    line="rep $r:"; for m in $MODES; do line="$line $m ${MM[$m]##* }ms/${SM[$m]##* }us"; done; echo "$line"
+  done
+  mo=$(echo "${MM[off]}" | median); so=$(echo "${SM[off]}" | median)
+  fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="100k small kernels us/op medians of $REPS: untraced $so"
+  for m in $MODES; do
+    [ "$m" = off ] && continue
+    mm=$(echo "${MM[$m]}" | median); sm=$(echo "${SM[$m]}" | median)
+    fl="$fl, $m $mm ($(calc "($mm / $mo - 1) * 100") %; samples ${MMS[$m]:-n/a})"
+    fs="$fs, $m $sm ($(calc "($sm / $so - 1) * 100") %; samples ${SMS[$m]:-n/a})"
+  done
+  figure "$fl"; figure "$fs"
+  pct() { awk "BEGIN { printf \"%.3f\", ($(echo "$1" | median) / $2 - 1) * 100 }"; }
+  pass_if "windows (default) on the matmul loop <= 0.5 %" "$(awk "BEGIN { print $(pct "${MM[win]}" "$mo") <= 0.5 ? 1 : 0 }")" "$(pct "${MM[win]}" "$mo") %"
+  pass_if "windows (default) on the small-kernel loop <= 3 %" "$(awk "BEGIN { print $(pct "${SM[win]}" "$so") <= 3 ? 1 : 0 }")" "$(pct "${SM[win]}" "$so") %"
+  if [ -n "$FLOOR_LIB" ]; then
+    pass_if "continuous on the matmul loop <= CUPTI's sample + 0.5 points" \
+      "$(awk "BEGIN { print $(pct "${MM[cont]}" "$mo") <= $(pct "${MM[floor]}" "$mo") + 0.5 ? 1 : 0 }")" \
+      "$(pct "${MM[cont]}" "$mo") % vs $(pct "${MM[floor]}" "$mo") %"
+  else
+    check "continuous vs CUPTI's sample" FAIL "the pc_sampling_continuous sample did not build"
+  fi
+fi
