@@ -27,6 +27,9 @@ CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 export PATH="/usr/local/cuda/bin:$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 STATE=$(mktemp -d /tmp/gpuprof-pcsched.XXXXXX)
+mkdir -p "$STATE/logs"
+# The injectors' logs (one file per process and part), in $OUT's archive.
+export GPUPROF_LOG=${GPUPROF_LOG:-info}
 CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
 SUMMARY=()
 check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }
@@ -42,7 +45,7 @@ finish() {
   if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
     cp "$STATE/gpuprofd.log" "$OUT/pcsched_gpuprofd.log" 2>/dev/null
-    cp "$STATE"/*.txt "$OUT/" 2>/dev/null
+    (cd "$STATE" && tar czf "$OUT/pcsched_logs.tgz" gpuprofd.log *.txt logs 2>/dev/null)
   fi
   echo; echo "================ pc sched summary ================"
   nvidia-smi -L 2>/dev/null
@@ -93,7 +96,7 @@ for p in d.get("processes", []):
 # ---------------------------------------------------------------- ddp
 if [[ $PARTS == *" ddp "* ]]; then
   S=$(session_start --all --pc-sampling --name ddp)
-  CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 10 \
+  GPUPROF_LOG_FILE="$STATE/logs/ddp.log" CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 10 \
     >"$STATE/ddp.txt" 2>&1 &
   LPID=$!
   sleep 7
@@ -125,9 +128,9 @@ fi
 # ---------------------------------------------------------------- share
 if [[ $PARTS == *" share "* ]]; then
   S=$(session_start --exe python3 --pc-sampling --name share)
-  CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/share_a.txt" 2>&1 &
+  GPUPROF_LOG_FILE="$STATE/logs/share_a.log" CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/share_a.txt" 2>&1 &
   A=$!
-  CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/share_b.txt" 2>&1 &
+  GPUPROF_LOG_FILE="$STATE/logs/share_b.log" CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/share_b.txt" 2>&1 &
   B=$!
   sleep 8
   "${CTL[@]}" pc top "$S" --limit 2 >"$STATE/share_top_live.txt" 2>&1
@@ -146,8 +149,8 @@ fi
 
 # ---------------------------------------------------------------- late
 if [[ $PARTS == *" late "* ]]; then
-  nvcc -O2 -lineinfo -o "$STATE/pc_kernel" "$HERE/pc_kernel.cu" >"$STATE/nvcc.txt" 2>&1 || cat "$STATE/nvcc.txt"
-  CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info GPUPROF_LOG_FILE="$STATE/late_inj.txt" "$STATE/pc_kernel" 14 0 \
+  nvcc -O2 -lineinfo -arch=sm_90 -o "$STATE/pc_kernel" "$HERE/pc_kernel.cu" >"$STATE/nvcc.txt" 2>&1 || cat "$STATE/nvcc.txt"
+  CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info GPUPROF_LOG_FILE="$STATE/logs/late_inj.txt" "$STATE/pc_kernel" 14 0 \
     >"$STATE/late_kernel.txt" 2>&1 &
   K=$!
   sleep 3
@@ -161,17 +164,19 @@ if [[ $PARTS == *" late "* ]]; then
   pass_if "late attach: the hottest line is gather's dependent load (pc_kernel.cu:15)" "$(grep -q '^pc_kernel.cu:15 gather' <<<"$top_line" && echo 1)" "$top_line"
   "${CTL[@]}" export "$S" --format pprof -o "$STATE/late.pb.gz" >/dev/null 2>&1
   pass_if "late attach: the pprof export names the file" "$(zcat "$STATE/late.pb.gz" 2>/dev/null | grep -aq 'pc_kernel.cu' && echo 1)" "$(stat -c %s "$STATE/late.pb.gz" 2>/dev/null) bytes"
-  grep -hE "mapped files|modules loaded before" "$STATE"/late_inj.txt 2>/dev/null | head -3
+  grep -hE "mapped files|modules loaded before" "$STATE"/logs/late_inj.txt 2>/dev/null | head -3
 fi
 
 # ---------------------------------------------------------------- cost
 if [[ $PARTS == *" cost "* ]]; then
   FLOOR_LIB=
-  if [ -d "$CUPTI/samples/pc_sampling_continuous" ]; then
-    cp -r "$CUPTI/samples/pc_sampling_continuous" "$STATE/pcs" && cp -r "$CUPTI/samples/common" "$STATE/common" 2>/dev/null
-    (cd "$STATE/pcs" && make >"$STATE/floor_make.txt" 2>&1)
-    FLOOR_LIB=$(ls "$STATE"/pcs/libpc_sampling_continuous.so 2>/dev/null)
+  # CUPTI's sample builds in place (its Makefile finds nvcc and CUPTI relative to the folder).
+  FLOOR_DIR=$CUPTI/samples/pc_sampling_continuous
+  if [ -d "$FLOOR_DIR" ]; then
+    [ -e "$FLOOR_DIR/libpc_sampling_continuous.so" ] || (cd "$FLOOR_DIR" && make >"$STATE/floor_make.txt" 2>&1)
+    FLOOR_LIB=$(ls "$FLOOR_DIR"/libpc_sampling_continuous.so 2>/dev/null)
     [ -z "$FLOOR_LIB" ] && tail -5 "$STATE/floor_make.txt"
+    mkdir -p "$STATE/pcs"
   fi
   # The floor's library writes its samples to files in the working directory: run it in one.
   cost_run() { # mode, command... → the command's output
@@ -179,10 +184,10 @@ if [[ $PARTS == *" cost "* ]]; then
     local s=
     case $mode in
       off) "$@" ;;
-      floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$STATE/pcs:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@") ;;
-      win) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win); CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      cont) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cont); CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      contexit) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cexit); GPUPROF_PC_AT=exit CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$FLOOR_DIR:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@") ;;
+      win) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      cont) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cont); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      contexit) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cexit); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_AT=exit CUDA_INJECTION64_PATH="$INJ" "$@" ;;
     esac
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
   }

@@ -192,6 +192,7 @@ impl<B: Backend> Agent<B> {
             .filter(|(_, _, syncs)| *syncs > 0)
             .map(|(device_id, context, syncs)| pb::DeviceUse { device_id, context, syncs })
             .collect();
+        log!(Debug, "device activity: {:?}", devices.iter().map(|d| (d.device_id, d.syncs)).collect::<Vec<_>>());
         if !devices.is_empty() {
             self.send(Out::DeviceActivity(pb::DeviceActivity { devices }));
         }

@@ -381,11 +381,25 @@ fn window(cupti: &Cupti, l: &mut Live) {
         Some(at) if now.duration_since(at) >= w.cfg.window => {
             let t = Instant::now();
             let mut failure = None;
+            let before = l.totals.0;
+            let mut t_read = Duration::ZERO;
             if let Some(on) = l.on.as_mut() {
                 failure = drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals);
+                t_read = t.elapsed();
                 // Safety: the context is current on this thread and sampling is enabled on it.
                 let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
                 absorb(&on.at_disable, &mut l.agg, &mut l.totals);
+            }
+            if WINDOWS.load(Ordering::Relaxed) < 20 {
+                crate::log::log!(
+                    Info,
+                    "PC sampling window closed after {:.1} ms: read {:.2} ms, disable {:.2} ms, {} samples{}",
+                    now.duration_since(at).as_secs_f64() * 1e3,
+                    t_read.as_secs_f64() * 1e3,
+                    (t.elapsed() - t_read).as_secs_f64() * 1e3,
+                    l.totals.0 - before,
+                    failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default()
+                );
             }
             l.on = None;
             let cost = charge(t) + w.open_cost;
@@ -483,8 +497,10 @@ fn enable(
     wanted: &[String],
 ) -> Result<(Enabled, StallReasons, Vec<String>), CuptiError> {
     let c = ctx as sys::CUcontext;
+    let t0 = Instant::now();
     // Safety: `ctx` is the context current on this thread (the one the synchronization used).
     unsafe { cupti.pc_enable(c) }?;
+    let t_enable = t0.elapsed();
     let undo = |e: CuptiError| {
         // Safety: undoes the enable above on the same context.
         let _ = unsafe { cupti.pc_disable(c) };
@@ -496,8 +512,18 @@ fn enable(
     let cfg = PcConfig { stall_index, ..cfg };
     let n = reasons.index.len().max(1);
     let mut at_disable = Box::new(PcBuffer::new(PCS_PER_READ, n));
+    let t_reasons = t0.elapsed();
     // Safety: `at_disable` is boxed and kept in `Enabled` until disable.
     unsafe { cupti.pc_configure(c, &cfg, &mut at_disable) }.map_err(undo)?;
+    if WINDOWS.load(Ordering::Relaxed) < 20 {
+        crate::log::log!(
+            Info,
+            "PC sampling enable: cuptiPCSamplingEnable {:.2} ms, stall reasons {:.2} ms, configure {:.2} ms",
+            t_enable.as_secs_f64() * 1e3,
+            (t_reasons - t_enable).as_secs_f64() * 1e3,
+            (t0.elapsed() - t_reasons).as_secs_f64() * 1e3
+        );
+    }
     Ok((Enabled { at_disable, read: PcBuffer::new(PCS_PER_READ, n) }, reasons, unknown))
 }
 
