@@ -93,6 +93,16 @@ for p in d.get("processes", []):
         print("%s:%s:%s:%s" % (p["pid"], x["device"], x.get("samples", 0), x.get("state", "")))'
 }
 
+# ---------------------------------------------------------------- probe
+# One PC-only session on the matmul loop with the injector's debug log: what it reports.
+if [[ $PARTS == *" probe "* ]]; then
+  S=$(session_start --exe python3 --preset pc --pc-sampling --name probe)
+  GPUPROF_LOG=debug GPUPROF_LOG_FILE="$STATE/logs/probe.log" CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 4 1 >"$STATE/probe.txt" 2>&1
+  "${CTL[@]}" session stop "$S" >/dev/null
+  echo "--- probe"; grep -E "activity|synchroniz|subscriber|enable|window|Stopped|Sampling" "$STATE/logs/probe.log" | head -20
+  samples_of "$S"
+fi
+
 # ---------------------------------------------------------------- ddp
 if [[ $PARTS == *" ddp "* ]]; then
   S=$(session_start --all --pc-sampling --name ddp)

@@ -204,6 +204,7 @@ impl PcAgent {
                 end_ns: now,
                 total_samples: counted + dropped,
                 dropped_samples: dropped,
+                sampled_ns: 1_000_000,
             }),
         )
     }

@@ -88,6 +88,7 @@ fn injector_session() -> Vec<AgentMessage> {
         end_ns: 1_700_000_000_100_000_000,
         total_samples: 80,
         dropped_samples: 5,
+        sampled_ns: 1_000_000,
     })));
     let cubin: Vec<u8> = (0..96u8).collect();
     for (i, piece) in cubin.chunks(40).enumerate() {

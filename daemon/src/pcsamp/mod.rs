@@ -349,7 +349,7 @@ impl PcHub {
             s.samples += taken;
             s.dropped += lost;
         }
-        self.sched().samples(&key, taken);
+        self.sched().samples(&key, taken, b.sampled_ns);
     }
 
     /// Ends PC sampling of `session` (of one process when `proc` is given): devices still

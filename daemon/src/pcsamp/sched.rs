@@ -66,8 +66,9 @@ struct Cand {
     pass: f64,
     /// When it last held the GPU or became eligible, for `max_wait`.
     waiting_since: Option<Instant>,
-    /// Samples in the current turn.
+    /// Samples in the current turn, and the time it was sampled (0: not reported).
     samples: u64,
+    sampled_ns: u64,
     /// The state last reported for it (to report changes only).
     shown: String,
 }
@@ -115,7 +116,15 @@ impl Sched {
         let g = self.gpus.entry(gpu).or_insert_with(|| Gpu { cands: BTreeMap::new(), cur: Cur::Idle });
         g.cands.insert(
             key,
-            Cand { active_until: None, weight: None, pass: 0.0, waiting_since: None, samples: 0, shown: String::new() },
+            Cand {
+                active_until: None,
+                weight: None,
+                pass: 0.0,
+                waiting_since: None,
+                samples: 0,
+                sampled_ns: 0,
+                shown: String::new(),
+            },
         );
     }
 
@@ -183,10 +192,12 @@ impl Sched {
         self.gpu_of.keys().filter(|k| k.1 == proc && k.2 == device).copied().collect()
     }
 
-    /// Samples `key` took (counted toward its weight while it holds the GPU).
-    pub fn samples(&mut self, key: &Key, n: u64) {
+    /// Samples `key` took in `sampled_ns` of sampling (counted toward its weight while it holds
+    /// the GPU: samples per sampled second follow the GPU time it uses).
+    pub fn samples(&mut self, key: &Key, n: u64, sampled_ns: u64) {
         if let Some(c) = self.cand(key) {
             c.samples += n;
+            c.sampled_ns += sampled_ns;
         }
     }
 
@@ -258,10 +269,13 @@ fn charge(g: &mut Gpu, key: Key, since: Instant, now: Instant) {
     let held = now.duration_since(since).as_secs_f64();
     let typical = typical_weight(g);
     if let Some(c) = g.cands.get_mut(&key) {
-        if held >= 0.05 {
-            c.weight = Some((c.samples as f64 / held).max(1.0));
+        // Samples per second sampled, or per second held when the agent did not say.
+        let over = if c.sampled_ns > 0 { c.sampled_ns as f64 / 1e9 } else { held };
+        if over >= 0.005 && (c.samples > 0 || held >= 0.05) {
+            c.weight = Some((c.samples as f64 / over).max(1.0));
         }
         c.samples = 0;
+        c.sampled_ns = 0;
         c.pass += held / c.weight.or(typical).unwrap_or(1.0);
         c.waiting_since = Some(now);
     }
@@ -314,6 +328,7 @@ fn step(gpu: u32, g: &mut Gpu, cfg: &SchedConfig, now: Instant, frozen: bool, ou
                 c.pass = c.pass.max(f);
             }
             c.samples = 0;
+            c.sampled_ns = 0;
             c.shown = "sampling".into();
         }
         out.push(Action::Grant(key));

@@ -66,7 +66,7 @@ impl Sim {
                 && let Some(p) = self.procs.get_mut(&h)
             {
                 p.2 += 10 * MS;
-                self.s.samples(&h, p.0 / 100);
+                self.s.samples(&h, p.0 / 100, 0);
             }
             let due: Vec<Key> = self.stopping.iter().filter(|(_, t)| *t <= now).map(|(k, _)| *k).collect();
             self.stopping.retain(|(_, t)| *t > now);

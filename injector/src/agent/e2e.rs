@@ -58,6 +58,10 @@ impl PcBackend for FakeBackend {
     fn pc_stop(&mut self, _device: u32, reason: &str) {
         self.pc_stopped = Some(reason.to_string());
     }
+    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
+        // Works on its first device only; a context on every one.
+        devices.iter().map(|&d| (d, true, if d == devices[0] { 5 } else { 0 })).collect()
+    }
     fn pc_collect(&mut self) -> PcOutput {
         let mut out = PcOutput::default();
         let Some((req, n)) = &mut self.pc else { return out };
@@ -79,6 +83,7 @@ impl PcBackend for FakeBackend {
             rows: vec![row("stalled_long_scoreboard", 30), row("selected", 10)],
             total_samples: 45,
             dropped_samples: 5,
+            sampled_ns: 1_000_000,
         });
         if *n == 1 {
             out.events.push(PcEvent { device: req.device, kind: PcEventKind::Sampling, detail: "period 2^10".into() });
@@ -109,6 +114,7 @@ impl PcBackend for FakeBackend {
             }],
             total_samples: 99,
             dropped_samples: 0,
+            sampled_ns: 0,
         });
         out.events.push(PcEvent { device: req.device, kind: PcEventKind::Stopped, detail: "process exit".into() });
         out
@@ -211,7 +217,8 @@ fn start_agent_with(dir: &std::path::Path, displace: bool, pending_detach: Optio
     let wake = Arc::new(Wake::new().unwrap());
     let control = Arc::new(Control::default());
     let cfg = Config { socket: sock, flush_interval: Duration::from_millis(20), ..Config::default() };
-    let ident = Identity { pid: 4242, exe: "/usr/bin/python3".into(), ..Default::default() };
+    let devices = (0..2).map(|id| pb::Device { id, ..Default::default() }).collect();
+    let ident = Identity { pid: 4242, exe: "/usr/bin/python3".into(), devices, ..Default::default() };
     let reapplied = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let backend = FakeBackend {
         tx,
@@ -306,6 +313,22 @@ fn hello_trace_stop_and_exit_over_a_socket() {
 
 /// A detach left pending at the stop: the idle state says so, and once the application carried
 /// it out the session is told how it ended (the daemon updates the member's detail).
+#[test]
+fn a_traced_process_reports_the_devices_it_works_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
+    let mut s = accept_welcomed(&listener);
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = Instant::now();
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 9, config: None }));
+    let seen = until(&mut s, |m| matches!(m, Out::DeviceActivity(_)));
+    let Some(Out::DeviceActivity(a)) = seen.last() else { panic!() };
+    assert_eq!(a.devices, [pb::DeviceUse { device_id: 0, context: true, syncs: 5 }], "devices without work left out");
+    assert!(t0.elapsed() < Duration::from_secs(2), "reported within a flush or two: {:?}", t0.elapsed());
+    assert!(control.request_exit(&wake, Duration::from_secs(2)));
+    h.join().unwrap();
+}
+
 #[test]
 fn a_pending_detach_is_reported_to_its_session_once_done() {
     let dir = tempfile::tempdir().unwrap();

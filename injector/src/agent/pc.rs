@@ -177,6 +177,7 @@ impl<B: Backend> Agent<B> {
                 end_ns: b.end_ns,
                 total_samples: b.total_samples,
                 dropped_samples: b.dropped_samples,
+                sampled_ns: b.sampled_ns,
             }));
         }
         for e in out.events {

@@ -125,6 +125,8 @@ pub struct PcBatch {
     pub rows: Vec<PcRow>,
     pub total_samples: u64,
     pub dropped_samples: u64,
+    /// Time sampling was enabled in the period (windows: their total).
+    pub sampled_ns: u64,
 }
 
 /// What a PC collection produced.

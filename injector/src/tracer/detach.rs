@@ -110,6 +110,7 @@ impl Detacher {
             return;
         }
         if let Err(e) = hooks::acquire(cupti, User::Detach) {
+            crate::log::log!(Info, "no CUPTI subscriber for the trace: {e}");
             self.unavailable = Some(if e.is_other_subscriber() {
                 format!("another CUPTI client is subscribed: {e}")
             } else {

@@ -90,6 +90,8 @@ pub struct Enabled {
 /// A context being sampled.
 struct Live {
     ctx: usize,
+    /// Sampling enabled since then and not yet counted in `State::sampled`.
+    on_since: Option<Instant>,
     /// None while a window is closed.
     on: Option<Enabled>,
     /// Windows mode (None: continuous), with what enabling needs again.
@@ -145,9 +147,22 @@ struct State {
     pending: Vec<Op>,
     live: BTreeMap<u32, Live>,
     done: Vec<Done>,
+    /// Time each device was sampled (enabled) since the last [`take`].
+    sampled: BTreeMap<u32, Duration>,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { pending: Vec::new(), live: BTreeMap::new(), done: Vec::new() });
+static STATE: Mutex<State> =
+    Mutex::new(State { pending: Vec::new(), live: BTreeMap::new(), done: Vec::new(), sampled: BTreeMap::new() });
+
+/// Counts the time `l` has been enabled since it was last counted, for `device`.
+fn count_on(sampled: &mut BTreeMap<u32, Duration>, device: u32, l: &mut Live, still_on: bool) {
+    if let Some(t) = l.on_since.take() {
+        *sampled.entry(device).or_default() += t.elapsed();
+        if still_on {
+            l.on_since = Some(Instant::now());
+        }
+    }
+}
 /// Work for synchronization exits (operations pending or contexts to read).
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static CUPTI: OnceLock<Arc<Cupti>> = OnceLock::new();
@@ -229,17 +244,23 @@ pub fn arm(op: Op) {
     ACTIVE.store(true, Ordering::SeqCst);
 }
 
-/// Takes the results, and each live context's samples so far (device, agg, totals, failure).
+/// Takes the results, and each live context's samples so far (device, agg, totals, failure),
+/// and the time each device was sampled since the last call.
 #[allow(clippy::type_complexity)]
-pub fn take() -> (Vec<Done>, Vec<(u32, Agg, (u64, u64), Option<(CuptiError, bool)>)>) {
+pub fn take() -> (Vec<Done>, Vec<(u32, Agg, (u64, u64), Option<(CuptiError, bool)>)>, BTreeMap<u32, Duration>) {
     let mut s = state();
     let done = std::mem::take(&mut s.done);
+    let State { live, sampled, .. } = &mut *s;
+    for (d, l) in live.iter_mut() {
+        count_on(sampled, *d, l, true);
+    }
+    let sampled = std::mem::take(&mut s.sampled);
     let reads = s
         .live
         .iter_mut()
         .map(|(&d, l)| (d, std::mem::take(&mut l.agg), std::mem::take(&mut l.totals), l.failure.take()))
         .collect();
-    (done, reads)
+    (done, reads, sampled)
 }
 
 /// Whether operations are still waiting for a synchronization.
@@ -319,6 +340,7 @@ fn run(s: &mut State, ctx: usize) {
                             device,
                             Live {
                                 ctx,
+                                on_since: Some(Instant::now()),
                                 on: Some(on),
                                 win,
                                 agg: Agg::new(),
@@ -334,6 +356,7 @@ fn run(s: &mut State, ctx: usize) {
             }
             Op::Disable { device, kind, reason } if s.live.get(&device).is_some_and(|l| l.ctx == ctx) => {
                 let Some(mut l) = s.live.remove(&device) else { continue };
+                count_on(&mut s.sampled, device, &mut l, false);
                 let t = Instant::now();
                 if l.on.is_some() {
                     if kind == PcEventKind::Stopped {
@@ -351,12 +374,13 @@ fn run(s: &mut State, ctx: usize) {
             other => s.pending.push(other),
         }
     }
-    for l in s.live.values_mut() {
+    let State { live, sampled, .. } = &mut *s;
+    for (device, l) in live.iter_mut() {
         if l.ctx != ctx || l.failure.is_some() {
             continue;
         }
         if l.win.is_some() {
-            window(cupti, l);
+            window(cupti, *device, l, sampled);
             continue;
         }
         if l.last_read.is_some_and(|t| t.elapsed() < read_gap()) {
@@ -374,7 +398,7 @@ fn run(s: &mut State, ctx: usize) {
 /// lasted its length (read, disable) and spaces the next so that what opening and closing
 /// cost the application's threads stays under the budget (and the duty under [`MAX_DUTY`]);
 /// opens the next when it is due.
-fn window(cupti: &Cupti, l: &mut Live) {
+fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, Duration>) {
     let Some((w, cfg, wanted)) = &mut l.win else { return };
     let now = Instant::now();
     match w.opened {
@@ -402,6 +426,9 @@ fn window(cupti: &Cupti, l: &mut Live) {
                 );
             }
             l.on = None;
+            if let Some(t) = l.on_since.take() {
+                *sampled.entry(device).or_default() += t.elapsed();
+            }
             let cost = charge(t) + w.open_cost;
             let open = now.duration_since(at);
             let gap = (cost.as_secs_f64() / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY);
@@ -414,6 +441,7 @@ fn window(cupti: &Cupti, l: &mut Live) {
             match enable(cupti, l.ctx, cfg.clone(), wanted) {
                 Ok((on, _, _)) => {
                     l.on = Some(on);
+                    l.on_since = Some(Instant::now());
                     w.opened = Some(Instant::now());
                     WINDOWS.fetch_add(1, Ordering::Relaxed);
                 }
@@ -444,6 +472,7 @@ fn context_destroying(ctx: usize) {
     for device in devices {
         let Some(mut l) = s.live.remove(&device) else { continue };
         s.pending.retain(|op| !matches!(op, Op::Disable { device: d, .. } if *d == device));
+        count_on(&mut s.sampled, device, &mut l, false);
         close(cupti, &mut l);
         s.done.push(Done::ContextGone { device, agg: l.agg, totals: l.totals });
     }
@@ -463,6 +492,7 @@ pub fn stop_all(reason: &str) {
     s.pending.clear();
     let live = std::mem::take(&mut s.live);
     for (device, mut l) in live {
+        count_on(&mut s.sampled, device, &mut l, false);
         close(cupti, &mut l);
         s.done.push(Done::Disabled {
             device,

@@ -185,5 +185,9 @@ pub fn find_mapped(wanted: &[u64], sm: u32) -> usize {
 
 /// Modules sampled whose cubin was found neither at load nor in a mapped file.
 pub fn unresolved() -> usize {
-    MAPPED.lock().ok().and_then(|g| g.as_ref().map(|m| m.missing.iter().filter(|c| get(**c).is_none()).count())).unwrap_or(0)
+    MAPPED
+        .lock()
+        .ok()
+        .and_then(|g| g.as_ref().map(|m| m.missing.iter().filter(|c| get(**c).is_none()).count()))
+        .unwrap_or(0)
 }

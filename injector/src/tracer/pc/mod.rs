@@ -36,6 +36,12 @@ pub const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
 /// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
 /// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
 pub const DEFAULT_PERIOD_LOG2: u32 = 15;
+/// Windows mode: CUPTI's worker thread polls the hardware buffer this often (its default,
+/// 100 ms, made each window's disable wait about as long on the H100: 96-143 ms).
+const WINDOW_WORKER_SLEEP_MS: u32 = 2;
+/// Windows mode: the hardware buffer when the session names none (a window of 20 ms at 2^15
+/// fills a few MiB on an H100; CUPTI's default is 512 MiB).
+const WINDOW_HW_BUFFER_MIB: usize = 64;
 /// Time spent resolving source lines per collection at most.
 const LINE_BUDGET: Duration = Duration::from_millis(100);
 
@@ -64,6 +70,8 @@ struct Dev {
     since_ns: u64,
     /// Stopped while an operation was armed: closes when it completes.
     stop_after: Option<String>,
+    /// Time sampled (enabled) since the last batch.
+    sampled: Duration,
 }
 
 /// The PC sampler of a [`CuptiBackend`](super::CuptiBackend).
@@ -150,6 +158,7 @@ impl PcSampler {
             totals: (0, 0),
             since_ns: gpuprof_cupti::clock::realtime_ns(),
             stop_after: None,
+            sampled: Duration::ZERO,
         };
         self.devs.insert(device, dev);
         self.arm_enable(device);
@@ -169,8 +178,11 @@ impl PcSampler {
             period_log2: period,
             stall_index: Vec::new(),
             scratch_bytes: (d.req.scratch_buffer_mib as usize) << 20,
-            hw_bytes: (d.req.hw_buffer_mib as usize) << 20,
-            worker_sleep_ms: 0,
+            hw_bytes: match d.req.hw_buffer_mib {
+                0 if !d.req.continuous => WINDOW_HW_BUFFER_MIB << 20,
+                m => (m as usize) << 20,
+            },
+            worker_sleep_ms: if d.req.continuous { 0 } else { WINDOW_WORKER_SLEEP_MS },
         };
         let win = (!d.req.continuous).then(|| app::WinCfg {
             window: Duration::from_millis(if d.req.window_ms == 0 { 20 } else { u64::from(d.req.window_ms) }),
@@ -222,7 +234,12 @@ impl PcSampler {
 
     /// Applies what ran at synchronizations: samples read, contexts enabled and disabled.
     fn take_results(&mut self) {
-        let (done, reads) = app::take();
+        let (done, reads, sampled) = app::take();
+        for (device, t) in sampled {
+            if let Some(d) = self.devs.get_mut(&device) {
+                d.sampled += t;
+            }
+        }
         for (device, agg, totals, failure) in reads {
             let Some(d) = self.devs.get_mut(&device) else { continue };
             merge(d, agg, totals);
@@ -362,9 +379,11 @@ impl PcSampler {
                     rows,
                     total_samples: d.totals.0,
                     dropped_samples: d.totals.1,
+                    sampled_ns: d.sampled.as_nanos() as u64,
                 });
             }
             d.totals = (0, 0);
+            d.sampled = Duration::ZERO;
             d.since_ns = now;
             if let Phase::Closed(kind, reason) = &d.phase {
                 let (app_time, windows) = app::app_cost();
@@ -407,12 +426,17 @@ impl PcSampler {
             if want.is_empty() {
                 continue;
             }
-            let Some(sm) = DRIVER.get().and_then(|drv| drv.facts(*dev).ok()).map(|f| f.compute_major * 10 + f.compute_minor)
+            let Some(sm) =
+                DRIVER.get().and_then(|drv| drv.facts(*dev).ok()).map(|f| f.compute_major * 10 + f.compute_minor)
             else {
                 continue;
             };
             let found = cubins::find_mapped(&want, sm);
-            log!(Info, "PC sampling on device {dev}: {found} of {} modules loaded before sampling found in mapped files", want.len());
+            log!(
+                Info,
+                "PC sampling on device {dev}: {found} of {} modules loaded before sampling found in mapped files",
+                want.len()
+            );
             self.late_tried.extend(want);
             if found > 0 {
                 // Lines cached as unknown for those modules are looked up again.
@@ -488,14 +512,16 @@ pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
     }
     let Some(driver) = DRIVER.get() else { return Vec::new() };
     let syncs = app::take_syncs();
-    devices
+    let out: Vec<(u32, bool, u64)> = devices
         .iter()
         .filter_map(|&dev| {
             let ctx = driver.active_primary_context(dev)?.handle() as usize;
             let n = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
             Some((dev, true, n))
         })
-        .collect()
+        .collect();
+    log!(Debug, "synchronizations by context {syncs:x?}; by device {out:?}");
+    out
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
