@@ -62,6 +62,10 @@ struct Win {
     next_open: Instant,
     /// Time the last window's enable took on the application's thread.
     open_cost: Duration,
+    /// [`EXTRA_NS`] when the last window closed.
+    extra_mark: u64,
+    /// Windows closed so far.
+    closes: u64,
 }
 
 /// Time spent in PC-sampling calls on the application's threads, and windows opened, since
@@ -74,10 +78,54 @@ pub fn app_cost() -> (Duration, u64) {
     (Duration::from_nanos(APP_NS.load(Ordering::Relaxed)), WINDOWS.load(Ordering::Relaxed))
 }
 
+/// What PC sampling added to the application's synchronizations, as measured (see [`timed`]):
+/// the cost the windows are spaced by.
+static EXTRA_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// What PC-sampling calls added to the synchronizations they ran in, so far.
+pub fn app_cost_extra() -> Duration {
+    Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed))
+}
+
+thread_local! {
+    /// This thread's synchronization in progress: nesting depth (a runtime call wraps a driver
+    /// call), its start, and this thread's work time then.
+    static SYNC: std::cell::Cell<(u32, Option<Instant>, u64)> = const { std::cell::Cell::new((0, None, 0)) };
+    /// Time this thread spent in PC-sampling calls.
+    static WORK_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// How long this thread's synchronizations take without PC-sampling work (a moving average, ns).
+    static PLAIN_NS: std::cell::Cell<f64> = const { std::cell::Cell::new(-1.0) };
+}
+
 fn charge(t: Instant) -> Duration {
     let d = t.elapsed();
     APP_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    WORK_NS.with(|w| w.set(w.get() + d.as_nanos() as u64));
     d
+}
+
+/// Times this thread's synchronizations: at the outermost exit, a synchronization in which
+/// PC-sampling work ran adds what it took beyond a plain one (work at an exit adds all of its
+/// time: the GPU waited) to [`EXTRA_NS`]; a plain one updates the average.
+fn timed(exit: bool) {
+    let (depth, t0, w0) = SYNC.with(|s| s.get());
+    if !exit {
+        let start = if depth == 0 { (Some(Instant::now()), WORK_NS.with(|w| w.get())) } else { (t0, w0) };
+        SYNC.with(|s| s.set((depth + 1, start.0, start.1)));
+        return;
+    }
+    let depth = depth.saturating_sub(1);
+    SYNC.with(|s| s.set((depth, if depth == 0 { None } else { t0 }, w0)));
+    let (0, Some(t0)) = (depth, t0) else { return };
+    let total = t0.elapsed().as_nanos() as f64;
+    let worked = WORK_NS.with(|w| w.get()).saturating_sub(w0) as f64;
+    let plain = PLAIN_NS.with(|p| p.get());
+    if worked > 0.0 {
+        let extra = if at_entry() { (total - plain.max(0.0)).clamp(0.0, worked) } else { worked };
+        EXTRA_NS.fetch_add(extra as u64, Ordering::Relaxed);
+    } else {
+        PLAIN_NS.with(|p| p.set(if plain < 0.0 { total } else { 0.9 * plain + 0.1 * total }));
+    }
 }
 
 /// Sampling enabled on one context.
@@ -300,13 +348,17 @@ pub extern "C" fn on_callback(
         let ctx = unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).context } as usize;
         if !exit {
             count_sync(ctx);
-        }
-        if !ACTIVE.load(Ordering::Relaxed) || exit == at_entry() {
-            return;
+            timed(false);
         }
         // Never wait here: the background thread holds the lock only briefly; try next time.
-        if let Ok(mut s) = STATE.try_lock() {
+        if ACTIVE.load(Ordering::Relaxed)
+            && exit != at_entry()
+            && let Ok(mut s) = STATE.try_lock()
+        {
             run(&mut s, ctx);
+        }
+        if exit {
+            timed(true);
         }
     }));
 }
@@ -331,6 +383,8 @@ fn run(s: &mut State, ctx: usize) {
                                     opened: Some(Instant::now()),
                                     next_open: Instant::now(),
                                     open_cost: cost,
+                                    extra_mark: EXTRA_NS.load(Ordering::Relaxed),
+                                    closes: 0,
                                 },
                                 cfg,
                                 wanted,
@@ -414,26 +468,37 @@ fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, 
                 let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
                 absorb(&on.at_disable, &mut l.agg, &mut l.totals);
             }
-            if WINDOWS.load(Ordering::Relaxed) < 20 {
-                crate::log::log!(
-                    Info,
-                    "PC sampling window closed after {:.1} ms: read {:.2} ms, disable {:.2} ms, {} samples{}",
-                    now.duration_since(at).as_secs_f64() * 1e3,
-                    t_read.as_secs_f64() * 1e3,
-                    (t.elapsed() - t_read).as_secs_f64() * 1e3,
-                    l.totals.0 - before,
-                    failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default()
-                );
-            }
             l.on = None;
             if let Some(t) = l.on_since.take() {
                 *sampled.entry(device).or_default() += t.elapsed();
             }
-            let cost = charge(t) + w.open_cost;
+            charge(t);
+            // What the last close and this open added to their synchronizations (measured at
+            // their exits; this close's own comes with the next window).
+            // The first window's enable includes CUPTI's one-time set-up (130-180 ms on an H100
+            // in a PyTorch process; later enables took 0.3 ms), which says nothing of the next.
+            let measured = Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed).saturating_sub(w.extra_mark));
+            let cost = if w.closes == 0 { Duration::ZERO } else { measured };
+            w.closes += 1;
+            w.extra_mark = EXTRA_NS.load(Ordering::Relaxed);
             let open = now.duration_since(at);
             let gap = (cost.as_secs_f64() / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY);
             w.opened = None;
             w.next_open = Instant::now() + Duration::from_secs_f64(gap).min(MAX_GAP);
+            if WINDOWS.load(Ordering::Relaxed) < 20 {
+                crate::log::log!(
+                    Info,
+                    "PC sampling window closed after {:.1} ms: read {:.2} ms, disable {:.2} ms, {} samples{}; \
+                     added to synchronizations since the last close {:.2} ms; next in {:.0} ms",
+                    open.as_secs_f64() * 1e3,
+                    t_read.as_secs_f64() * 1e3,
+                    (t.elapsed() - t_read).as_secs_f64() * 1e3,
+                    l.totals.0 - before,
+                    failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default(),
+                    measured.as_secs_f64() * 1e3,
+                    gap.min(MAX_GAP.as_secs_f64()) * 1e3
+                );
+            }
             l.failure = failure;
         }
         None if now >= w.next_open => {

@@ -389,8 +389,10 @@ impl PcSampler {
                 let (app_time, windows) = app::app_cost();
                 let mut reason = if windows > 0 || !app_time.is_zero() {
                     format!(
-                        "{reason}; {windows} windows, {:.1} ms in PC-sampling calls on the application's threads",
-                        app_time.as_secs_f64() * 1e3
+                        "{reason}; {windows} windows, {:.1} ms in PC-sampling calls on the application's threads, \
+                         {:.1} ms added to its synchronizations",
+                        app_time.as_secs_f64() * 1e3,
+                        app::app_cost_extra().as_secs_f64() * 1e3
                     )
                 } else {
                     reason.clone()
