@@ -11,7 +11,8 @@
 #   cost   medians of REPS (default 3) alternating runs: untraced, CUPTI's own
 #          pc_sampling_continuous sample (the floor), gpuprof windows (the default), gpuprof
 #          continuous, and continuous with the work at synchronization exits (the old place),
-#          on a bf16 8192^3 matmul loop and on the 100k-small-kernel PyTorch loop.
+#          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
+#          synchronization every 100 (small_sync.py; without synchronizations no window opens).
 # PARTS (default "ddp share late cost") picks the parts. It prints a summary last (CHECK and
 # FIGURE lines) and copies logs to $OUT when set. Exit status 1 when a check failed.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as in pc.sh.
@@ -211,7 +212,7 @@ if [[ $PARTS == *" cost "* ]]; then
       MM[$mode]="${MM[$mode]:-} $v"
       s=$(grep -oE '^SESSION [0-9]+' <<<"$o" | cut -d' ' -f2)
       [ -n "$s" ] && MMS[$mode]="${MMS[$mode]:-} $("${CTL[@]}" --json pc top "$s" | jq_py 'd["total_samples"]')"
-      o=$(cost_run $mode "$PY" "$HERE/bench_torch.py" off 100000 1.5 2>&1)
+      o=$(cost_run $mode "$PY" "$HERE/small_sync.py" 250000 1.5 2>&1)
       v=$(grep -oE 'per_op_us=[0-9.]+' <<<"$o" | cut -d= -f2); [ -z "$v" ] && echo "$mode small: $o" | tail -3
       SM[$mode]="${SM[$mode]:-} $v"
       s=$(grep -oE '^SESSION [0-9]+' <<<"$o" | cut -d' ' -f2)
@@ -220,7 +221,7 @@ if [[ $PARTS == *" cost "* ]]; then
     line="rep $r:"; for m in $MODES; do line="$line $m ${MM[$m]##* }ms/${SM[$m]##* }us"; done; echo "$line"
   done
   mo=$(echo "${MM[off]}" | median); so=$(echo "${SM[off]}" | median)
-  fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="100k small kernels us/op medians of $REPS: untraced $so"
+  fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="small-kernel loop (250k ops, a synchronization every 100) us/op medians of $REPS: untraced $so"
   for m in $MODES; do
     [ "$m" = off ] && continue
     mm=$(echo "${MM[$m]}" | median); sm=$(echo "${SM[$m]}" | median)

@@ -32,10 +32,55 @@ use crate::tracer::PcEventKind;
 /// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
 /// overrides it).
 pub const READ_GAP: Duration = Duration::from_millis(100);
-/// Windows mode: the most of the time a window may be open, whatever the budget: the cost
-/// inside a window is not measured, and CUPTI's enable floor on launch-bound work was
-/// 1.18-1.29x on the H100, so a duty of 1.5 % keeps that part under 0.5 %.
+/// Windows mode: the most of the time a window may be open until the slowdown inside windows
+/// is measured (CUPTI's enable floor on launch-bound work was 1.18-1.29x on the H100, so a
+/// duty of 1.5 % keeps that part under 0.5 %).
 const MAX_DUTY: f64 = 0.015;
+/// Windows mode: the most of the time a window may be open once the slowdown inside windows
+/// is measured.
+const MAX_DUTY_MEASURED: f64 = 0.5;
+
+/// The application's pace inside and outside windows: the time between the starts of
+/// consecutive synchronizations (any thread), summed and counted by whether a window was open
+/// at the first. A window that slows the application down (CUPTI's per-launch work while PC
+/// sampling is enabled, on launch-bound code) shows as longer intervals inside.
+struct Pace {
+    last: Option<Instant>,
+    in_sum: f64,
+    in_n: u32,
+    out_sum: f64,
+    out_n: u32,
+}
+static PACE: Mutex<Pace> = Mutex::new(Pace { last: None, in_sum: 0.0, in_n: 0, out_sum: 0.0, out_n: 0 });
+/// A window is open on some context.
+static WINDOW_OPEN: AtomicBool = AtomicBool::new(false);
+
+fn pace_tick() {
+    let Ok(mut p) = PACE.try_lock() else { return };
+    let now = Instant::now();
+    if let Some(last) = p.last.replace(now) {
+        let dt = now.duration_since(last).as_secs_f64();
+        if WINDOW_OPEN.load(Ordering::Relaxed) {
+            p.in_sum += dt;
+            p.in_n += 1;
+        } else {
+            p.out_sum += dt;
+            p.out_n += 1;
+        }
+    }
+}
+
+/// The slowdown inside windows (0.25: intervals 25 % longer than outside) once both sides
+/// have a few intervals; it then counts from zero again, so it follows the application's phases.
+fn pace_slowdown() -> Option<f64> {
+    let mut p = PACE.lock().unwrap_or_else(|e| e.into_inner());
+    if p.in_n < 3 || p.out_n < 3 {
+        return None;
+    }
+    let r = (p.in_sum / f64::from(p.in_n)) / (p.out_sum / f64::from(p.out_n)) - 1.0;
+    *p = Pace { last: p.last, in_sum: 0.0, in_n: 0, out_sum: 0.0, out_n: 0 };
+    Some(r.clamp(0.0, 10.0))
+}
 /// Windows mode: the longest gap between windows.
 const MAX_GAP: Duration = Duration::from_secs(10);
 /// PCs read per `GetData` call.
@@ -66,6 +111,8 @@ struct Win {
     extra_mark: u64,
     /// Windows closed so far.
     closes: u64,
+    /// The slowdown measured inside windows (a moving average; None: not yet).
+    slowdown: Option<f64>,
 }
 
 /// Time spent in PC-sampling calls on the application's threads, and windows opened, since
@@ -348,6 +395,9 @@ pub extern "C" fn on_callback(
         let ctx = unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).context } as usize;
         if !exit {
             count_sync(ctx);
+            if SYNC.with(|s| s.get().0) == 0 {
+                pace_tick();
+            }
             timed(false);
         }
         // Never wait here: the background thread holds the lock only briefly; try next time.
@@ -377,6 +427,7 @@ fn run(s: &mut State, ctx: usize) {
                     Ok((on, reasons, unknown)) => {
                         let win = win.map(|w| {
                             WINDOWS.fetch_add(1, Ordering::Relaxed);
+                            WINDOW_OPEN.store(true, Ordering::Relaxed);
                             (
                                 Win {
                                     cfg: w,
@@ -385,6 +436,7 @@ fn run(s: &mut State, ctx: usize) {
                                     open_cost: cost,
                                     extra_mark: EXTRA_NS.load(Ordering::Relaxed),
                                     closes: 0,
+                                    slowdown: None,
                                 },
                                 cfg,
                                 wanted,
@@ -411,6 +463,7 @@ fn run(s: &mut State, ctx: usize) {
             Op::Disable { device, kind, reason } if s.live.get(&device).is_some_and(|l| l.ctx == ctx) => {
                 let Some(mut l) = s.live.remove(&device) else { continue };
                 count_on(&mut s.sampled, device, &mut l, false);
+                WINDOW_OPEN.store(false, Ordering::Relaxed);
                 let t = Instant::now();
                 if l.on.is_some() {
                     if kind == PcEventKind::Stopped {
@@ -482,20 +535,32 @@ fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, 
             w.closes += 1;
             w.extra_mark = EXTRA_NS.load(Ordering::Relaxed);
             let open = now.duration_since(at);
-            let gap = (cost.as_secs_f64() / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY);
+            WINDOW_OPEN.store(false, Ordering::Relaxed);
+            // The budget pays for what opening and closing added to the synchronizations and
+            // for the slowdown inside the window (measured from the application's pace; until
+            // it is, the duty stays under MAX_DUTY).
+            if let Some(s) = pace_slowdown() {
+                w.slowdown = Some(w.slowdown.map_or(s, |old| 0.5 * old + 0.5 * s));
+            }
+            let inside = match w.slowdown {
+                Some(s) => (open.as_secs_f64() * s / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY_MEASURED),
+                None => open.as_secs_f64() / MAX_DUTY,
+            };
+            let gap = (cost.as_secs_f64() / w.cfg.budget).max(inside);
             w.opened = None;
             w.next_open = Instant::now() + Duration::from_secs_f64(gap).min(MAX_GAP);
             if WINDOWS.load(Ordering::Relaxed) < 20 {
                 crate::log::log!(
                     Info,
                     "PC sampling window closed after {:.1} ms: read {:.2} ms, disable {:.2} ms, {} samples{}; \
-                     added to synchronizations since the last close {:.2} ms; next in {:.0} ms",
+                     added to synchronizations since the last close {:.2} ms; slowdown inside {}; next in {:.0} ms",
                     open.as_secs_f64() * 1e3,
                     t_read.as_secs_f64() * 1e3,
                     (t.elapsed() - t_read).as_secs_f64() * 1e3,
                     l.totals.0 - before,
                     failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default(),
                     measured.as_secs_f64() * 1e3,
+                    w.slowdown.map_or("not measured yet".to_string(), |s| format!("{:.1} %", s * 100.0)),
                     gap.min(MAX_GAP.as_secs_f64()) * 1e3
                 );
             }
@@ -506,6 +571,7 @@ fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, 
             match enable(cupti, l.ctx, cfg.clone(), wanted) {
                 Ok((on, _, _)) => {
                     l.on = Some(on);
+                    WINDOW_OPEN.store(true, Ordering::Relaxed);
                     l.on_since = Some(Instant::now());
                     w.opened = Some(Instant::now());
                     WINDOWS.fetch_add(1, Ordering::Relaxed);
@@ -568,6 +634,7 @@ pub fn stop_all(reason: &str) {
         });
     }
     ACTIVE.store(false, Ordering::SeqCst);
+    WINDOW_OPEN.store(false, Ordering::Relaxed);
 }
 
 /// Reads what the context still holds and disables sampling on it.

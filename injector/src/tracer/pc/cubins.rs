@@ -96,98 +96,114 @@ pub extern "C" fn on_crc(cubin: *const c_void, size: usize, crc: *mut u64) {
 }
 
 /// Cubins of the ELF files the process has mapped, for modules loaded before PC sampling
-/// began (a late attach): each file's fatbin is read once for the device's SM
-/// ([`crate::fatbin`]), each cubin's CRC computed and noted with where it is; the cubins the
-/// samples name are kept. A module that lives only in memory (JIT, `cuModuleLoadData`) loaded
-/// before sampling is not in any file and stays without lines.
-struct Mapped {
-    /// Files read (path, size, mtime).
-    read: std::collections::HashSet<(std::path::PathBuf, u64, i64)>,
-    /// CRC → (file, index of the cubin among the file's cubins of `sm`, sm).
-    index: HashMap<u64, (std::path::PathBuf, usize, u32)>,
+/// began (a late attach), found on a thread of their own ("gpuprof-cubins": reading and
+/// decompressing a large library's fatbin takes seconds, which the agent's thread must not
+/// wait for). Each file's fatbin is read for the device's SM ([`crate::fatbin`]); a cubin's
+/// CRC is computed only when it names a wanted function, and the cubins of the wanted CRCs are
+/// kept. A module that lives only in memory (JIT-compiled from PTX, `cuModuleLoadData`)
+/// loaded before sampling is in no file and stays without lines.
+struct Late {
+    tx: std::sync::mpsc::Sender<(Vec<(u64, String)>, u32)>,
+    /// CRCs being looked for.
+    pending: std::collections::HashSet<u64>,
     /// CRCs looked for and found nowhere.
     missing: std::collections::HashSet<u64>,
 }
 
-static MAPPED: Mutex<Option<Mapped>> = Mutex::new(None);
+static LATE: Mutex<Option<Late>> = Mutex::new(None);
 
-/// Finds the cubins of `wanted` CRCs (not kept yet) in the files the process has mapped, for
-/// SM `sm` (e.g. 90), and keeps those found. Returns how many were found now.
-pub fn find_mapped(wanted: &[u64], sm: u32) -> usize {
-    let Some(c) = CUBINS.get() else { return 0 };
-    let mut g = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
-    let m = g.get_or_insert_with(|| Mapped {
-        read: Default::default(),
-        index: HashMap::new(),
-        missing: Default::default(),
-    });
-    let todo: Vec<u64> = wanted.iter().copied().filter(|crc| get(*crc).is_none()).collect();
-    if todo.is_empty() {
-        return 0;
+fn late() -> std::sync::MutexGuard<'static, Option<Late>> {
+    LATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Asks for the cubins of `wanted` (CRC, function name) in the mapped files, for SM `sm`
+/// (e.g. 90). They are kept when found; [`late_pending`] says which are still looked for.
+pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
+    if wanted.is_empty() || CUBINS.get().is_none() {
+        return;
     }
-    // New files first (a library loaded since the last look).
-    if todo.iter().any(|crc| !m.index.contains_key(crc))
-        && let Ok(maps) = std::fs::read_to_string("/proc/self/maps")
-    {
-        let t = std::time::Instant::now();
-        for path in crate::fatbin::mapped_elf_files(&maps) {
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
-            let key = (path.clone(), meta.len(), std::os::unix::fs::MetadataExt::mtime(&meta));
-            if !m.read.insert(key) {
-                continue;
-            }
-            let mut i = 0;
-            let r = crate::fatbin::visit_file_cubins(&path, sm, |cubin| {
-                if let Ok(crc) = c.cupti.cubin_crc(cubin) {
-                    m.index.entry(crc).or_insert((path.clone(), i, sm));
+    let mut g = late();
+    if g.is_none() {
+        let (tx, rx) = std::sync::mpsc::channel::<(Vec<(u64, String)>, u32)>();
+        let spawned = std::thread::Builder::new().name("gpuprof-cubins".into()).spawn(move || {
+            super::app::mark_own_thread();
+            while let Ok((wanted, sm)) = rx.recv() {
+                let _ = catch_unwind(AssertUnwindSafe(|| find_mapped(&wanted, sm)));
+                let mut g = late();
+                if let Some(l) = g.as_mut() {
+                    for (crc, _) in &wanted {
+                        l.pending.remove(crc);
+                        if get(*crc).is_none() {
+                            l.missing.insert(*crc);
+                        }
+                    }
                 }
-                i += 1;
-            });
-            if let Err(e) = r {
-                crate::log::log!(Debug, "PC sampling: reading the fatbin of {}: {e}", path.display());
             }
-        }
-        crate::log::log!(
-            Info,
-            "PC sampling: mapped files read for sm_{sm} cubins in {:.0} ms ({} cubins indexed)",
-            t.elapsed().as_secs_f64() * 1e3,
-            m.index.len()
-        );
-    }
-    // The cubins wanted, grouped by file: each file is read once more.
-    let mut by_file: HashMap<(std::path::PathBuf, u32), HashMap<usize, u64>> = HashMap::new();
-    for crc in todo {
-        match m.index.get(&crc) {
-            Some((path, at, sm)) => {
-                by_file.entry((path.clone(), *sm)).or_default().insert(*at, crc);
-            }
-            None => {
-                m.missing.insert(crc);
-            }
-        }
-    }
-    let mut found = 0;
-    for ((path, sm), want) in by_file {
-        let mut i = 0;
-        let _ = crate::fatbin::visit_file_cubins(&path, sm, |cubin| {
-            if let Some(crc) = want.get(&i)
-                && c.cupti.cubin_crc(cubin).ok() == Some(*crc)
-            {
-                c.bytes.fetch_add(cubin.len(), Ordering::Relaxed);
-                c.map.lock().unwrap_or_else(|p| p.into_inner()).insert(*crc, Arc::new(cubin.to_vec()));
-                found += 1;
-            }
-            i += 1;
         });
+        if spawned.is_err() {
+            return;
+        }
+        *g = Some(Late { tx, pending: Default::default(), missing: Default::default() });
     }
-    found
+    if let Some(l) = g.as_mut() {
+        l.pending.extend(wanted.iter().map(|(c, _)| *c));
+        if l.tx.send((wanted, sm)).is_err() {
+            l.pending.clear();
+        }
+    }
+}
+
+/// Whether the cubin of `crc` is still being looked for in the mapped files.
+pub fn late_pending(crc: u64) -> bool {
+    late().as_ref().is_some_and(|l| l.pending.contains(&crc))
 }
 
 /// Modules sampled whose cubin was found neither at load nor in a mapped file.
 pub fn unresolved() -> usize {
-    MAPPED
-        .lock()
-        .ok()
-        .and_then(|g| g.as_ref().map(|m| m.missing.iter().filter(|c| get(**c).is_none()).count()))
-        .unwrap_or(0)
+    late().as_ref().map_or(0, |l| l.missing.iter().filter(|c| get(**c).is_none()).count())
+}
+
+/// Reads the fatbins of the mapped files for the cubins of `wanted`; keeps those found.
+fn find_mapped(wanted: &[(u64, String)], sm: u32) {
+    let Some(c) = CUBINS.get() else { return };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
+    let t = std::time::Instant::now();
+    let mut left: HashMap<u64, &str> = wanted.iter().map(|(crc, f)| (*crc, f.as_str())).collect();
+    let (mut files, mut cubins, mut crcs) = (0, 0, 0);
+    for path in crate::fatbin::mapped_elf_files(&maps) {
+        if left.is_empty() {
+            break;
+        }
+        let r = crate::fatbin::visit_file_cubins(&path, sm, |cubin| {
+            cubins += 1;
+            // A cubin defines the function whose name it holds (its symbol table).
+            if !left.values().any(|f| !f.is_empty() && contains(cubin, f.as_bytes())) {
+                return;
+            }
+            crcs += 1;
+            if let Ok(crc) = c.cupti.cubin_crc(cubin)
+                && left.remove(&crc).is_some()
+            {
+                c.bytes.fetch_add(cubin.len(), Ordering::Relaxed);
+                c.map.lock().unwrap_or_else(|p| p.into_inner()).insert(crc, Arc::new(cubin.to_vec()));
+            }
+        });
+        match r {
+            Ok(st) if st.blobs > 0 => files += 1,
+            Ok(_) => {}
+            Err(e) => crate::log::log!(Debug, "PC sampling: reading the fatbin of {}: {e}", path.display()),
+        }
+    }
+    crate::log::log!(
+        Info,
+        "PC sampling: {} of {} modules loaded before sampling found in mapped files ({files} fatbins, {cubins} sm_{sm} \
+         cubins, {crcs} CRCs) in {:.0} ms",
+        wanted.len() - left.len(),
+        wanted.len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    needle.len() <= hay.len() && hay.windows(needle.len()).any(|w| w == needle)
 }

@@ -86,6 +86,8 @@ pub struct PcSampler {
     no_line: Arc<str>,
     /// Module CRCs already looked for in the mapped files.
     late_tried: std::collections::HashSet<u64>,
+    /// The process is exiting: nothing waits any more.
+    exiting: bool,
 }
 
 impl PcSampler {
@@ -100,6 +102,7 @@ impl PcSampler {
             lines: HashMap::new(),
             no_line: Arc::from(""),
             late_tried: Default::default(),
+            exiting: false,
         }
     }
 
@@ -332,6 +335,7 @@ impl PcSampler {
     /// At exit, after [`stop_at_exit`] ran on the exiting thread: what it read, and what was
     /// collected since the last collection. Touches neither CUDA nor the subscriber.
     pub fn collect_at_exit(&mut self) -> PcOutput {
+        self.exiting = true;
         self.take_results();
         for d in self.devs.values_mut() {
             if !matches!(d.phase, Phase::Closed(..)) {
@@ -358,7 +362,14 @@ impl PcSampler {
         for dev in keys {
             let Some(mut d) = self.devs.remove(&dev) else { continue };
             let mut rows = Vec::with_capacity(d.agg.len());
+            let closing = matches!(d.phase, Phase::Closed(..)) || self.exiting;
             for ((fptr, crc, pc, stall), count) in std::mem::take(&mut d.agg) {
+                // A module whose cubin is being looked for: its rows wait (with their lines to
+                // come), unless sampling ends here.
+                if !closing && crc != 0 && cubins::late_pending(crc) {
+                    *d.agg.entry((fptr, crc, pc, stall)).or_default() += count;
+                    continue;
+                }
                 let function = self.name(fptr);
                 let stall_name = match &d.reasons {
                     Some(r) if !r.name(stall).is_empty() => self.intern(r.name(stall)),
@@ -415,14 +426,19 @@ impl PcSampler {
     }
 
     /// Modules the samples name whose cubins were not captured at load (loaded before sampling
-    /// began): looked for once in the ELF files the process has mapped ([`cubins::find_mapped`]),
-    /// for the device's SM; lines they already missed are looked up again.
+    /// began): looked for once, on a thread of their own, in the ELF files the process has
+    /// mapped ([`cubins::request_late`]) for the device's SM; their rows wait for the answer.
     fn find_late_cubins(&mut self) {
+        let mut asked = false;
         for (dev, d) in &self.devs {
-            let mut want: Vec<u64> = Vec::new();
-            for (_, crc, _, _) in d.agg.keys() {
-                if *crc != 0 && !want.contains(crc) && !self.late_tried.contains(crc) && cubins::get(*crc).is_none() {
-                    want.push(*crc);
+            let mut want: Vec<(u64, usize)> = Vec::new();
+            for (fptr, crc, _, _) in d.agg.keys() {
+                if *crc != 0
+                    && !want.iter().any(|w| w.0 == *crc)
+                    && !self.late_tried.contains(crc)
+                    && cubins::get(*crc).is_none()
+                {
+                    want.push((*crc, *fptr));
                 }
             }
             if want.is_empty() {
@@ -433,18 +449,27 @@ impl PcSampler {
             else {
                 continue;
             };
-            let found = cubins::find_mapped(&want, sm);
-            log!(
-                Info,
-                "PC sampling on device {dev}: {found} of {} modules loaded before sampling found in mapped files",
-                want.len()
-            );
-            self.late_tried.extend(want);
-            if found > 0 {
-                // Lines cached as unknown for those modules are looked up again.
-                self.lines.retain(|(crc, _, _), (_, line)| *line != 0 || cubins::get(*crc).is_none());
-            }
+            let named: Vec<(u64, String)> = want
+                .iter()
+                .map(|(crc, fptr)| {
+                    let n = if *fptr == 0 {
+                        String::new()
+                    } else {
+                        // Safety: CUPTI's function-name string for a PC record (see `name`).
+                        unsafe { CStr::from_ptr(*fptr as *const c_char) }.to_string_lossy().into_owned()
+                    };
+                    (*crc, n)
+                })
+                .collect();
+            self.late_tried.extend(want.iter().map(|w| w.0));
+            cubins::request_late(named, sm);
+            asked = true;
         }
+        if asked {
+            log!(Info, "PC sampling: looking for the cubins of modules loaded before sampling in the mapped files");
+        }
+        // Lines cached as unknown for modules found since are looked up again.
+        self.lines.retain(|(crc, _, _), (_, line)| *line != 0 || cubins::get(*crc).is_none());
     }
 
     fn name(&mut self, fptr: usize) -> Arc<str> {
