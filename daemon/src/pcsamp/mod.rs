@@ -349,7 +349,12 @@ impl PcHub {
             s.samples += taken;
             s.dropped += lost;
         }
-        self.sched().samples(&key, taken, b.sampled_ns);
+        let mut s = self.sched();
+        s.samples(&key, taken, b.sampled_ns);
+        // Samples taken are work on the GPU too (the process's own reports may come late).
+        if taken > 0 {
+            s.activity(&key, Instant::now());
+        }
     }
 
     /// Ends PC sampling of `session` (of one process when `proc` is given): devices still

@@ -32,6 +32,7 @@ use api_watch::ApiWatch;
 use conn::{Conn, FIRST_BACKOFF};
 pub use control::Control;
 pub use identity::{Identity, clock_pair, parse_cgroup};
+pub use pc::STILL_STOPPING;
 
 use crate::config::Config;
 use crate::convert::Converter;

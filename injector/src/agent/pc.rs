@@ -27,13 +27,22 @@ pub struct PcState {
     pub totals: HashMap<u32, (u64, u64, u32)>,
     /// Devices the backend reported sampling.
     pub sampling: HashSet<u32>,
+    /// Leases granted while the device's previous one was still stopping (a turn given back
+    /// and granted again before the application synchronized): started once it has stopped.
+    pub deferred: HashMap<u32, (pb::StartPcSampling, Instant)>,
 }
+
+/// The backend's answer to a start while the device's last lease is still stopping.
+pub const STILL_STOPPING: &str = "the previous lease on this device is still stopping";
+/// How long a deferred start waits for the last lease to stop.
+const DEFER_FOR: Duration = Duration::from_secs(10);
 
 /// How soon to collect while a lease is being enabled and right after it began.
 const FIRST_COLLECT: Duration = Duration::from_millis(200);
 
 impl<B: Backend> Agent<B> {
     pub(super) fn start_pc(&mut self, p: pb::StartPcSampling) {
+        self.pc.deferred.remove(&p.device_id);
         if p.session_id != self.session || self.session == 0 {
             let detail =
                 format!("PC sampling lease for session {} while tracing session {}", p.session_id, self.session);
@@ -48,7 +57,7 @@ impl<B: Backend> Agent<B> {
             session: p.session_id,
             device: p.device_id,
             period_log2: p.period_log2,
-            stall_reasons: p.stall_reasons,
+            stall_reasons: p.stall_reasons.clone(),
             hw_buffer_mib: p.hw_buffer_mib,
             scratch_buffer_mib: p.scratch_buffer_mib,
             continuous: p.mode == pb::PcMode::Continuous as i32,
@@ -63,6 +72,11 @@ impl<B: Backend> Agent<B> {
                 self.pc.next.get_or_insert_with(|| Instant::now() + every);
                 // The backend reports Sampling once its context is enabled.
                 self.collect_pc();
+            }
+            Err(detail) if detail == STILL_STOPPING => {
+                log!(Info, "PC sampling on device {}: starts once its last lease has stopped", p.device_id);
+                self.pc.deferred.insert(p.device_id, (p, Instant::now() + DEFER_FOR));
+                self.pc.next = Some(Instant::now() + FIRST_COLLECT);
             }
             Err(detail) => {
                 log!(Warn, "PC sampling on device {}: {detail}", p.device_id);
@@ -111,6 +125,33 @@ impl<B: Backend> Agent<B> {
             || self.backend.pc_devices().len() > self.pc.sampling.len();
         self.send_pc_output(out);
         self.schedule_pc(if soon { self.pc.every.min(FIRST_COLLECT) } else { self.pc.every });
+        self.start_deferred();
+    }
+
+    /// Starts the leases deferred behind a stop once the stop is done (or fails them after
+    /// [`DEFER_FOR`]).
+    fn start_deferred(&mut self) {
+        let now = Instant::now();
+        let devices: Vec<u32> = self.pc.deferred.keys().copied().collect();
+        for dev in devices {
+            let Some((p, until)) = self.pc.deferred.remove(&dev) else { continue };
+            let session = p.session_id;
+            if now >= until {
+                self.send_pc_state(session, dev, pb::PcSamplingStatus::Failed, STILL_STOPPING.into());
+                continue;
+            }
+            // The old lease's stop is reported first (it drops its bookkeeping), then this one
+            // starts; deferred again, it keeps its first deadline.
+            if !self.pc.leases.contains_key(&dev) {
+                self.start_pc(p);
+            } else {
+                self.pc.deferred.insert(dev, (p, until));
+            }
+            if let Some(d) = self.pc.deferred.get_mut(&dev) {
+                d.1 = until;
+                self.pc.next = Some(now + FIRST_COLLECT);
+            }
+        }
     }
 
     /// At exit: sends what the exiting thread read when it disabled PC sampling.

@@ -149,7 +149,7 @@ impl PcSampler {
             if d.req == req && d.stop_after.is_none() && !matches!(d.phase, Phase::Closed(..)) {
                 return Ok(());
             }
-            return Err("the previous lease on this device is still stopping".into());
+            return Err(crate::agent::STILL_STOPPING.into());
         }
         self.subscribe()?;
         let device = req.device;
