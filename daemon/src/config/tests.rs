@@ -94,3 +94,24 @@ fn late_attach_hook_targets_are_checked() {
         assert!(format!("{e:#}").contains(says), "{bad}: {e:#}");
     }
 }
+
+#[test]
+fn pc_sampling_settings_parse_and_are_checked() {
+    let c = Config::from_toml("").unwrap();
+    assert_eq!((c.pc.mode.as_str(), c.pc.cost_budget_pct), ("windows", 0.5));
+    assert_eq!(c.pc.turn.0, std::time::Duration::from_secs(1));
+    let c = Config::from_toml("[pc]\nmode = \"continuous\"\ncost_budget_pct = 2\n").unwrap();
+    assert_eq!((c.pc.mode.as_str(), c.pc.cost_budget_pct), ("continuous", 2.0));
+    for (toml, says) in [
+        ("[pc]\nmode = \"always\"\n", "pc.mode must be"),
+        ("[pc]\ncost_budget_pct = 0\n", "pc.cost_budget_pct"),
+        ("[pc]\ncost_budget_pct = 25\n", "pc.cost_budget_pct"),
+        ("[pc]\nturn = \"10ms\"\n", "pc.turn"),
+        ("[pc]\nturn = \"5s\"\nmax_wait = \"2s\"\n", "pc.max_wait"),
+        ("[pc]\nactive_for = \"100ms\"\n", "pc.active_for"),
+        ("[pc]\nwindow = \"0s\"\n", "pc.window"),
+    ] {
+        let e = Config::from_toml(toml).unwrap_err();
+        assert!(format!("{e:#}").contains(says), "{toml}: {e:#}");
+    }
+}

@@ -444,8 +444,11 @@ mod tests {
             ];
             c.pc_sampling_period_log2 = 5;
             c.pc_flush_interval_ms = 100;
+            c.pc_mode = " Windows".into();
+            c.pc_cost_budget_pct = 1.5;
         })
         .unwrap();
+        assert_eq!((c.pc_mode.as_str(), c.pc_cost_budget_ppm), ("windows", 15_000));
         assert_eq!(c.pc_stall_reasons, ["stalled_long_scoreboard", "stalled_barrier"]);
         assert_eq!(Collect::from_pb(Some(&c.to_pb())).unwrap(), c, "stored options read back the same");
         for (bad, field) in [
@@ -458,6 +461,16 @@ mod tests {
             (&|c| c.pc_flush_interval_ms = 60_001, "pc_flush_interval_ms"),
             (&|c| c.pc_hw_buffer_mib = 4097, "pc_hw_buffer_mib"),
             (&|c| c.pc_scratch_buffer_mib = 1025, "pc_scratch_buffer_mib"),
+            (&|c| c.pc_mode = "always".into(), "use \"windows\" or \"continuous\""),
+            (&|c| c.pc_cost_budget_pct = 11.0, "pc_cost_budget_pct"),
+            (&|c| c.pc_cost_budget_pct = f64::NAN, "pc_cost_budget_pct"),
+            (
+                &|c| {
+                    c.pc_mode = "continuous".into();
+                    c.pc_cost_budget_pct = 1.0;
+                },
+                "applies to the windows mode only",
+            ),
             (&|c| c.pc_stall_reasons = vec!["long scoreboard".into()], "pc_stall_reasons"),
             (&|c| c.pc_stall_reasons = vec![String::new()], "pc_stall_reasons"),
             (

@@ -13,6 +13,10 @@
 
 mod app;
 mod cubins;
+mod meter;
+mod stalls;
+
+pub use stalls::{STALL_PREFIX, select_stalls};
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char};
@@ -30,8 +34,6 @@ use super::backend::{PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow};
 use crate::log::log;
 use app::{Agg, Done, Op};
 
-/// CUPTI's prefix of every stall reason name.
-pub const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
 /// The sampling period when the lease names none: 2^15 cycles. On the H100 at 2^10 and 2^13 a
 /// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
 /// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
@@ -577,62 +579,5 @@ fn failure_kind(e: CuptiError, full: bool) -> (PcEventKind, String) {
         (PcEventKind::HardwareBusy, e.to_string())
     } else {
         (PcEventKind::Failed, e.to_string())
-    }
-}
-
-/// The stall indexes to configure for the requested names (empty request: all) and the
-/// requested names that matched none. A name matches CUPTI's with or without the prefix, and
-/// also its "_not_issued" variant.
-pub fn select_stalls(reasons: &StallReasons, wanted: &[String]) -> (Vec<u32>, Vec<String>) {
-    if wanted.is_empty() {
-        // Every reason but the "_not_issued" variants, which count the same samples again.
-        let idx = reasons
-            .index
-            .iter()
-            .zip(&reasons.names)
-            .filter(|(_, n)| !n.ends_with("_not_issued"))
-            .map(|(i, _)| *i)
-            .collect();
-        return (idx, Vec::new());
-    }
-    let mut idx = Vec::new();
-    let mut unknown = Vec::new();
-    for w in wanted {
-        let w = w.strip_prefix(STALL_PREFIX).unwrap_or(w);
-        let mut hit = false;
-        for (i, n) in reasons.index.iter().zip(&reasons.names) {
-            let short = n.strip_prefix(STALL_PREFIX).unwrap_or(n);
-            if (short == w || short.strip_suffix("_not_issued") == Some(w)) && !idx.contains(i) {
-                idx.push(*i);
-                hit = true;
-            }
-        }
-        if !hit {
-            unknown.push(w.to_string());
-        }
-    }
-    (idx, unknown)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stall_selection_accepts_short_and_full_names() {
-        let r = StallReasons {
-            index: vec![1, 2, 3],
-            names: vec![
-                format!("{STALL_PREFIX}stalled_long_scoreboard"),
-                format!("{STALL_PREFIX}stalled_long_scoreboard_not_issued"),
-                format!("{STALL_PREFIX}stalled_barrier"),
-            ],
-        };
-        let (i, u) = select_stalls(&r, &["stalled_long_scoreboard".into(), "nope".into()]);
-        assert_eq!(i, vec![1, 2]);
-        assert_eq!(u, vec!["nope".to_string()]);
-        let (i, u) = select_stalls(&r, &[format!("{STALL_PREFIX}stalled_barrier")]);
-        assert_eq!((i, u.len()), (vec![3], 0));
-        assert_eq!(select_stalls(&r, &[]), (vec![1, 3], vec![]), "all but the _not_issued variants");
     }
 }

@@ -1,0 +1,178 @@
+//! What PC sampling costs the application and where the application works, measured on its
+//! own threads at CUDA synchronizations: the synchronizations per context (for the daemon's
+//! scheduler, [`take_syncs`]), the time PC-sampling calls take and what they add to the
+//! synchronizations they run in ([`timed`]: the budget the windows are spaced by), and the
+//! application's pace inside and outside windows ([`pace_slowdown`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::app::READ_GAP;
+
+/// Windows mode: the most of the time a window may be open until the slowdown inside windows
+/// is measured (CUPTI's enable floor on launch-bound work was 1.18-1.29x on the H100, so a
+/// duty of 1.5 % keeps that part under 0.5 %).
+pub(super) const MAX_DUTY: f64 = 0.015;
+/// Windows mode: the most of the time a window may be open once the slowdown inside windows
+/// is measured.
+pub(super) const MAX_DUTY_MEASURED: f64 = 0.5;
+
+/// The application's pace inside and outside windows: the time between the starts of
+/// consecutive synchronizations (any thread), summed and counted by whether a window was open
+/// at the first. A window that slows the application down (CUPTI's per-launch work while PC
+/// sampling is enabled, on launch-bound code) shows as longer intervals inside.
+struct Pace {
+    last: Option<Instant>,
+    in_sum: f64,
+    in_n: u32,
+    out_sum: f64,
+    out_n: u32,
+}
+static PACE: Mutex<Pace> = Mutex::new(Pace { last: None, in_sum: 0.0, in_n: 0, out_sum: 0.0, out_n: 0 });
+/// A window is open on some context.
+pub(super) static WINDOW_OPEN: AtomicBool = AtomicBool::new(false);
+
+pub(super) fn pace_tick() {
+    let Ok(mut p) = PACE.try_lock() else { return };
+    let now = Instant::now();
+    if let Some(last) = p.last.replace(now) {
+        let dt = now.duration_since(last).as_secs_f64();
+        if WINDOW_OPEN.load(Ordering::Relaxed) {
+            p.in_sum += dt;
+            p.in_n += 1;
+        } else {
+            p.out_sum += dt;
+            p.out_n += 1;
+        }
+    }
+}
+
+/// The slowdown inside windows (0.25: intervals 25 % longer than outside) once both sides
+/// have a few intervals; it then counts from zero again, so it follows the application's phases.
+pub(super) fn pace_slowdown() -> Option<f64> {
+    let mut p = PACE.lock().unwrap_or_else(|e| e.into_inner());
+    if p.in_n < 3 || p.out_n < 3 {
+        return None;
+    }
+    let r = (p.in_sum / f64::from(p.in_n)) / (p.out_sum / f64::from(p.out_n)) - 1.0;
+    *p = Pace { last: p.last, in_sum: 0.0, in_n: 0, out_sum: 0.0, out_n: 0 };
+    Some(r.clamp(0.0, 10.0))
+}
+
+/// Time spent in PC-sampling calls on the application's threads, and windows opened, since
+/// the process started (for the log and the cost figures).
+pub(super) static APP_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(super) static WINDOWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// (time in PC-sampling calls on application threads, windows opened) so far.
+pub fn app_cost() -> (Duration, u64) {
+    (Duration::from_nanos(APP_NS.load(Ordering::Relaxed)), WINDOWS.load(Ordering::Relaxed))
+}
+
+/// What PC sampling added to the application's synchronizations, as measured (see [`timed`]):
+/// the cost the windows are spaced by.
+pub(super) static EXTRA_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// What PC-sampling calls added to the synchronizations they ran in, so far.
+pub fn app_cost_extra() -> Duration {
+    Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed))
+}
+
+thread_local! {
+    /// This thread's synchronization in progress: nesting depth (a runtime call wraps a driver
+    /// call), its start, and this thread's work time then.
+    static SYNC: std::cell::Cell<(u32, Option<Instant>, u64)> = const { std::cell::Cell::new((0, None, 0)) };
+    /// Time this thread spent in PC-sampling calls.
+    static WORK_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// How long this thread's synchronizations take without PC-sampling work (a moving average, ns).
+    static PLAIN_NS: std::cell::Cell<f64> = const { std::cell::Cell::new(-1.0) };
+}
+
+pub(super) fn charge(t: Instant) -> Duration {
+    let d = t.elapsed();
+    APP_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    WORK_NS.with(|w| w.set(w.get() + d.as_nanos() as u64));
+    d
+}
+
+/// Times this thread's synchronizations: at the outermost exit, a synchronization in which
+/// PC-sampling work ran adds what it took beyond a plain one (work at an exit adds all of its
+/// time: the GPU waited) to [`EXTRA_NS`]; a plain one updates the average.
+pub(super) fn timed(exit: bool) {
+    let (depth, t0, w0) = SYNC.with(|s| s.get());
+    if !exit {
+        let start = if depth == 0 { (Some(Instant::now()), WORK_NS.with(|w| w.get())) } else { (t0, w0) };
+        SYNC.with(|s| s.set((depth + 1, start.0, start.1)));
+        return;
+    }
+    let depth = depth.saturating_sub(1);
+    SYNC.with(|s| s.set((depth, if depth == 0 { None } else { t0 }, w0)));
+    let (0, Some(t0)) = (depth, t0) else { return };
+    let total = t0.elapsed().as_nanos() as f64;
+    let worked = WORK_NS.with(|w| w.get()).saturating_sub(w0) as f64;
+    let plain = PLAIN_NS.with(|p| p.get());
+    if worked > 0.0 {
+        let extra = if at_entry() { (total - plain.max(0.0)).clamp(0.0, worked) } else { worked };
+        EXTRA_NS.fetch_add(extra as u64, Ordering::Relaxed);
+    } else {
+        PLAIN_NS.with(|p| p.set(if plain < 0.0 { total } else { 0.9 * plain + 0.1 * total }));
+    }
+}
+
+/// CUDA synchronizations per context since the last [`take_syncs`], for the daemon's
+/// PC-sampling scheduler (which process works on which GPU): a few slots of (context, count).
+const SYNC_SLOTS: usize = 16;
+static SYNC_CTX: [std::sync::atomic::AtomicUsize; SYNC_SLOTS] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; SYNC_SLOTS];
+static SYNC_N: [std::sync::atomic::AtomicU64; SYNC_SLOTS] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; SYNC_SLOTS];
+
+pub(super) fn count_sync(ctx: usize) {
+    if ctx == 0 {
+        return;
+    }
+    for i in 0..SYNC_SLOTS {
+        let c = SYNC_CTX[i].load(Ordering::Relaxed);
+        if c == ctx
+            || (c == 0 && SYNC_CTX[i].compare_exchange(0, ctx, Ordering::Relaxed, Ordering::Relaxed).is_ok())
+            || SYNC_CTX[i].load(Ordering::Relaxed) == ctx
+        {
+            SYNC_N[i].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+/// The synchronizations per context since the last call.
+pub fn take_syncs() -> Vec<(usize, u64)> {
+    (0..SYNC_SLOTS)
+        .filter_map(|i| {
+            let c = SYNC_CTX[i].load(Ordering::Relaxed);
+            let n = SYNC_N[i].swap(0, Ordering::Relaxed);
+            (c != 0 && n > 0).then_some((c, n))
+        })
+        .collect()
+}
+
+/// Where the work runs: at a synchronization's entry (true, the default) or its exit.
+pub(super) fn at_entry() -> bool {
+    static AT: OnceLock<bool> = OnceLock::new();
+    *AT.get_or_init(|| std::env::var("GPUPROF_PC_AT").map(|v| v.trim() != "exit").unwrap_or(true))
+}
+
+pub(super) fn read_gap() -> Duration {
+    static GAP: OnceLock<Duration> = OnceLock::new();
+    *GAP.get_or_init(|| {
+        std::env::var("GPUPROF_PC_READ_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(READ_GAP)
+    })
+}
+
+/// Whether this thread is in no synchronization (the next entry is an outermost one).
+pub(super) fn outermost() -> bool {
+    SYNC.with(|s| s.get().0) == 0
+}
