@@ -52,11 +52,22 @@ impl PcBackend for FakeBackend {
         if req.device == 7 {
             return Err("no device 7".into());
         }
+        if self.pc_stopped.is_some() {
+            return Err(super::STILL_STOPPING.into());
+        }
         self.pc = Some((req, 0));
         Ok(())
     }
     fn pc_stop(&mut self, _device: u32, reason: &str) {
         self.pc_stopped = Some(reason.to_string());
+    }
+    /// Device 1 stops slowly (as when the application makes no CUDA call for a while): the
+    /// stop is done at the next collection, not at once.
+    fn pc_finish(&mut self) -> PcOutput {
+        if self.pc.as_ref().is_some_and(|(r, _)| r.device == 1) {
+            return PcOutput::default();
+        }
+        self.pc_collect()
     }
     fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
         // Works on its first device only; a context on every one.
@@ -325,6 +336,41 @@ fn a_traced_process_reports_the_devices_it_works_on() {
     let Some(Out::DeviceActivity(a)) = seen.last() else { panic!() };
     assert_eq!(a.devices, [pb::DeviceUse { device_id: 0, context: true, syncs: 5 }], "devices without work left out");
     assert!(t0.elapsed() < Duration::from_secs(2), "reported within a flush or two: {:?}", t0.elapsed());
+    assert!(control.request_exit(&wake, Duration::from_secs(2)));
+    h.join().unwrap();
+}
+
+#[test]
+fn a_lease_granted_while_the_last_is_still_stopping_starts_once_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
+    let mut s = accept_welcomed(&listener);
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 5, config: None }));
+    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    let start = || {
+        In::StartPcSampling(pb::StartPcSampling {
+            session_id: 5,
+            device_id: 1,
+            flush_interval_ms: 100,
+            ..Default::default()
+        })
+    };
+    let state = |st: pb::PcSamplingStatus| move |m: &Out| matches!(m, Out::PcSamplingState(x) if x.status == st as i32);
+    daemon_send(&mut s, start());
+    until(&mut s, state(pb::PcSamplingStatus::Sampling));
+    // The turn ends and the next begins before the application let the first stop.
+    daemon_send(
+        &mut s,
+        In::StopPcSampling(pb::StopPcSampling { session_id: 5, device_id: 1, reason: "turn over".into() }),
+    );
+    daemon_send(&mut s, start());
+    let seen = until(&mut s, state(pb::PcSamplingStatus::Stopped));
+    assert!(!seen.iter().any(state(pb::PcSamplingStatus::Failed)), "not refused: {seen:?}");
+    let seen = until(&mut s, state(pb::PcSamplingStatus::Sampling));
+    assert!(!seen.iter().any(state(pb::PcSamplingStatus::Failed)), "{seen:?}");
+    // And it samples: batches of the new lease.
+    until(&mut s, |m| matches!(m, Out::PcSamples(b) if b.session_id == 5 && b.device_id == 1));
     assert!(control.request_exit(&wake, Duration::from_secs(2)));
     h.join().unwrap();
 }
