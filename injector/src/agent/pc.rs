@@ -32,8 +32,7 @@ pub struct PcState {
     pub deferred: HashMap<u32, (pb::StartPcSampling, Instant)>,
 }
 
-/// The backend's answer to a start while the device's last lease is still stopping.
-pub const STILL_STOPPING: &str = "the previous lease on this device is still stopping";
+pub use crate::tracer::STILL_STOPPING;
 /// How long a deferred start waits for the last lease to stop.
 const DEFER_FOR: Duration = Duration::from_secs(10);
 

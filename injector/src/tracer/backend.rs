@@ -58,6 +58,9 @@ pub trait Backend: Send + PcBackend {
     }
 }
 
+/// The backend's answer to a PC-sampling start while the device's last lease is still stopping.
+pub const STILL_STOPPING: &str = "the previous lease on this device is still stopping";
+
 /// A PC-sampling lease the daemon granted for one device, as the backend needs it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PcRequest {

@@ -18,7 +18,7 @@ mod trace_config;
 
 pub use backend::{
     Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource,
-    StartOutcome,
+    STILL_STOPPING, StartOutcome,
 };
 pub use callbacks::{Shared, TRACING, install, now_ms};
 pub use cupti_backend::{CuptiBackend, Tuning, hook_runtime};

@@ -151,7 +151,7 @@ impl PcSampler {
             if d.req == req && d.stop_after.is_none() && !matches!(d.phase, Phase::Closed(..)) {
                 return Ok(());
             }
-            return Err(crate::agent::STILL_STOPPING.into());
+            return Err(super::backend::STILL_STOPPING.into());
         }
         self.subscribe()?;
         let device = req.device;
