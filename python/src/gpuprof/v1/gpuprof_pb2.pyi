@@ -215,7 +215,7 @@ class Target(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ..., pod_uid: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
 
 class CollectOptions(_message.Message):
-    __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics", "pm_sampling_rate_hz", "pc_stall_reasons", "pc_flush_interval_ms", "pc_hw_buffer_mib", "pc_scratch_buffer_mib")
+    __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics", "pm_sampling_rate_hz", "pc_stall_reasons", "pc_flush_interval_ms", "pc_hw_buffer_mib", "pc_scratch_buffer_mib", "pc_mode", "pc_cost_budget_pct")
     PRESET_FIELD_NUMBER: _ClassVar[int]
     PC_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PC_SAMPLING_PERIOD_LOG2_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,8 @@ class CollectOptions(_message.Message):
     PC_FLUSH_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     PC_HW_BUFFER_MIB_FIELD_NUMBER: _ClassVar[int]
     PC_SCRATCH_BUFFER_MIB_FIELD_NUMBER: _ClassVar[int]
+    PC_MODE_FIELD_NUMBER: _ClassVar[int]
+    PC_COST_BUDGET_PCT_FIELD_NUMBER: _ClassVar[int]
     preset: str
     pc_sampling: bool
     pc_sampling_period_log2: int
@@ -234,7 +236,9 @@ class CollectOptions(_message.Message):
     pc_flush_interval_ms: int
     pc_hw_buffer_mib: int
     pc_scratch_buffer_mib: int
-    def __init__(self, preset: _Optional[str] = ..., pc_sampling: _Optional[bool] = ..., pc_sampling_period_log2: _Optional[int] = ..., pm_metrics: _Optional[_Iterable[str]] = ..., pm_sampling_rate_hz: _Optional[int] = ..., pc_stall_reasons: _Optional[_Iterable[str]] = ..., pc_flush_interval_ms: _Optional[int] = ..., pc_hw_buffer_mib: _Optional[int] = ..., pc_scratch_buffer_mib: _Optional[int] = ...) -> None: ...
+    pc_mode: str
+    pc_cost_budget_pct: float
+    def __init__(self, preset: _Optional[str] = ..., pc_sampling: _Optional[bool] = ..., pc_sampling_period_log2: _Optional[int] = ..., pm_metrics: _Optional[_Iterable[str]] = ..., pm_sampling_rate_hz: _Optional[int] = ..., pc_stall_reasons: _Optional[_Iterable[str]] = ..., pc_flush_interval_ms: _Optional[int] = ..., pc_hw_buffer_mib: _Optional[int] = ..., pc_scratch_buffer_mib: _Optional[int] = ..., pc_mode: _Optional[str] = ..., pc_cost_budget_pct: _Optional[float] = ...) -> None: ...
 
 class StartSessionRequest(_message.Message):
     __slots__ = ("name", "targets", "collect", "start_at_ns", "duration_ms", "max_records")
