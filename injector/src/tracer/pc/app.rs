@@ -237,12 +237,16 @@ pub extern "C" fn on_callback(
         let exit = unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) };
         // Safety: as above.
         let ctx = unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).context } as usize;
+        // Costs and pace are measured only while PC sampling has work in the process; the
+        // count of synchronizations always (an atomic add per synchronization).
         if !exit {
             count_sync(ctx);
-            if outermost() {
-                pace_tick();
+            if ACTIVE.load(Ordering::Relaxed) {
+                if outermost() {
+                    pace_tick();
+                }
+                timed(false);
             }
-            timed(false);
         }
         // Never wait here: the background thread holds the lock only briefly; try next time.
         if ACTIVE.load(Ordering::Relaxed)

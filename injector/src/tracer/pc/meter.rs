@@ -106,7 +106,10 @@ pub(super) fn timed(exit: bool) {
         SYNC.with(|s| s.set((depth + 1, start.0, start.1)));
         return;
     }
-    let depth = depth.saturating_sub(1);
+    if depth == 0 {
+        return;
+    }
+    let depth = depth - 1;
     SYNC.with(|s| s.set((depth, if depth == 0 { None } else { t0 }, w0)));
     let (0, Some(t0)) = (depth, t0) else { return };
     let total = t0.elapsed().as_nanos() as f64;
