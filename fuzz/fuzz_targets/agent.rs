@@ -63,6 +63,10 @@ fuzz_target!(|data: &[u8]| {
             }
             Msg::SamplerState(_) => assert_eq!(kind, "sampler"),
             Msg::PcSamplingState(_) => assert_eq!(kind, "injector"),
+            Msg::DeviceActivity(a) => {
+                assert_eq!(kind, "injector");
+                assert!(a.devices.len() <= 256, "the device list is bounded");
+            }
             Msg::Drops(d) => {
                 let Ok(counts) = check.drops(&d, |k, n| {
                     let total = dropped.entry(k).or_default();

@@ -90,6 +90,9 @@ fn injector_session() -> Vec<AgentMessage> {
         dropped_samples: 5,
         sampled_ns: 1_000_000,
     })));
+    out.push(msg(Msg::DeviceActivity(wire::DeviceActivity {
+        devices: vec![wire::DeviceUse { device_id: 0, context: true, syncs: 12 }],
+    })));
     let cubin: Vec<u8> = (0..96u8).collect();
     for (i, piece) in cubin.chunks(40).enumerate() {
         out.push(msg(Msg::Cubin(wire::CubinChunk {
