@@ -376,14 +376,14 @@ fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, 
             charge(t);
             // What the last close and this open added to their synchronizations (measured at
             // their exits; this close's own comes with the next window).
-            // The first window's enable includes CUPTI's one-time set-up (130-180 ms on an H100
+            // The first window's enable includes CUPTI's one-time set-up (130-180 ms on an H200
             // in a PyTorch process; later enables took 0.3 ms), which says nothing of the next.
             let measured = Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed).saturating_sub(w.extra_mark));
             let first = w.closes == 0;
             let cost = if first { Duration::ZERO } else { measured };
             w.closes += 1;
             w.extra_mark = EXTRA_NS.load(Ordering::Relaxed);
-            // The first window ran long on the H100 (0.1-0.4 s: the next synchronizations came
+            // The first window ran long on the H200 (0.1-0.4 s: the next synchronizations came
             // late after the set-up), which says nothing of the next either.
             let open = if first { w.cfg.window } else { now.duration_since(at) };
             WINDOW_OPEN.store(false, Ordering::Relaxed);

@@ -39,7 +39,7 @@ use app::{Agg, Done, Op};
 /// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
 pub const DEFAULT_PERIOD_LOG2: u32 = 15;
 /// Windows mode: CUPTI's worker thread polls the hardware buffer this often (its default,
-/// 100 ms, made each window's disable wait about as long on the H100: 96-143 ms).
+/// 100 ms, made each window's disable wait about as long on the H200: 96-143 ms).
 const WINDOW_WORKER_SLEEP_MS: u32 = 2;
 /// Windows mode: the hardware buffer when the session names none (a window of 20 ms at 2^15
 /// fills a few MiB on an H100; CUPTI's default is 512 MiB).
