@@ -38,8 +38,9 @@ use app::{Agg, Done, Op};
 /// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
 /// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
 pub const DEFAULT_PERIOD_LOG2: u32 = 15;
-/// Windows mode: CUPTI's worker thread polls the hardware buffer this often (its default,
-/// 100 ms, made each window's disable wait about as long on the H200: 96-143 ms).
+/// Windows mode: CUPTI's worker thread polls the hardware buffer this often (its default is
+/// 100 ms; windows are 20 ms). A disable took 50-140 ms on an H200 either way, nearly all of it
+/// within the synchronization's own wait when done at its entry.
 const WINDOW_WORKER_SLEEP_MS: u32 = 2;
 /// Windows mode: the hardware buffer when the session names none (a window of 20 ms at 2^15
 /// fills a few MiB on an H100; CUPTI's default is 512 MiB).
