@@ -78,8 +78,8 @@ fn candidate(d: &Daemon, a: &Agent, dev: &wire::Device, start: wire::StartPcSamp
     let key = (start.session_id, a.id, dev.id);
     match gpu_of(d, dev) {
         Ok(gpu) => d.pc.track(key, gpu, start),
-        // Not a GPU this daemon manages: the state says why.
-        Err(_) => d.pc.request(key, start, || gpu_of(d, dev).map(|_| 0)),
+        // Not a GPU this daemon manages: no lease, and the state says why.
+        Err(why) => d.pc.request(key, start, || Err(why)),
     }
 }
 
