@@ -13,7 +13,8 @@
 #          continuous, and continuous with the work at synchronization exits (the old place),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens).
-# PARTS (default "ddp share late cost") picks the parts. It prints a summary last (CHECK and
+# PARTS (default "ddp share late cost"; also "probe": one PC-only session with the injector's
+# debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
 # FIGURE lines) and copies logs to $OUT when set. Exit status 1 when a check failed.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as in pc.sh.
 set -uo pipefail
@@ -107,7 +108,7 @@ fi
 # ---------------------------------------------------------------- ddp
 if [[ $PARTS == *" ddp "* ]]; then
   S=$(session_start --all --pc-sampling --name ddp)
-  GPUPROF_LOG_FILE="$STATE/logs/ddp.log" CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 10 \
+  GPUPROF_LOG=${DDP_LOG:-info} GPUPROF_LOG_FILE="$STATE/logs/ddp.log" CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 10 \
     >"$STATE/ddp.txt" 2>&1 &
   LPID=$!
   sleep 7
@@ -117,6 +118,8 @@ if [[ $PARTS == *" ddp "* ]]; then
   "${CTL[@]}" session stop "$S" >/dev/null
   sleep 1
   echo "--- ddp"; grep -E '^DDP|Error|error' "$STATE/ddp.txt" | head -8
+  # What each process's PC sampler did (DDP_LOG=debug adds its synchronizations by context).
+  grep -E "enable:|window closed|Stopped|starts once|synchronizations by" "$STATE/logs/ddp.log" | head -30
   echo "--- session show (live)"; tail -20 "$STATE/ddp_show_live.txt"
   echo "--- pc top (live)"; head -12 "$STATE/ddp_top_live.txt"
   samples_of "$S" | tee "$STATE/ddp_samples.txt"
