@@ -75,6 +75,8 @@ struct Dev {
     stop_after: Option<String>,
     /// Time sampled (enabled) since the last batch.
     sampled: Duration,
+    /// A stop is armed (the disable waits for the application's next synchronization).
+    stopping: bool,
 }
 
 /// The PC sampler of a [`CuptiBackend`](super::CuptiBackend).
@@ -149,7 +151,12 @@ impl PcSampler {
             return Err("the CUDA driver is not loaded in this process".into());
         }
         if let Some(d) = self.devs.get(&req.device) {
-            if d.req == req && d.stop_after.is_none() && !matches!(d.phase, Phase::Closed(..)) {
+            // The same lease again while it is being enabled or sampled: nothing to do. While
+            // it is being disabled (a turn given back, then granted again before the
+            // application synchronized), the new one waits for the stop: taking it for the same
+            // would leave the device stopped under a lease the daemon thinks is sampling.
+            let stopping = d.stopping || d.stop_after.is_some() || matches!(d.phase, Phase::Closed(..));
+            if d.req == req && !stopping {
                 return Ok(());
             }
             return Err(super::backend::STILL_STOPPING.into());
@@ -165,6 +172,7 @@ impl PcSampler {
             since_ns: gpuprof_cupti::clock::realtime_ns(),
             stop_after: None,
             sampled: Duration::ZERO,
+            stopping: false,
         };
         self.devs.insert(device, dev);
         self.arm_enable(device);
@@ -205,6 +213,7 @@ impl PcSampler {
             Phase::NoContext => d.phase = Phase::Closed(PcEventKind::Stopped, reason.to_string()),
             Phase::Live => {
                 d.phase = Phase::Disabling;
+                d.stopping = true;
                 app::arm(Op::Disable { device, kind: PcEventKind::Stopped, reason: reason.to_string() });
             }
             Phase::Enabling | Phase::Disabling => d.stop_after = Some(reason.to_string()),
