@@ -182,7 +182,7 @@ impl PcHub {
 
     /// When the schedulers have something to do next at the latest.
     pub fn next_schedule(&self) -> Option<Instant> {
-        self.sched().next_wakeup()
+        self.sched().next_wakeup(Instant::now())
     }
 
     /// What `StartPcSampling` carries for `key` (None: not tracked).

@@ -100,11 +100,13 @@ pub struct Sched {
     gpus: BTreeMap<u32, Gpu>,
     /// Candidate → its GPU.
     gpu_of: BTreeMap<Key, u32>,
+    /// The GPUs frozen at the last tick (their turns end with the pause, not by time).
+    frozen: Vec<u32>,
 }
 
 impl Sched {
     pub fn new(cfg: SchedConfig) -> Sched {
-        Sched { cfg, gpus: BTreeMap::new(), gpu_of: BTreeMap::new() }
+        Sched { cfg, gpus: BTreeMap::new(), gpu_of: BTreeMap::new(), frozen: Vec::new() }
     }
 
     /// `key` wants PC sampling on GPU `gpu` (its session asks for it).
@@ -216,16 +218,30 @@ impl Sched {
         self.gpus.get_mut(gpu)?.cands.get_mut(key)
     }
 
-    /// When `tick` has something to do next at the latest (None: nothing scheduled).
-    pub fn next_wakeup(&self) -> Option<Instant> {
+    /// When `tick` has something to do after `now` at the latest (None: nothing scheduled):
+    /// the end of a turn that another process waits for, of a hand-over, or of a candidate's
+    /// eligibility. Never a time already past, so a caller that sleeps until it does not spin.
+    pub fn next_wakeup(&self, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
-        let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-        for g in self.gpus.values() {
+        let mut consider = |t: Instant| {
+            if t > now {
+                next = Some(next.map_or(t, |n: Instant| n.min(t)));
+            }
+        };
+        for (gpu, g) in &self.gpus {
             match g.cur {
-                Cur::Holding { since, .. } => consider(since + self.cfg.turn),
-                Cur::Handing { since, .. } => consider(since + self.cfg.handover_timeout),
+                Cur::Holding { key, since } => {
+                    if !self.frozen.contains(gpu) && g.cands.iter().any(|(k, c)| *k != key && eligible(c, now)) {
+                        // Due now or in the past: at the next tick, which `now` is not.
+                        consider((since + self.cfg.turn).max(now + std::time::Duration::from_millis(1)));
+                    }
+                }
+                Cur::Handing { since, .. } => {
+                    consider((since + self.cfg.handover_timeout).max(now + std::time::Duration::from_millis(1)))
+                }
                 Cur::Idle => {}
             }
+            // An eligibility that ended is dealt with by the tick that saw it end.
             for c in g.cands.values() {
                 if let Some(t) = c.active_until {
                     consider(t);
@@ -237,6 +253,7 @@ impl Sched {
 
     /// Moves every GPU's schedule to `now`. GPUs in `frozen` (paused) end no turn.
     pub fn tick(&mut self, now: Instant, frozen: &[u32]) -> Vec<Action> {
+        self.frozen = frozen.to_vec();
         let mut out = Vec::new();
         let cfg = self.cfg;
         for (&gpu, g) in self.gpus.iter_mut() {

@@ -212,7 +212,14 @@ fn a_holder_that_never_confirms_its_stop_delays_the_next_by_the_handover_timeout
     assert!(!s.tick(t0 + 2900 * MS, &[]).iter().any(|a| matches!(a, Action::Grant(_))));
     let later = s.tick(t0 + 3000 * MS, &[]);
     assert!(later.iter().any(|a| matches!(a, Action::Grant(k) if *k != h)), "after 2 s: {later:?}");
-    assert_eq!(s.next_wakeup(), Some(t0 + 4000 * MS), "the next turn's end");
+    assert_eq!(s.next_wakeup(t0 + 3000 * MS), Some(t0 + 4000 * MS), "the next turn's end");
+    // Nothing already past: a holder alone waits for no turn's end, only for its eligibility.
+    s.remove(&h);
+    let t = t0 + 4500 * MS;
+    s.tick(t, &[]);
+    let next = s.next_wakeup(t);
+    assert!(next.is_some_and(|n| n > t), "{next:?} after {t:?}");
+    assert_eq!(s.next_wakeup(t0 + 60_000 * MS), None, "nobody eligible, nothing to do");
 }
 
 #[test]
@@ -230,6 +237,7 @@ fn a_paused_gpu_rotates_nothing_and_sessions_leave_cleanly() {
     }
     let frozen = s.tick(t0 + 2500 * MS, &[0]);
     assert!(!frozen.iter().any(|a| matches!(a, Action::Revoke(..) | Action::Grant(_))), "{frozen:?}");
+    assert_eq!(s.next_wakeup(t0 + 2500 * MS), Some(t0 + 5000 * MS), "paused: only the eligibilities' ends");
     let held = s.remove_where(1, Some(if s.holder(&A) { 10 } else { 11 }));
     assert_eq!(held.len(), 1, "the holder's lease is the caller's to release");
     assert_eq!(s.remove_where(1, None).len(), 0, "the other is granted only at the next tick");
