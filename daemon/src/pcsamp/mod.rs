@@ -364,7 +364,9 @@ impl PcHub {
         let mut out = Vec::new();
         let keys: Vec<Key> =
             g.devices.keys().filter(|k| k.0 == session && proc.is_none_or(|p| k.1 == p)).copied().collect();
-        self.sched().remove_where(session, proc);
+        // A session's stop leaves its processes running (their disable is still to come); a
+        // process that left has released the hardware.
+        self.sched().remove_where(session, proc, proc.is_none(), Instant::now());
         for key in keys {
             let Some(s) = g.devices.get_mut(&key) else { continue };
             s.granted = false;

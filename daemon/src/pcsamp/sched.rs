@@ -156,16 +156,24 @@ impl Sched {
     }
 
     /// Removes every candidate of `session` (of one process when `proc` is given); returns
-    /// those that held their GPU (their leases to release).
-    pub fn remove_where(&mut self, session: u64, proc: Option<u64>) -> Vec<Key> {
+    /// those that held their GPU (their leases to release). A holder whose process goes on
+    /// (`running`: its session stopped) still has to disable sampling: its GPU waits for its
+    /// STOPPED (or the hand-over timeout) before the next turn, as at a turn's end.
+    pub fn remove_where(&mut self, session: u64, proc: Option<u64>, running: bool, now: Instant) -> Vec<Key> {
         let keys: Vec<Key> =
             self.gpu_of.keys().filter(|k| k.0 == session && proc.is_none_or(|p| k.1 == p)).copied().collect();
         let mut held = Vec::new();
         for k in keys {
-            if self.holder(&k) {
-                held.push(k);
-            }
+            let holds = self.holder(&k);
+            let gpu = self.gpu_of.get(&k).copied();
             self.remove(&k);
+            if holds {
+                held.push(k);
+                if running && let Some(gpu) = gpu {
+                    let g = self.gpus.entry(gpu).or_insert_with(|| Gpu { cands: BTreeMap::new(), cur: Cur::Idle });
+                    g.cur = Cur::Handing { from: k, since: now };
+                }
+            }
         }
         held
     }
@@ -205,11 +213,11 @@ impl Sched {
 
     /// `key` reported that it stopped sampling: a hand-over from it may go on.
     pub fn stopped(&mut self, key: &Key) {
-        let Some(gpu) = self.gpu_of.get(key) else { return };
-        if let Some(g) = self.gpus.get_mut(gpu)
-            && matches!(g.cur, Cur::Handing { from, .. } if from == *key)
-        {
-            g.cur = Cur::Idle;
+        // Looked for on every GPU: a holder removed with its session is no candidate any more.
+        for g in self.gpus.values_mut() {
+            if matches!(g.cur, Cur::Handing { from, .. } if from == *key) {
+                g.cur = Cur::Idle;
+            }
         }
     }
 
@@ -260,6 +268,7 @@ impl Sched {
             step(gpu, g, &cfg, now, frozen.contains(&gpu), &mut out);
             states(gpu, g, &cfg, now, &mut out);
         }
+        self.gpus.retain(|_, g| !(g.cands.is_empty() && g.cur == Cur::Idle));
         out
     }
 }

@@ -238,8 +238,29 @@ fn a_paused_gpu_rotates_nothing_and_sessions_leave_cleanly() {
     let frozen = s.tick(t0 + 2500 * MS, &[0]);
     assert!(!frozen.iter().any(|a| matches!(a, Action::Revoke(..) | Action::Grant(_))), "{frozen:?}");
     assert_eq!(s.next_wakeup(t0 + 2500 * MS), Some(t0 + 5000 * MS), "paused: only the eligibilities' ends");
-    let held = s.remove_where(1, Some(if s.holder(&A) { 10 } else { 11 }));
+    let held = s.remove_where(1, Some(if s.holder(&A) { 10 } else { 11 }), false, t0 + 2500 * MS);
     assert_eq!(held.len(), 1, "the holder's lease is the caller's to release");
-    assert_eq!(s.remove_where(1, None).len(), 0, "the other is granted only at the next tick");
+    assert_eq!(s.remove_where(1, None, true, t0 + 2500 * MS).len(), 0, "the other is granted only at the next tick");
     assert!(!s.has(&A) && !s.has(&B) && s.gpu(&(1, 10, 1)).is_none());
+}
+
+#[test]
+fn a_stopped_session_s_holder_disables_before_another_session_gets_the_gpu() {
+    let mut s = Sched::new(cfg());
+    let t0 = Instant::now();
+    let (a, b) = ((1, 10, 0), (2, 20, 0));
+    for k in [a, b] {
+        s.add(0, k);
+        s.activity(&k, t0);
+    }
+    let first = s.tick(t0, &[]);
+    assert_eq!(first.iter().filter(|x| matches!(x, Action::Grant(_))).count(), 1, "{first:?}");
+    let holder = if s.holder(&a) { a } else { b };
+    let other = if holder == a { b } else { a };
+    // The holder's session stops: its process still has to disable sampling.
+    assert_eq!(s.remove_where(holder.0, None, true, t0 + 100 * MS), vec![holder]);
+    s.activity(&other, t0 + 200 * MS);
+    assert!(!s.tick(t0 + 200 * MS, &[]).iter().any(|x| matches!(x, Action::Grant(_))), "not before its STOPPED");
+    s.stopped(&holder);
+    assert!(s.tick(t0 + 300 * MS, &[]).contains(&Action::Grant(other)), "right after it");
 }
