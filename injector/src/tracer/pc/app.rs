@@ -30,7 +30,7 @@ use super::meter::{
     EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOW_OPEN, WINDOWS, at_entry, charge, count_sync, outermost,
     pace_slowdown, pace_tick, read_gap, timed,
 };
-pub use super::meter::{app_cost, app_cost_extra, take_syncs};
+pub use super::meter::{app_cost, app_cost_extra};
 use super::select_stalls;
 use crate::tracer::PcEventKind;
 

@@ -179,3 +179,26 @@ pub(super) fn read_gap() -> Duration {
 pub(super) fn outermost() -> bool {
     SYNC.with(|s| s.get().0) == 0
 }
+
+/// Per device of `devices`: whether the process has an active primary context there, and the
+/// CUDA synchronizations counted on that context since the last call (by the subscriber's
+/// callback, which exists while a session traces the process).
+pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
+    if super::DRIVER.get().is_none()
+        && let Some(d) = gpuprof_cupti::device::Driver::already_loaded()
+    {
+        let _ = super::DRIVER.set(d);
+    }
+    let Some(driver) = super::DRIVER.get() else { return Vec::new() };
+    let syncs = take_syncs();
+    let out: Vec<(u32, bool, u64)> = devices
+        .iter()
+        .filter_map(|&dev| {
+            let ctx = driver.active_primary_context(dev)?.handle() as usize;
+            let n = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
+            Some((dev, true, n))
+        })
+        .collect();
+    crate::log::log!(Debug, "synchronizations by context {syncs:x?}; by device {out:?}");
+    out
+}

@@ -14,6 +14,7 @@
 mod app;
 mod cubins;
 mod meter;
+pub use meter::device_activity;
 mod stalls;
 
 pub use stalls::{STALL_PREFIX, select_stalls};
@@ -91,6 +92,8 @@ pub struct PcSampler {
     no_line: Arc<str>,
     /// Module CRCs already looked for in the mapped files.
     late_tried: std::collections::HashSet<u64>,
+    /// Cubins kept when the line cache was last swept for modules found late.
+    kept_seen: usize,
     /// The process is exiting: nothing waits any more.
     exiting: bool,
 }
@@ -107,6 +110,7 @@ impl PcSampler {
             lines: HashMap::new(),
             no_line: Arc::from(""),
             late_tried: Default::default(),
+            kept_seen: 0,
             exiting: false,
         }
     }
@@ -480,8 +484,13 @@ impl PcSampler {
         if asked {
             log!(Info, "PC sampling: looking for the cubins of modules loaded before sampling in the mapped files");
         }
-        // Lines cached as unknown for modules found since are looked up again.
-        self.lines.retain(|(crc, _, _), (_, line)| *line != 0 || cubins::get(*crc).is_none());
+        // Lines cached as unknown for modules found since are looked up again (only when cubins
+        // were kept since the last look: this runs at every collection).
+        let kept = cubins::stats().1;
+        if kept != self.kept_seen {
+            self.kept_seen = kept;
+            self.lines.retain(|(crc, _, _), (_, line)| *line != 0 || cubins::get(*crc).is_none());
+        }
     }
 
     fn name(&mut self, fptr: usize) -> Arc<str> {
@@ -538,29 +547,6 @@ pub extern "C" fn on_callback(
     cbdata: *const std::ffi::c_void,
 ) {
     app::on_callback(userdata, domain, cbid, cbdata);
-}
-
-/// Per device of `devices`: whether the process has an active primary context there, and the
-/// CUDA synchronizations counted on that context since the last call (by the subscriber's
-/// callback, which exists while a session traces the process).
-pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
-    if DRIVER.get().is_none()
-        && let Some(d) = Driver::already_loaded()
-    {
-        let _ = DRIVER.set(d);
-    }
-    let Some(driver) = DRIVER.get() else { return Vec::new() };
-    let syncs = app::take_syncs();
-    let out: Vec<(u32, bool, u64)> = devices
-        .iter()
-        .filter_map(|&dev| {
-            let ctx = driver.active_primary_context(dev)?.handle() as usize;
-            let n = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
-            Some((dev, true, n))
-        })
-        .collect();
-    log!(Debug, "synchronizations by context {syncs:x?}; by device {out:?}");
-    out
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
