@@ -24,9 +24,11 @@ pub fn short_stall(s: &str) -> &str {
 
 #[derive(Subcommand, Debug)]
 pub enum PcCmd {
-    /// The hottest functions, source lines, stall reasons or PCs of a session, each with its
-    /// top stall reasons.
-    #[command(after_help = "--json: one JSON object: totals and rows, hottest first, each with its stall reasons.")]
+    /// The hottest functions, source lines, stall reasons or PCs of a session, or of the node's
+    /// always-on profile with --since, each with its top stall reasons.
+    #[command(after_help = "Without a session, --since reads the node's always-on PC profile ([pc] always_on in \
+gpuprofd's configuration), kept per minute: e.g. `gpuprofctl pc top --since 1h --pod 'trainer-*'`.\n\
+--json: one JSON object: totals and rows, hottest first, each with its stall reasons.")]
     Top(TopArgs),
     /// A live top of a running session's PC samples, as its processes send them (redrawn
     /// every second on a terminal, a table a second otherwise).
@@ -44,8 +46,18 @@ pub enum By {
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
-    /// Session id.
-    pub session: u64,
+    /// Session id (none: the node's always-on profile, with --since).
+    #[arg(required_unless_present = "since")]
+    pub session: Option<u64>,
+    /// The node's always-on profile over this last period, e.g. 1h, 30m (per minute).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "session")]
+    pub since: Option<std::time::Duration>,
+    /// With --since: only processes of pods whose name, namespace/name or UID matches this glob.
+    #[arg(long, value_name = "GLOB", requires = "since")]
+    pub pod: Option<String>,
+    /// With --since: only processes whose executable (path or base name) matches this glob.
+    #[arg(long, value_name = "GLOB", requires = "since")]
+    pub exe: Option<String>,
     /// What a row is.
     #[arg(long, value_enum, default_value = "function")]
     pub by: By,
@@ -190,6 +202,7 @@ pub async fn query(
         group_by: group(by) as i32,
         kernel: kernel.unwrap_or_default(),
         limit,
+        ..Default::default()
     })
     .await?
     .into_inner())
@@ -206,26 +219,61 @@ pub fn totals_text(r: &pb::QueryPcSamplesResponse) -> String {
 }
 
 async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
-    let r = query(c, a.session, a.by, a.kernel, a.limit).await?;
+    let Some(session) = a.session else { return node_top(c, a, json).await };
+    let r = query(c, session, a.by, a.kernel, a.limit).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&top_json(a.session, a.by, &r))?);
+        println!("{}", serde_json::to_string_pretty(&top_json(session, a.by, &r))?);
         return Ok(());
     }
-    let why = not_sampled(c, a.session).await;
+    let why = not_sampled(c, session).await;
     if r.total_samples == 0 {
-        println!(
-            "session {}: no PC samples (was it started with --pc-sampling? see gpuprofctl session show)",
-            a.session
-        );
+        println!("session {}: no PC samples (was it started with --pc-sampling? see gpuprofctl session show)", session);
         for l in why {
             println!("  {l}");
         }
         return Ok(());
     }
-    println!("session {}: {}", a.session, totals_text(&r));
+    println!("session {}: {}", session, totals_text(&r));
     for l in why {
         println!("  {l}");
     }
+    println!("{}", top_text(&r, a.by, 70));
+    if r.total_rows > r.rows.len() as u64 {
+        println!("({} of {} rows; --limit shows more)", r.rows.len(), r.total_rows);
+    }
+    Ok(())
+}
+
+/// `pc top --since`: the node's always-on profile.
+async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
+    let since = a.since.unwrap_or_default();
+    let since_ns = crate::output::now_ns().saturating_sub(since.as_nanos() as u64).max(1);
+    let r = c
+        .query_pc_samples(pb::QueryPcSamplesRequest {
+            group_by: group(a.by) as i32,
+            kernel: a.kernel.unwrap_or_default(),
+            limit: a.limit,
+            since_ns,
+            pod: a.pod.clone().unwrap_or_default(),
+            exe: a.exe.clone().unwrap_or_default(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let what = format!("always-on profile, last {}", humantime::format_duration(since));
+    if json {
+        let mut v = top_json(0, a.by, &r);
+        v["since_ns"] = json!(since_ns);
+        v["pod"] = json!(a.pod);
+        v["exe"] = json!(a.exe);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    if r.total_samples == 0 {
+        println!("{what}: no PC samples (is [pc] always_on set in gpuprofd's configuration?)");
+        return Ok(());
+    }
+    println!("{what}: {}", totals_text(&r));
     println!("{}", top_text(&r, a.by, 70));
     if r.total_rows > r.rows.len() as u64 {
         println!("({} of {} rows; --limit shows more)", r.rows.len(), r.total_rows);

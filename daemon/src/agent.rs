@@ -459,7 +459,11 @@ impl Conn<'_> {
                     }
                 }
                 d.stats.queued_records.fetch_add(b.samples.len() as u64, Relaxed);
-                d.writer.send(WriterMsg::PcSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;
+                let rollup = b.session_id != 0 && b.session_id == d.sessions.node();
+                d.writer
+                    .send(WriterMsg::PcSamples { proc: id, batch: b, rollup })
+                    .await
+                    .map_err(|_| ConnError::Shutdown)?;
             }
             Msg::SamplerState(s) => {
                 d.registry.publish(AgentEvent::SamplerState {

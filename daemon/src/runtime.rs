@@ -82,6 +82,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         pm_tasks.push(tokio::spawn(devmetrics::run(d.clone(), n, shutdown.clone())));
     }
     let sessions_task = tokio::spawn(sessions::supervise(d.clone(), d.registry.subscribe()));
+    sessions::start_always_on(&d).await;
     let rollup_task = tokio::spawn(rollup::run(d.clone()));
     let retention_task = tokio::spawn(retention::run(d.clone(), shutdown.clone()));
 

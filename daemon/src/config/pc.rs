@@ -17,6 +17,11 @@ pub struct PcConfig {
     pub max_wait: Dur,
     pub active_for: Dur,
     pub handover_timeout: Dur,
+    /// PC-sample every GPU process the injector is in, without a session (the node's
+    /// always-on profile, rolled up per minute).
+    pub always_on: bool,
+    /// How long the always-on profile's per-minute rollups are kept.
+    pub always_on_keep: Dur,
 }
 
 impl PcConfig {
@@ -42,6 +47,9 @@ impl PcConfig {
         }
         if ms(&self.handover_timeout) < 100 {
             bail!("pc.handover_timeout must be at least 100ms");
+        }
+        if self.always_on_keep.0.as_secs() < 60 {
+            bail!("pc.always_on_keep must be at least 1m (the rollups are per minute)");
         }
         Ok(())
     }

@@ -45,8 +45,9 @@ pub enum WriterMsg {
     /// Device metrics read by the daemon itself (NVML, GPM) for the GPU with this UUID
     /// (`devices` row made if missing).
     DevicePm { uuid: String, name: String, pci_bus_id: String, batch: wire::PmSampleBatch },
-    /// PC samples (aggregated) from an injector.
-    PcSamples { proc: u64, batch: wire::PcSampleBatch },
+    /// PC samples (aggregated) from an injector; `rollup`: of the node's always-on profile
+    /// (summed per minute in `pc_rollup` instead of per PC in `pc_sample`).
+    PcSamples { proc: u64, batch: wire::PcSampleBatch, rollup: bool },
     /// A whole cubin (reassembled from its chunks), stored once per hash.
     Cubin { proc: u64, hash: String, data: Vec<u8> },
     /// Run arbitrary writes in order (sessions, arbiter audit, ...).

@@ -447,6 +447,41 @@ pub(super) fn insert_pc(c: &Connection, proc: u64, p: &ProcCtx, b: &wire::PcSamp
             ])?;
         }
     }
+    add_pc_totals(c, proc, b)
+}
+
+/// Adds PC samples of the node's always-on profile from process `proc` to its per-minute
+/// rollups (the minute of the batch's end), and the batch's samples taken and lost to the
+/// (session, process, device) totals.
+pub(super) fn insert_pc_rollup(
+    c: &Connection,
+    proc: u64,
+    p: &ProcCtx,
+    b: &wire::PcSampleBatch,
+) -> rusqlite::Result<()> {
+    let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
+    let end = if b.end_ns > 0 { b.end_ns } else { crate::clock::now_ns() };
+    let minute = (end / 60_000_000_000 * 60) as i64;
+    let mut stmt = c.prepare_cached(
+        "INSERT INTO pc_rollup(minute, proc, function, file, line, stall, count) VALUES (?1,?2,?3,?4,?5,?6,?7)
+         ON CONFLICT(minute, proc, function, file, line, stall) DO UPDATE SET count = count + excluded.count",
+    )?;
+    for s in &b.samples {
+        stmt.execute(params![
+            minute,
+            proc as i64,
+            st(s.function_name_id),
+            st(s.file_id),
+            s.line,
+            st(s.stall_reason_id),
+            s.count as i64
+        ])?;
+    }
+    add_pc_totals(c, proc, b)
+}
+
+/// Adds a batch's samples taken and lost to its (session, process, device) totals.
+fn add_pc_totals(c: &Connection, proc: u64, b: &wire::PcSampleBatch) -> rusqlite::Result<()> {
     let (taken, lost) = batch_totals(b);
     if taken > 0 || lost > 0 {
         c.prepare_cached(

@@ -346,10 +346,10 @@ impl Writer {
                 self.pending[Kind::PmSample.index()] += n;
                 self.pending_total += n;
             }
-            WriterMsg::PcSamples { proc, batch } => {
+            WriterMsg::PcSamples { proc, batch, rollup } => {
                 self.begin();
                 let n = batch.samples.len() as u64;
-                if let Err(e) = self.insert_pc(proc, &batch) {
+                if let Err(e) = self.insert_pc(proc, &batch, rollup) {
                     self.fail(e.to_string());
                 }
                 self.pending[Kind::PcSample.index()] += n;
@@ -449,10 +449,13 @@ impl Writer {
         rows::insert_pm(&self.conn, proc, b, &ids)
     }
 
-    fn insert_pc(&mut self, proc: u64, b: &wire::PcSampleBatch) -> rusqlite::Result<()> {
+    fn insert_pc(&mut self, proc: u64, b: &wire::PcSampleBatch, rollup: bool) -> rusqlite::Result<()> {
         let Some(p) = self.procs.get(&proc) else {
             return Ok(());
         };
+        if rollup {
+            return rows::insert_pc_rollup(&self.conn, proc, p, b);
+        }
         rows::insert_pc(&self.conn, proc, p, b)
     }
 }

@@ -266,7 +266,12 @@ impl PcHub {
         let mut g = self.lock();
         let key = (m.session_id, proc, m.device_id);
         let Some(s) = g.devices.get_mut(&key) else {
-            // Not (or no longer) a session's device: a late report, nothing to show it on.
+            // Not (or no longer) a session's device: a late report, nothing to show it on;
+            // but a stop confirmed after its session or process was forgotten still ends the
+            // GPU's hand-over.
+            if status == wire::PcSamplingStatus::Stopped {
+                self.sched().stopped(&key);
+            }
             return Ok(None);
         };
         if m.heals >= s.reported_heals {
@@ -359,14 +364,14 @@ impl PcHub {
 
     /// Ends PC sampling of `session` (of one process when `proc` is given): devices still
     /// sampling or waiting get `state`; returns the leases to release.
-    pub fn stop(&self, session: u64, proc: Option<u64>, state: &str) -> Vec<Release> {
+    /// `running`: the processes still hold the hardware until they disable (a session's stop,
+    /// a process given to another session), unlike a process that left.
+    pub fn stop(&self, session: u64, proc: Option<u64>, state: &str, running: bool) -> Vec<Release> {
         let mut g = self.lock();
         let mut out = Vec::new();
         let keys: Vec<Key> =
             g.devices.keys().filter(|k| k.0 == session && proc.is_none_or(|p| k.1 == p)).copied().collect();
-        // A session's stop leaves its processes running (their disable is still to come); a
-        // process that left has released the hardware.
-        self.sched().remove_where(session, proc, proc.is_none(), Instant::now());
+        self.sched().remove_where(session, proc, running, Instant::now());
         for key in keys {
             let Some(s) = g.devices.get_mut(&key) else { continue };
             s.granted = false;
@@ -394,6 +399,13 @@ impl PcHub {
             out.entry(*proc).or_default().push(s.to_pb(*dev));
         }
         out
+    }
+
+    /// Forgets process `proc` of `session` (stopped first): its final states, to store.
+    pub fn forget(&self, session: u64, proc: u64) -> Vec<(Key, DevState)> {
+        let mut g = self.lock();
+        let keys: Vec<Key> = g.devices.range((session, proc, 0)..=(session, proc, u32::MAX)).map(|(k, _)| *k).collect();
+        keys.into_iter().filter_map(|k| g.devices.remove(&k).map(|s| (k, s))).collect()
     }
 
     /// Forgets a finished session: its final states (to store) and its stream ends.

@@ -69,6 +69,104 @@ pub fn pc_rows(c: &Connection, session: u64, kernel: &str) -> rusqlite::Result<V
     Ok(out)
 }
 
+/// Which processes of the always-on profile a query covers.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFilter {
+    /// Glob on the pod's name, namespace/name or UID (empty: any).
+    pub pod: String,
+    /// Glob on the executable's path or base name (empty: any).
+    pub exe: String,
+    /// Only processes of this user (None: every user's).
+    pub uid: Option<u32>,
+}
+
+impl NodeFilter {
+    fn matches(&self, uid: u32, exe: &str, pod: (&str, &str, &str)) -> bool {
+        use gpuprof_proto::glob::matches;
+        let base = exe.rsplit('/').next().unwrap_or(exe);
+        let (name, ns, pod_uid) = pod;
+        self.uid.is_none_or(|u| u == uid)
+            && (self.exe.is_empty() || matches(&self.exe, exe) || matches(&self.exe, base))
+            && (self.pod.is_empty()
+                || (!name.is_empty() && (matches(&self.pod, name) || matches(&self.pod, &format!("{ns}/{name}"))))
+                || (!pod_uid.is_empty() && matches(&self.pod, pod_uid)))
+    }
+}
+
+/// The always-on profile's samples from minute `since_s` (s since the Unix epoch) on, of the
+/// processes `f` covers, whose function matches `kernel`, summed per (function, line, stall
+/// reason); PC offsets are not kept there (0). Also returns the samples those processes lost
+/// (while PC-sampled, in any session).
+pub fn node_rows(c: &Connection, since_s: i64, f: &NodeFilter, kernel: &str) -> rusqlite::Result<(Vec<PcRow>, u64)> {
+    // The processes first (few), then their rollups.
+    let mut procs = Vec::new();
+    {
+        let mut stmt = c.prepare_cached(
+            "SELECT DISTINCT p.id, p.uid, p.exe, p.pod_name, p.pod_namespace, p.pod_uid
+             FROM processes p WHERE p.id IN (SELECT DISTINCT proc FROM pc_rollup WHERE minute >= ?1)",
+        )?;
+        let rows = stmt.query_map([since_s], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)? as u32,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+            ))
+        })?;
+        for r in rows {
+            let (id, uid, exe, name, ns, pod_uid) = r?;
+            if f.matches(uid, &exe, (&name, &ns, &pod_uid)) {
+                procs.push(id);
+            }
+        }
+    }
+    let mut stmt = c.prepare_cached(
+        "SELECT p.function, COALESCE(f.demangled, f.value, ''), COALESCE(f.value, ''),
+                COALESCE(s.value, ''), sum(p.count), COALESCE(fl.value, ''), p.line
+         FROM pc_rollup p
+         LEFT JOIN strings f ON f.id = p.function
+         LEFT JOIN strings s ON s.id = p.stall
+         LEFT JOIN strings fl ON fl.id = p.file
+         WHERE p.minute >= ?1 AND p.proc = ?2
+         GROUP BY p.function, p.file, p.line, p.stall",
+    )?;
+    let mut sums: HashMap<(i64, String, u32, String), PcRow> = HashMap::new();
+    for proc in &procs {
+        let rows = stmt.query_map([since_s, *proc], |r| {
+            Ok(PcRow {
+                function: r.get(0)?,
+                name: r.get(1)?,
+                mangled: r.get(2)?,
+                pc: 0,
+                stall: r.get(3)?,
+                count: r.get::<_, i64>(4)? as u64,
+                file: r.get(5)?,
+                line: r.get::<_, i64>(6)? as u32,
+            })
+        })?;
+        for r in rows {
+            let r = r?;
+            if !(kernel.is_empty()
+                || gpuprof_proto::glob::matches(kernel, &r.name)
+                || gpuprof_proto::glob::matches(kernel, &r.mangled))
+            {
+                continue;
+            }
+            sums.entry((r.function, r.file.clone(), r.line, r.stall.clone()))
+                .and_modify(|e| e.count += r.count)
+                .or_insert(r);
+        }
+    }
+    let mut dropped = 0u64;
+    let mut lost = c.prepare_cached("SELECT coalesce(sum(dropped), 0) FROM pc_sampling WHERE proc = ?1")?;
+    for proc in &procs {
+        dropped += lost.query_row([*proc], |r| r.get::<_, i64>(0))?.max(0) as u64;
+    }
+    Ok((sums.into_values().collect(), dropped))
+}
+
 /// Samples the session's processes lost (hardware buffer full).
 pub fn pc_dropped(c: &Connection, session: u64) -> rusqlite::Result<u64> {
     let n: i64 =
@@ -175,6 +273,9 @@ pub async fn query_pc_samples(
     {
         return Err(ApiError::invalid("kernel", format!("{:?}: {e}", req.kernel)));
     }
+    if req.since_ns > 0 || !req.pod.is_empty() || !req.exe.is_empty() {
+        return query_node(d, caller, req, by, limit).await;
+    }
     crate::access::authorize_session(d, caller, req.session_id).await?;
     let path = d.db_path.clone();
     tokio::task::spawn_blocking(move || -> ApiResult<pb::QueryPcSamplesResponse> {
@@ -188,6 +289,55 @@ pub async fn query_pc_samples(
             dropped_samples: pc_dropped(&c, req.session_id)?,
             total_rows,
         })
+    })
+    .await?
+}
+
+/// QueryPcSamples of the node's always-on profile (`since_ns` set).
+async fn query_node(
+    d: &Daemon,
+    caller: &Caller,
+    req: pb::QueryPcSamplesRequest,
+    by: pb::PcGroupBy,
+    limit: usize,
+) -> ApiResult<pb::QueryPcSamplesResponse> {
+    if req.session_id != 0 {
+        return Err(ApiError::invalid(
+            "since_ns",
+            "since_ns, pod and exe query the node's always-on profile; leave session_id 0 (or drop them to query the session)",
+        ));
+    }
+    if req.since_ns == 0 {
+        return Err(ApiError::invalid("since_ns", "pod and exe need since_ns: the start of the period to query"));
+    }
+    let now = crate::clock::now_ns();
+    if req.since_ns > now {
+        return Err(ApiError::invalid("since_ns", "in the future (it is ns since the Unix epoch)"));
+    }
+    for (field, g) in [("pod", &req.pod), ("exe", &req.exe)] {
+        if !g.is_empty()
+            && let Err(e) = gpuprof_proto::glob::check(g)
+        {
+            return Err(ApiError::invalid(field, format!("{g:?}: {e}")));
+        }
+    }
+    caller.require_authenticated()?;
+    let f = NodeFilter {
+        pod: req.pod.clone(),
+        exe: req.exe.clone(),
+        // Administrators see every process; others their own (as with sessions).
+        uid: (!caller.admin).then_some(caller.uid),
+    };
+    let since_s = (req.since_ns / 1_000_000_000 / 60 * 60) as i64;
+    // Rollups are written by the writer: what it holds goes first.
+    let _ = d.writer.flush().await;
+    let path = d.db_path.clone();
+    tokio::task::spawn_blocking(move || -> ApiResult<pb::QueryPcSamplesResponse> {
+        let c = crate::store::open_reader(&path)?;
+        let (rows, dropped_samples) = node_rows(&c, since_s, &f, &req.kernel)?;
+        let total_samples = rows.iter().map(|r| r.count).sum();
+        let (rows, total_rows) = group(&rows, by, limit);
+        Ok(pb::QueryPcSamplesResponse { rows, total_samples, dropped_samples, total_rows })
     })
     .await?
 }

@@ -249,6 +249,7 @@ pub fn expire_processes(c: &mut Connection, cutoff: i64, limit: u64) -> rusqlite
            AND NOT EXISTS (SELECT 1 FROM session_processes WHERE proc = p.id)
            AND NOT EXISTS (SELECT 1 FROM session_rows WHERE proc = p.id)
            AND NOT EXISTS (SELECT 1 FROM pc_sample WHERE session = 0 AND proc = p.id)
+           AND NOT EXISTS (SELECT 1 FROM pc_rollup WHERE proc = p.id)
          ORDER BY id LIMIT ?3",
         params![floor, cutoff, limit as i64],
     )?;
@@ -262,5 +263,19 @@ pub fn expire_processes(c: &mut Connection, cutoff: i64, limit: u64) -> rusqlite
     }
     tx.execute_batch("DELETE FROM temp.expired_procs")?;
     tx.commit()?;
+    Ok(n as u64)
+}
+
+/// Minutes of the always-on PC profile deleted per call.
+pub const ROLLUP_MINUTES: i64 = 60;
+
+/// Deletes the always-on PC profile's rollups of minutes before `cutoff_s` (s since the Unix
+/// epoch), the oldest [`ROLLUP_MINUTES`] minutes at most; returns the rows deleted.
+pub fn expire_pc_rollups(c: &mut Connection, cutoff_s: i64) -> rusqlite::Result<u64> {
+    let n = c.execute(
+        "DELETE FROM pc_rollup WHERE minute < ?1 AND minute IN
+           (SELECT DISTINCT minute FROM pc_rollup WHERE minute < ?1 ORDER BY minute LIMIT ?2)",
+        params![cutoff_s, ROLLUP_MINUTES],
+    )?;
     Ok(n as u64)
 }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::delete::{
     CHUNK_ROWS, Forget, PROCESS_BATCH, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk, expire_cubins,
-    expire_processes, expire_unsessioned_chunk, finish_session, forget_session,
+    expire_pc_rollups, expire_processes, expire_unsessioned_chunk, finish_session, forget_session,
 };
 use super::select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
 use super::steps::{Halt, read, step};
@@ -25,6 +25,7 @@ struct Tally {
     records: u64,
     unsessioned: u64,
     processes: u64,
+    pc_rollups: u64,
     vacuumed_pages: u64,
 }
 
@@ -73,6 +74,16 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut 
     }
     if shutdown.is_cancelled() {
         return Err(Halt::Stopped);
+    }
+    // The always-on PC profile's rollups, after `[pc] always_on_keep` (whatever the rest).
+    let keep = d.config.pc.always_on_keep.0.as_secs() as i64;
+    let rollup_cutoff = (crate::clock::now_ns() / 1_000_000_000) as i64 - keep;
+    loop {
+        let n = step(d, move |c| expire_pc_rollups(c, rollup_cutoff)).await?;
+        tally.pc_rollups += n;
+        if n == 0 {
+            break;
+        }
     }
     if !max_age.is_zero() || max_size > 0 {
         for id in read(d, orphan_sessions).await? {
@@ -149,12 +160,13 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut 
     }
     let (path, wal_pages) = (d.db_path.clone(), u64::from(d.config.storage.wal_autocheckpoint_pages));
     step(d, move |c| settle_files(c, &path, wal_pages)).await?;
-    if tally.sessions + tally.records + tally.unsessioned + tally.processes > 0 {
+    if tally.sessions + tally.records + tally.unsessioned + tally.processes + tally.pc_rollups > 0 {
         tracing::info!(
             sessions = tally.sessions,
             session_records = tally.records,
             records_outside_sessions = tally.unsessioned,
             processes = tally.processes,
+            always_on_pc_rollups = tally.pc_rollups,
             pages_returned = tally.vacuumed_pages,
             elapsed_ms = t0.elapsed().as_millis() as u64,
             "retention pass deleted old data"

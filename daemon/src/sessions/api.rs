@@ -25,6 +25,17 @@ const MAX_START_DELAY_NS: u64 = 30 * 24 * 3600 * 1_000_000_000;
 
 /// StartSession.
 pub async fn start(d: &Daemon, caller: &Caller, req: pb::StartSessionRequest) -> ApiResult<pb::Session> {
+    create(d, caller, req, false).await
+}
+
+/// Creates a session; `node`: the node's always-on PC profile ([`super::node`]), known as such
+/// before any process joins it.
+pub(super) async fn create(
+    d: &Daemon,
+    caller: &Caller,
+    req: pb::StartSessionRequest,
+    node: bool,
+) -> ApiResult<pb::Session> {
     caller.require_authenticated()?;
     if req.name.chars().count() > MAX_NAME {
         return Err(ApiError::invalid("name", format!("longer than {MAX_NAME} characters")));
@@ -62,7 +73,8 @@ pub async fn start(d: &Daemon, caller: &Caller, req: pb::StartSessionRequest) ->
             return Err(caller.denied(&format!("process {pid}"), owner, &d.config.api.admin_group));
         }
         for a in &agents {
-            if let Some(s) = d.sessions.session_of(a.id) {
+            // The always-on profile yields its processes to any other session.
+            if let Some(s) = d.sessions.session_of(a.id).filter(|s| *s != d.sessions.node()) {
                 return Err(ApiError::FailedPrecondition(format!(
                     "process {pid} is already traced by session {s}; stop it first (gpuprofctl session stop {s})"
                 )));
@@ -130,6 +142,9 @@ pub async fn start(d: &Daemon, caller: &Caller, req: pb::StartSessionRequest) ->
     };
     d.session_records.entry(id).or_default();
     let s = &d.sessions;
+    if node {
+        s.node.store(id, std::sync::atomic::Ordering::Relaxed);
+    }
     let out = {
         let mut g = s.lock();
         g.open.insert(id, live);

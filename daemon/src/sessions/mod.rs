@@ -12,7 +12,8 @@
 //! persister task that runs them on the writer connection.
 //!
 //! A process is traced for one session at a time: broad targets skip processes another
-//! session holds (they join once it ends), a pid target that is held is refused.
+//! session holds (they join once it ends), a pid target that is held is refused. The
+//! always-on profile is the exception: it gives its processes to any session that wants them.
 //!
 //! The parts, each using only those listed before it (this file, the [`Sessions`] handle,
 //! comes after `store`):
@@ -22,10 +23,12 @@
 //! - [`hints`]: the new-process hint file;
 //! - [`pc`]: PC-sampling leases of the members and their states;
 //! - [`supervisor`]: transitions with their commands to agents, and the supervisor task ([`supervise`]);
-//! - [`api`]: the StartSession, StopSession, GetSession and ListSessions handlers.
+//! - [`api`]: the StartSession, StopSession, GetSession and ListSessions handlers;
+//! - [`node`]: the node's always-on PC profile, a session gpuprofd starts itself.
 
 mod api;
 mod hints;
+mod node;
 mod pc;
 mod pm;
 mod spec;
@@ -33,11 +36,13 @@ mod state;
 mod store;
 mod supervisor;
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use self::api::{get, list, start, stop};
+pub use self::node::{NODE_NAME, start_always_on};
 pub use self::spec::{Collect, TargetSpec};
 pub use self::state::{STOP_FLUSH_TIMEOUT, State};
 pub use self::store::{load, recover};
@@ -52,9 +57,16 @@ pub struct Sessions {
     inner: Arc<Mutex<Inner>>,
     ops: mpsc::UnboundedSender<Op>,
     wake: Notify,
+    /// The node's always-on PC profile session (0: none).
+    node: AtomicU64,
 }
 
 impl Sessions {
+    /// The node's always-on PC profile session (`[pc] always_on`), 0 when there is none.
+    pub fn node(&self) -> u64 {
+        self.node.load(Relaxed)
+    }
+
     /// Wakes the supervisor to look at its deadlines again (e.g. a PC-sampling retry became due).
     pub fn wake_supervisor(&self) {
         self.wake.notify_one();
@@ -71,7 +83,7 @@ impl Sessions {
         let inner = Arc::new(Mutex::new(Inner::default()));
         let (ops, rx) = mpsc::unbounded_channel();
         let persister = persist(writer, rx, inner.clone());
-        (Sessions { inner, ops, wake: Notify::new() }, persister)
+        (Sessions { inner, ops, wake: Notify::new(), node: AtomicU64::new(0) }, persister)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

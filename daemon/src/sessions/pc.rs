@@ -147,12 +147,22 @@ fn release(d: &Daemon, leases: Vec<Release>) {
 
 /// The session stops: every lease goes back (StopPcSampling to the holders).
 pub(super) fn stop(d: &Daemon, session: u64) {
-    release(d, d.pc.stop(session, None, "stopped"));
+    release(d, d.pc.stop(session, None, "stopped", true));
 }
 
 /// Process `proc` left the session, or cannot be traced in it (`why`: "stopped (...)").
 pub(super) fn left(d: &Daemon, session: u64, proc: u64, why: &str) {
-    release(d, d.pc.stop(session, Some(proc), why));
+    release(d, d.pc.stop(session, Some(proc), why, false));
+}
+
+/// The always-on profile gives process `proc` to another session (`why`: "stopped (...)"),
+/// or forgets a process that left: its leases go back, its final states are stored and the
+/// hub forgets it.
+pub(super) fn forget(d: &Daemon, session: u64, proc: u64, why: &str, running: bool) {
+    release(d, d.pc.stop(session, Some(proc), why, running));
+    for ((session, proc, device), s) in d.pc.forget(session, proc) {
+        d.sessions.op(Op::PcState { session, proc, device, state: s.state, heals: s.heals });
+    }
 }
 
 /// The session ended: the last leases go back and the final states are queued for storage.

@@ -47,15 +47,20 @@ pub(super) fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
     publish_hint(d, g);
 }
 
-/// Joins `a` to session `id` if the session is active, covers it, and it is free.
+/// Joins `a` to session `id` if the session is active, covers it, and it is free (or held
+/// by the always-on profile, which gives it up).
 fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
-    if g.busy.contains_key(&a.id) {
+    if !g.open.get(&id).is_some_and(|l| l.may_join(a)) {
         return false;
+    }
+    if let Some(&held) = g.busy.get(&a.id) {
+        let node = d.sessions.node();
+        if held != node || id == node {
+            return false;
+        }
+        yield_to(d, g, node, a.id, id);
     }
     let Some(l) = g.open.get_mut(&id) else { return false };
-    if !l.may_join(a) {
-        return false;
-    }
     let now = now_ns();
     let sent = a.send(start_trace(id, &l.collect));
     let (state, detail) = l.join(a.id, a.pid, &a.exe, now, sent);
@@ -68,9 +73,28 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
     true
 }
 
-/// Joins `a` to the oldest active session that covers it.
+/// The always-on profile (`node`) gives process `proc` to session `to`: the member leaves it
+/// (its StartTrace for `to` stops the profile's trace in the process) with its PC sampling.
+fn yield_to(d: &Daemon, g: &mut Inner, node: u64, proc: u64, to: u64) {
+    g.busy.remove(&proc);
+    if g.open.get_mut(&node).and_then(|l| l.procs.remove(&proc)).is_some() {
+        super::pc::forget(d, node, proc, &format!("stopped (traced by session {to})"), true);
+        d.sessions.op(Op::Member {
+            session: node,
+            proc,
+            state: "stopped".into(),
+            detail: format!("traced by session {to}"),
+            left_ns: Some(now_ns()),
+        });
+        tracing::info!(session = node, process = proc, to, "always-on profile gave a process to a session");
+    }
+}
+
+/// Joins `a` to the oldest active session that covers it; the always-on profile last.
 fn join_any(d: &Daemon, g: &mut Inner, a: &Agent) {
-    let ids: Vec<u64> = g.open.iter().filter(|(_, l)| l.state == State::Active).map(|(id, _)| *id).collect();
+    let node = d.sessions.node();
+    let mut ids: Vec<u64> = g.open.iter().filter(|(_, l)| l.state == State::Active).map(|(id, _)| *id).collect();
+    ids.sort_by_key(|id| (*id == node, *id));
     for id in ids {
         if try_join(d, g, id, a) {
             return;
@@ -273,6 +297,13 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
                         detail: reason.clone(),
                         left_ns: Some(now_ns()),
                     });
+                }
+                // The always-on profile forgets processes once gone (it lives for weeks).
+                if s == d.sessions.node()
+                    && let Some(l) = g.open.get_mut(&s)
+                {
+                    l.procs.remove(&id);
+                    super::pc::forget(d, s, id, "stopped (process left)", false);
                 }
                 maybe_finish(d, &mut g, s);
             }

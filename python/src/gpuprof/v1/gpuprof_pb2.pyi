@@ -757,16 +757,22 @@ class StreamPcSamplesResponse(_message.Message):
     def __init__(self, samples: _Optional[_Iterable[_Union[PcSampleRow, _Mapping]]] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., dropped_samples: _Optional[int] = ...) -> None: ...
 
 class QueryPcSamplesRequest(_message.Message):
-    __slots__ = ("session_id", "group_by", "kernel", "limit")
+    __slots__ = ("session_id", "group_by", "kernel", "limit", "since_ns", "pod", "exe")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_BY_FIELD_NUMBER: _ClassVar[int]
     KERNEL_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    EXE_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     group_by: PcGroupBy
     kernel: str
     limit: int
-    def __init__(self, session_id: _Optional[int] = ..., group_by: _Optional[_Union[PcGroupBy, str]] = ..., kernel: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    since_ns: int
+    pod: str
+    exe: str
+    def __init__(self, session_id: _Optional[int] = ..., group_by: _Optional[_Union[PcGroupBy, str]] = ..., kernel: _Optional[str] = ..., limit: _Optional[int] = ..., since_ns: _Optional[int] = ..., pod: _Optional[str] = ..., exe: _Optional[str] = ...) -> None: ...
 
 class StallCount(_message.Message):
     __slots__ = ("reason", "count")
