@@ -545,9 +545,9 @@ mod tests {
         hub.request((3, 1, 0), wire::StartPcSampling::default(), || Ok(1));
         hub.request((3, 2, 0), wire::StartPcSampling::default(), || Ok(2));
         hub.granted(1);
-        let r = hub.stop(3, Some(2), "stopped (process left)");
+        let r = hub.stop(3, Some(2), "stopped (process left)", false);
         assert_eq!(r, vec![Release { lease: 2, reason: "stopped (process left)".into() }]);
-        let r = hub.stop(3, None, "stopped");
+        let r = hub.stop(3, None, "stopped", true);
         assert_eq!(r.iter().map(|r| r.lease).collect::<Vec<_>>(), vec![1]);
         assert_eq!(hub.snapshot(3)[&1][0].state, "stopped");
         assert_eq!(short_stall("smsp__pcsamp_warps_issue_stalled_barrier"), "stalled_barrier");

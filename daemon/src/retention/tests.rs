@@ -534,3 +534,44 @@ fn the_size_limit_leaves_room_for_what_comes_before_the_next_pass() {
     }
     assert_eq!(w.target(1000), 950);
 }
+
+#[test]
+fn always_on_rollups_go_after_their_keep_and_hold_their_processes_until_then() {
+    use super::delete::{ROLLUP_MINUTES, expire_pc_rollups};
+    let mut c = Connection::open_in_memory().unwrap();
+    crate::store::migrate(&c).unwrap();
+    for id in [1i64, 2, 3] {
+        c.execute(
+            "INSERT INTO processes(id, pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns,
+                                   connected_ns, disconnected_ns) VALUES (?1, 10, 0, 0, 'injector', 'x', '[]', '', 0, 0, 0, 1)",
+            [id],
+        )
+        .unwrap();
+    }
+    // Process 1: 200 old minutes; process 2: one recent minute.
+    for m in 0..200i64 {
+        c.execute("INSERT INTO pc_rollup VALUES (?1, 1, 7, 0, 0, 8, 5)", [m * 60]).unwrap();
+    }
+    c.execute("INSERT INTO pc_rollup VALUES (?1, 2, 7, 0, 0, 8, 5)", [10_000 * 60]).unwrap();
+    assert_eq!(expire_processes(&mut c, 2, 100).unwrap(), 0, "both have rollups (3 is the newest)");
+    let cutoff = 5_000 * 60;
+    let mut calls = 0;
+    loop {
+        let n = expire_pc_rollups(&mut c, cutoff).unwrap();
+        assert!(n <= ROLLUP_MINUTES as u64);
+        calls += 1;
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(calls, 5, "200 minutes, 60 a call, and the empty one");
+    let left: Vec<i64> = c
+        .prepare("SELECT proc FROM pc_rollup")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(left, [2]);
+    assert_eq!(expire_processes(&mut c, 2, 100).unwrap(), 1, "process 1 goes with its last rollup");
+}
