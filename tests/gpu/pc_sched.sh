@@ -8,9 +8,10 @@
 #   late   `gpuprofctl trace --pid P --pc-sampling --duration 6s` on a running -lineinfo CUDA C
 #          program: the hottest line is gather's dependent load (pc_kernel.cu:15), the pprof
 #          export names the file;
-#   cost   medians of REPS (default 3) alternating runs: untraced, CUPTI's own
-#          pc_sampling_continuous sample (the floor), gpuprof windows (the default), gpuprof
-#          continuous, and continuous with the work at synchronization exits (the old place),
+#   cost   medians of REPS (default 5) alternating runs: untraced, CUPTI's own
+#          pc_sampling_continuous sample (the floor), gpuprof windows (the default), windows
+#          with a 16 MiB hardware buffer, gpuprof continuous (COST_MODES picks others: contexit
+#          is continuous with the work at synchronization exits, the old place),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens).
 # PARTS (default "ddp share late cost"; also "probe": one PC-only session with the injector's
@@ -23,7 +24,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${GPUPROF_BIN:-$PWD/.gpu}
 INJ=$BIN/libgpuprof_inject.so
 PY=${PYTHON:-python3}
-REPS=${REPS:-3}
+REPS=${REPS:-5}
 PARTS=" ${PARTS:-ddp share late cost} "
 CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -188,12 +189,13 @@ if [[ $PARTS == *" cost "* ]]; then
       floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$FLOOR_DIR:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@") ;;
       win) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       cont) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cont); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      win16) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win16); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_WINDOW_HW_MIB=16 CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       contexit) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cexit); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_AT=exit CUDA_INJECTION64_PATH="$INJ" "$@" ;;
     esac
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
   }
-  MODES="off win cont contexit"
-  [ -n "$FLOOR_LIB" ] && MODES="off floor win cont contexit"
+  MODES=${COST_MODES:-off win win16 cont}
+  [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win win16 cont"
   declare -A MM SM MMS SMS
   for r in $(seq "$REPS"); do
     for mode in $MODES; do

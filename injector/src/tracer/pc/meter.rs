@@ -164,6 +164,16 @@ pub(super) fn at_entry() -> bool {
     *AT.get_or_init(|| std::env::var("GPUPROF_PC_AT").map(|v| v.trim() != "exit").unwrap_or(true))
 }
 
+/// The hardware buffer of windows when the lease does not say (`GPUPROF_PC_WINDOW_HW_MIB`, for
+/// measuring what its size costs the first enable; else `default`).
+pub(super) fn window_hw_mib(default: usize) -> usize {
+    static MIB: OnceLock<Option<usize>> = OnceLock::new();
+    MIB.get_or_init(|| {
+        std::env::var("GPUPROF_PC_WINDOW_HW_MIB").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|m| *m > 0)
+    })
+    .unwrap_or(default)
+}
+
 pub(super) fn read_gap() -> Duration {
     static GAP: OnceLock<Duration> = OnceLock::new();
     *GAP.get_or_init(|| {

@@ -197,7 +197,7 @@ impl PcSampler {
             stall_index: Vec::new(),
             scratch_bytes: (d.req.scratch_buffer_mib as usize) << 20,
             hw_bytes: match d.req.hw_buffer_mib {
-                0 if !d.req.continuous => WINDOW_HW_BUFFER_MIB << 20,
+                0 if !d.req.continuous => meter::window_hw_mib(WINDOW_HW_BUFFER_MIB) << 20,
                 m => (m as usize) << 20,
             },
             worker_sleep_ms: if d.req.continuous { 0 } else { WINDOW_WORKER_SLEEP_MS },
