@@ -16,7 +16,7 @@ pub use gpuprofctl::Client;
 /// Which processes a session covers (at least one).
 #[derive(Args, Debug, Clone, Default)]
 pub struct TargetArgs {
-    /// A process id (repeatable).
+    /// A process and its descendants (repeatable), e.g. a torchrun launcher and its ranks.
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
     /// Executable base name, exact (repeatable), e.g. python3.

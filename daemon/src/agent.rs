@@ -260,6 +260,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         cmdline: hello.cmdline,
         cgroup,
         placement,
+        ancestors: crate::cgroup::ancestors(pid),
         cupti_version: hello.cupti_version,
         sampler_device: hello.sampler_device,
         devices: hello.devices,

@@ -159,9 +159,49 @@ pub fn normalize_pod_uid(s: &str) -> Option<String> {
     is_uid(&uid).then_some(uid)
 }
 
+/// The parent chain of `pid` from `/proc` (nearest first, pid 1 and 0 left out; at most 64),
+/// empty when the process is not visible there.
+pub fn ancestors(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while out.len() < 64 {
+        let Some(parent) = std::fs::read_to_string(format!("/proc/{p}/stat")).ok().and_then(|s| parent_of(&s)) else {
+            break;
+        };
+        if parent <= 1 || out.contains(&parent) {
+            break;
+        }
+        out.push(parent);
+        p = parent;
+    }
+    out
+}
+
+/// The parent pid in a `/proc/PID/stat` line (`pid (comm) state ppid ...`; comm may hold
+/// spaces and parentheses).
+fn parent_of(stat: &str) -> Option<u32> {
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parent_chains_come_from_proc() {
+        assert_eq!(parent_of("4242 (python3 (rank 0)) S 4100 4242 4100 0 -1"), Some(4100));
+        assert_eq!(parent_of("garbage"), None);
+        // This test's own chain: its parent first, no pid 1, no loop.
+        let me = std::process::id();
+        let chain = ancestors(me);
+        let stat = std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap();
+        let parent = parent_of(&stat).unwrap();
+        if parent > 1 {
+            assert_eq!(chain.first(), Some(&parent));
+        }
+        assert!(!chain.contains(&1) && !chain.contains(&me), "{chain:?}");
+        assert!(ancestors(u32::MAX).is_empty());
+    }
 
     const CID: &str = "7e2b6c0a4f1d3e5b9a8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a";
     const UID: &str = "1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c";

@@ -26,6 +26,10 @@ pub struct Agent {
     pub cgroup: String,
     /// Container and pod the process runs in.
     pub placement: Placement,
+    /// Its parent, the parent's parent, ... up to (not including) pid 1, as /proc said when it
+    /// connected (empty when gpuprofd cannot see the process there): a pid target covers the
+    /// process's descendants, such as the ranks a launcher started.
+    pub ancestors: Vec<u32>,
     pub cupti_version: u32,
     /// Samplers: the device they serve.
     pub sampler_device: u32,

@@ -152,3 +152,18 @@ fn without_always_on_no_process_is_traced_until_a_session_asks() -> Result<()> {
     assert!(text.contains("is [pc] always_on set"), "{text}");
     Ok(())
 }
+
+#[test]
+fn a_pid_target_covers_the_processes_a_launcher_started() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = start_daemon_config(dir.path(), "0", "")?;
+    let rank = PcAgent::connect(&d.agent_socket, "/usr/bin/python3", 1)?;
+    // The fake agents run in this test's process: its parent stands for their launcher.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", std::process::id()))?;
+    let parent: u32 = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse()?;
+    let id = start_session(&d, &["--pid", &parent.to_string(), "--pc-sampling"]);
+    let s = until_started(&rank, |s| s == id, 0);
+    assert_eq!(s.session_id, id);
+    assert_eq!(members(&d, id), [rank.process_id]);
+    Ok(())
+}

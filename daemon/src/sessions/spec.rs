@@ -97,7 +97,7 @@ impl TargetSpec {
     /// Whether the connected agent is covered by this target.
     pub fn matches(&self, a: &Agent) -> bool {
         match self {
-            TargetSpec::Pid(p) => a.pid == *p,
+            TargetSpec::Pid(p) => a.pid == *p || a.ancestors.contains(p),
             TargetSpec::ExeName(n) => gpuprof_proto::hint::exe_name_matches(n, &a.exe, &a.cmdline),
             TargetSpec::ExePattern(p) => gpuprof_proto::hint::exe_pattern_matches(p, &a.exe, &a.cmdline),
             TargetSpec::Cgroup(c) => a.cgroup.contains(c.as_str()),
@@ -358,6 +358,16 @@ mod tests {
         assert_eq!(json, r#"[{"pid":3},"all"]"#);
     }
 
+    #[test]
+    fn a_pid_target_covers_the_process_and_its_descendants() {
+        let mut rank = agent(4300, 1000, "/usr/bin/python3", &[], "");
+        rank.ancestors = vec![4200, 4100];
+        assert!(TargetSpec::Pid(4300).matches(&rank));
+        assert!(TargetSpec::Pid(4200).matches(&rank), "its launcher");
+        assert!(TargetSpec::Pid(4100).matches(&rank), "the launcher's shell");
+        assert!(!TargetSpec::Pid(4301).matches(&rank));
+    }
+
     fn agent(pid: u32, uid: u32, exe: &str, cmdline: &[&str], cgroup: &str) -> Agent {
         Agent {
             id: 1,
@@ -369,6 +379,7 @@ mod tests {
             cmdline: cmdline.iter().map(|s| s.to_string()).collect(),
             cgroup: cgroup.into(),
             placement: crate::cgroup::parse_path(cgroup).into(),
+            ancestors: Vec::new(),
             cupti_version: 0,
             sampler_device: 0,
             devices: Vec::new(),

@@ -86,6 +86,7 @@ fn agent(id: u64) -> Agent {
         cmdline: Vec::new(),
         cgroup: String::new(),
         placement: Default::default(),
+        ancestors: Vec::new(),
         cupti_version: 0,
         sampler_device: 0,
         devices: Vec::new(),
