@@ -3,6 +3,8 @@
 # the DDP part), CUDA 13 (`nvcc`, CUPTI and its samples) and PyTorch:
 #   ddp    torchrun DDP over every GPU under `session start --all --pc-sampling`: every rank gets
 #          samples on its own GPU and none elsewhere, the launcher none (and says why);
+#   ddptrace  a running DDP job with the injector in it, traced by its launcher's pid
+#          (`trace --pid L --pc-sampling --duration 10s`): every rank sampled, the hottest kernel;
 #   share  two matmul processes on GPU 0 in one session: both get samples, within 3:1 of each
 #          other (equal work), and `pc top` says who waits for its turn;
 #   late   `gpuprofctl trace --pid P --pc-sampling --duration 6s` on a running -lineinfo CUDA C
@@ -25,7 +27,7 @@ BIN=${GPUPROF_BIN:-$PWD/.gpu}
 INJ=$BIN/libgpuprof_inject.so
 PY=${PYTHON:-python3}
 REPS=${REPS:-5}
-PARTS=" ${PARTS:-ddp share late cost} "
+PARTS=" ${PARTS:-ddp ddptrace share late cost} "
 CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 export PATH="/usr/local/cuda/bin:$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -125,6 +127,32 @@ if [[ $PARTS == *" ddp "* ]]; then
   pass_if "DDP on $NGPU GPUs: every rank sampled on its own GPU only" "$([ "$ranks" = "$NGPU" ] && [ $ok = 1 ] && echo 1)" "$detail"
   pass_if "DDP: the launcher (pid $LPID) gets no samples" "$([ "$lsamples" = 0 ] && grep -qE "^${LPID}:" "$STATE/ddp_samples.txt" && echo 1)" "$lsamples samples; $lstate"
   pass_if "DDP: pc top says why the launcher is not sampled" "$(grep -q "pid $LPID device .*not sampled" "$STATE/ddp_top_live.txt" && echo 1)" "$(grep "pid $LPID" "$STATE/ddp_top_live.txt" | head -1)"
+fi
+
+# ---------------------------------------------------------------- ddptrace
+# A running DDP job (the injector in it, no session) traced afterwards by its launcher's pid:
+# `trace --pid LAUNCHER --pc-sampling --duration 10s` covers the ranks it started.
+if [[ $PARTS == *" ddptrace "* ]]; then
+  GPUPROF_LOG_FILE="$STATE/logs/ddptrace.log" CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 22 \
+    >"$STATE/ddptrace.txt" 2>&1 &
+  LPID=$!
+  sleep 6
+  "${CTL[@]}" trace --pid "$LPID" --pc-sampling --duration 10s >"$STATE/ddptrace_trace.txt" 2>&1
+  S=$("${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))')
+  wait $LPID
+  echo "--- ddp traced by the launcher's pid"; tail -25 "$STATE/ddptrace_trace.txt"
+  "${CTL[@]}" pc top "$S" --by line --limit 5 | tee "$STATE/ddptrace_top.txt"
+  samples_of "$S" | tee "$STATE/ddptrace_samples.txt"
+  ok=1; detail=""
+  for r in $(seq 0 $((NGPU - 1))); do
+    rpid=$(grep -oE "RANKPID rank=$r pid=[0-9]+" "$STATE/ddptrace.txt" | grep -oE '[0-9]+$')
+    own=$(grep -E "^${rpid}:${r}:" "$STATE/ddptrace_samples.txt" | cut -d: -f3)
+    detail="$detail rank $r (pid $rpid): ${own:-0};"
+    [ "${own:-0}" -gt 0 ] || ok=0
+  done
+  pass_if "trace --pid of a running DDP job's launcher: every rank sampled" "$ok" "$detail"
+  stall=$("${CTL[@]}" --json pc top "$S" --by line --limit 1 | jq_py '"%s | %s:%d | %s" % (d["rows"][0]["function"][:60], d["rows"][0]["file"], d["rows"][0]["line"], d["rows"][0]["stalls"][0]["reason"]) if d["rows"] else "none"')
+  pass_if "trace --pid of a running DDP job: the hottest kernel with its stall reason" "$([ "$stall" != none ] && echo 1)" "$stall"
 fi
 
 # ---------------------------------------------------------------- share
