@@ -1,4 +1,4 @@
--- gpuprof schema, version 13: the node's always-on PC profile (`[pc] always_on`).
+-- gpuprof schema, version 14: the node's always-on PC profile (`[pc] always_on`).
 --
 -- Samples of the always-on session are not kept per PC like a session's (`pc_sample`) but
 -- summed per minute (start of the minute, s since the Unix epoch), process, function, source
