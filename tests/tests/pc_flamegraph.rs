@@ -9,7 +9,8 @@ use anyhow::Result;
 use gpuprof_testkit::pc_agent::{FakePc, PcAgent, PcCommand, ctl_ok, start_daemon, start_session};
 
 const GEMM: &str = "_Z9gemm_tileILi128EEvPKfS1_Pfi";
-const ADD: &str = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIfEESt5arrayIPcLm3EEEEviT0_T1_";
+const ADD: &str =
+    "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIfEESt5arrayIPcLm3EEEEviT0_T1_";
 const GEMM_SHOWN: &str = "void gemm_tile<128>(float const*, float const*, float*, int)";
 const ADD_SHOWN: &str = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, \
                          std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)";

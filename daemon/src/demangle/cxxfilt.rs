@@ -37,13 +37,8 @@ pub fn demangle(mangled: &str) -> Option<String> {
 }
 
 /// The integer literal types that c++filt writes as a suffix, and the suffix.
-const SUFFIXED: [(&str, &str); 5] = [
-    ("unsigned int", "u"),
-    ("long", "l"),
-    ("unsigned long", "ul"),
-    ("long long", "ll"),
-    ("unsigned long long", "ull"),
-];
+const SUFFIXED: [(&str, &str); 5] =
+    [("unsigned int", "u"), ("long", "l"), ("unsigned long", "ul"), ("long long", "ll"), ("unsigned long long", "ull")];
 
 /// The text cpp_demangle writes, with typed integer literals rewritten, and where the
 /// outermost name begins after its return type.

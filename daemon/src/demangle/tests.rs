@@ -33,8 +33,10 @@ fn names_stored_before_the_column_are_filled_in() {
 fn cpp_and_rust_symbols_demangle_and_the_rest_is_left_alone() {
     assert_eq!(demangle("_Z10add_kernelPfS_i").as_deref(), Some("add_kernel(float*, float*, int)"));
     assert_eq!(
-        demangle("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEENS_6detail5ArrayIPcLi1EEEEEviT0_T1_")
-            .as_deref(),
+        demangle(
+            "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEENS_6detail5ArrayIPcLi1EEEEEviT0_T1_"
+        )
+        .as_deref(),
         Some(
             "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, \
              at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)"
@@ -95,8 +97,10 @@ fn kernel_names_are_written_exactly_as_cxxfilt_writes_them() {
 fn typed_literals_and_nested_return_types_follow_cxxfilt() {
     // std::array<char*, 3>: an unsigned long literal.
     assert_eq!(
-        demangle("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIfEESt5arrayIPcLm3EEEEviT0_T1_")
-            .as_deref(),
+        demangle(
+            "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIfEESt5arrayIPcLm3EEEEviT0_T1_"
+        )
+        .as_deref(),
         Some(
             "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, \
              std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)"
@@ -104,7 +108,9 @@ fn typed_literals_and_nested_return_types_follow_cxxfilt() {
     );
     assert_eq!(
         demangle("_Z3fooILin5ELln7ELxn9ELs3ELt4ELc65ELh200ELb1ELb0ELy18446744073709551615EEvv").as_deref(),
-        Some("void foo<-5, -7l, -9ll, (short)3, (unsigned short)4, (char)65, (unsigned char)200, true, false, 18446744073709551615ull>()")
+        Some(
+            "void foo<-5, -7l, -9ll, (short)3, (unsigned short)4, (char)65, (unsigned char)200, true, false, 18446744073709551615ull>()"
+        )
     );
     assert_eq!(demangle("_Z1fILj1EEvDTcvmLi5EE").as_deref(), Some("void f<1u>(decltype ((unsigned long)(5)))"));
     // A lambda of a function template inside the kernel's template arguments: that function's
@@ -113,12 +119,17 @@ fn typed_literals_and_nested_return_types_follow_cxxfilt() {
         "_ZN2at6native18elementwise_kernelILi128ELi2EZNS0_22gpu_kernel_impl_nocastIZZZNS0_23direct_copy_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE0_clEvENKUlvE5_clEvEUlfE_EEvS4_RKT_EUliE_EEviT1_",
     )
     .unwrap();
-    assert!(nested.starts_with("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"), "{nested}");
+    assert!(
+        nested.starts_with("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"),
+        "{nested}"
+    );
     assert_eq!(nested.matches("void").count(), 1, "{nested}");
     // An entity inside a function template (here a lambda's operator()): no return type.
     assert_eq!(
         demangle("_ZZN2at6native15gpu_kernel_implIfEEvRNS_18TensorIteratorBaseERKT_ENKUliE_clEi").as_deref(),
-        Some("at::native::gpu_kernel_impl<float>(at::TensorIteratorBase&, float const&)::{lambda(int)#1}::operator()(int) const")
+        Some(
+            "at::native::gpu_kernel_impl<float>(at::TensorIteratorBase&, float const&)::{lambda(int)#1}::operator()(int) const"
+        )
     );
 }
 
@@ -138,7 +149,8 @@ fn names_stored_in_the_older_form_are_rewritten_at_start() {
     assert_eq!(file, "0013_cxxfilt_names.sql");
     c.execute_batch(sql).unwrap();
     assert_eq!(fill_missing(&c).unwrap(), 1);
-    let stored: String = c.query_row("SELECT demangled FROM strings WHERE value = ?1", [mangled], |r| r.get(0)).unwrap();
+    let stored: String =
+        c.query_row("SELECT demangled FROM strings WHERE value = ?1", [mangled], |r| r.get(0)).unwrap();
     assert_eq!(stored, older.replace("(unsigned long)1", "1ul"));
     let other: Option<String> =
         c.query_row("SELECT demangled FROM strings WHERE value = 'nvtx range'", [], |r| r.get(0)).unwrap();
