@@ -32,6 +32,9 @@ pub enum Format {
     /// the directory `-o` names (created if missing; files of the same names are replaced):
     /// DuckDB, Spark, ClickHouse, pandas.
     Parquet,
+    /// The session's PC samples as a flame graph (.svg; function, source line, stall reason),
+    /// for a browser.
+    Svg,
 }
 
 /// File name endings and the format each means, longest first.
@@ -45,6 +48,7 @@ const ENDINGS: &[(&str, Format)] = &[
     (".sqlite3", Format::Sqlite),
     (".sqlite", Format::Sqlite),
     (".db", Format::Sqlite),
+    (".svg", Format::Svg),
 ];
 
 /// The format a file name asks for.
@@ -54,7 +58,7 @@ pub fn format_of(path: &Path) -> Result<Format, Usage> {
         Usage(format!(
             "-o {}: cannot tell the format from the name; use --format, or a name ending in \
              .json (chrome), .json.gz (chrome-gz), .pftrace or .perfetto-trace (perfetto), \
-             .sqlite, .sqlite3 or .db (sqlite), .pb.gz or .pprof (pprof); Parquet files go into a \
+             .sqlite, .sqlite3 or .db (sqlite), .pb.gz or .pprof (pprof), .svg (svg); Parquet files go into a \
              directory: --format parquet -o DIR",
             path.display()
         ))
@@ -104,6 +108,9 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
     if format == Format::Parquet {
         return export_parquet(c, a, json).await;
     }
+    if format == Format::Svg {
+        return crate::flame::export_svg(c, a, json).await;
+    }
     let wire = match format {
         Format::Chrome => pb::ExportFormat::ChromeJson,
         // gzipped by gpuprofd (by this client when gpuprofd is older than the format)
@@ -113,6 +120,7 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         // gzipped by gpuprofd already
         Format::Pprof => pb::ExportFormat::Pprof,
         Format::Parquet => pb::ExportFormat::Parquet,
+        Format::Svg => unreachable!("drawn by this client"),
     };
     let req = pb::ExportTraceRequest {
         session_id: a.session,
@@ -189,6 +197,7 @@ fn format_name(f: Format) -> &'static str {
         Format::Sqlite => "sqlite",
         Format::Pprof => "pprof",
         Format::Parquet => "parquet",
+        Format::Svg => "svg",
     }
 }
 
@@ -377,7 +386,7 @@ fn progress_bar() -> indicatif::ProgressBar {
 }
 
 /// A new file beside `target`, removed unless renamed into place.
-fn part_file(target: &Path) -> Result<(PartPath, std::io::BufWriter<std::fs::File>)> {
+pub(crate) fn part_file(target: &Path) -> Result<(PartPath, std::io::BufWriter<std::fs::File>)> {
     let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("export");
     let path = dir.join(format!(".{name}.{}.part", std::process::id()));
@@ -386,7 +395,7 @@ fn part_file(target: &Path) -> Result<(PartPath, std::io::BufWriter<std::fs::Fil
 }
 
 /// Removes the partial file unless it was renamed.
-struct PartPath(PathBuf);
+pub(crate) struct PartPath(pub(crate) PathBuf);
 
 impl Drop for PartPath {
     fn drop(&mut self) {
@@ -407,6 +416,7 @@ mod tests {
         assert_eq!(f("x.perfetto-trace"), Some(Format::Perfetto));
         assert_eq!(f("x.db"), Some(Format::Sqlite));
         assert_eq!(f("x.sqlite"), Some(Format::Sqlite));
+        assert_eq!(f("pc.SVG"), Some(Format::Svg));
         assert!(safe_name("kernel.parquet").is_ok());
         assert!(safe_name("../x.parquet").is_err() && safe_name("a/b").is_err() && safe_name("").is_err());
         let e = format_of(Path::new("trace.txt")).unwrap_err().0;

@@ -74,7 +74,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         None => None,
         Some(p) => match crate::export::format_of(p)? {
             f @ (Format::Chrome | Format::ChromeGz | Format::Perfetto) => Some(f),
-            Format::Sqlite | Format::Pprof | Format::Parquet => {
+            Format::Sqlite | Format::Pprof | Format::Parquet | Format::Svg => {
                 return Err(crate::output::Usage(format!(
                     "-o {}: a trace over several hosts is merged as Chrome JSON (.json, .json.gz) or \
                      Perfetto (.pftrace, .perfetto-trace); each host's session can still be exported \

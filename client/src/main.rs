@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod export;
+mod flame;
 mod fleet;
 mod fleet_perfetto;
 mod output;
@@ -36,10 +37,9 @@ struct Cli {
     /// Needs --token-file, or --cert and --key.
     #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_ADDR", value_name = "URL")]
     addr: Option<String>,
-    /// A remote gpuprofd as HOST:PORT (https://HOST:PORT, like --addr). Repeat it to trace on
-    /// several hosts at once (`trace` only): one session per host, started together, and with
-    /// -o one merged Chrome trace. TLS and credentials (--ca, --token-file, --cert) apply to all.
-    #[arg(long = "host", global = true, value_name = "HOST:PORT", conflicts_with = "addr")]
+    /// A remote gpuprofd as HOST:PORT (https://HOST:PORT, like --addr), with the same TLS and
+    /// credentials (--ca, --token-file, --cert).
+    #[arg(long = "host", global = true, help_heading = GLOBAL, value_name = "HOST:PORT", conflicts_with = "addr")]
     hosts: Vec<String>,
     /// CA certificate (PEM) that signed the server's certificate (default: the system's roots).
     #[arg(long, global = true, help_heading = GLOBAL, env = "GPUPROF_CA_FILE", value_name = "FILE")]
@@ -87,7 +87,10 @@ enum Cmd {
     #[command(subcommand)]
     Session(sessions::SessionCmd),
     /// Trace processes (--pid, --exe, --all, ...) for --duration, then print the top kernels.
-    #[command(after_help = "--json: one JSON object, the session and its summary.")]
+    #[command(after_help = "--host repeated (--host H1:PORT --host H2:PORT): trace on several hosts at once, one \
+                            session per host started together, with -o one merged Chrome trace; TLS and \
+                            credentials apply to every host.\n\
+                            --json: one JSON object, the session and its summary.")]
     Trace(sessions::TraceArgs),
     /// A session's summary: top kernels, device busy time, copies, API calls.
     #[command(after_help = "--json: one JSON object.")]

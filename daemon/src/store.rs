@@ -24,7 +24,8 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0010_kinds_and_shapes.sql", include_str!("../../migrations/0010_kinds_and_shapes.sql")),
     ("0011_track_epochs.sql", include_str!("../../migrations/0011_track_epochs.sql")),
     ("0012_record_pairs.sql", include_str!("../../migrations/0012_record_pairs.sql")),
-    ("0014_pc_rollup.sql", include_str!("../../migrations/0013_pc_rollup.sql")),
+    ("0013_cxxfilt_names.sql", include_str!("../../migrations/0013_cxxfilt_names.sql")),
+    ("0014_pc_rollup.sql", include_str!("../../migrations/0014_pc_rollup.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.

@@ -107,7 +107,7 @@ fn help_groups_the_global_options_and_says_what_json_gives() {
     let help = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", text(&o));
     let global = help.find("Global options:").unwrap_or_else(|| panic!("no global heading:\n{help}"));
-    for flag in ["--socket", "--addr", "--ca", "--token-file", "--cert", "--key", "--json"] {
+    for flag in ["--socket", "--addr", "--host", "--ca", "--token-file", "--cert", "--key", "--json"] {
         let at = help.find(&format!("{flag} ")).unwrap_or_else(|| panic!("{flag} missing:\n{help}"));
         assert!(at > global, "{flag} is not under the global heading:\n{help}");
         assert_eq!(help.matches(&format!("  {flag} ")).count(), 1, "{flag} listed once:\n{help}");
@@ -117,6 +117,14 @@ fn help_groups_the_global_options_and_says_what_json_gives() {
     assert!(query.contains("JSON Lines"), "{query}");
     let watch = String::from_utf8_lossy(&ctl(&["pm", "watch", "--help"]).stdout).into_owned();
     assert!(watch.contains("JSON Lines"), "{watch}");
+    // Each command's help speaks of what that command does: several hosts at once is trace's.
+    for cmd in [&["query", "--help"][..], &["session", "start", "--help"], &["status", "--help"]] {
+        let help = String::from_utf8_lossy(&ctl(cmd).stdout).into_owned();
+        assert!(help.contains("--host <HOST:PORT>"), "{cmd:?}:\n{help}");
+        assert!(!help.contains("trace` only") && !help.contains("several hosts"), "{cmd:?}:\n{help}");
+    }
+    let trace = String::from_utf8_lossy(&ctl(&["trace", "--help"]).stdout).into_owned();
+    assert!(trace.contains("--host repeated") && trace.contains("several hosts"), "{trace}");
 }
 
 #[test]

@@ -126,3 +126,55 @@ fn long_lived_daemon_tasks_start_in_runtime() {
     assert!(unexpected.is_empty(), "tasks started outside runtime.rs: {unexpected:?}");
     assert!(spawning.contains("runtime.rs"), "runtime.rs starts the tasks: {spawning:?}");
 }
+
+/// Every file and folder under the repository (relative, `/`-separated), as `rust_files` walks.
+fn all_paths(root: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || ["target", "node_modules", "venv", "build"].contains(&name.as_str()) {
+                continue;
+            }
+            out.insert(rel(&e.path()));
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md names files and folders as they are: every `code span` that looks like a
+/// path (`daemon/src/store.rs`, `ingest/writer.rs`, `sessions/`, `lib.rs`) is one in the tree.
+#[test]
+fn the_paths_architecture_md_names_exist() {
+    let root = repo_root();
+    let paths = all_paths(&root);
+    let doc = read(&root.join("ARCHITECTURE.md"));
+    let exts = [".rs", ".sql", ".toml", ".sh", ".py", ".proto", ".md", ".cu", ".c"];
+    let mut checked = 0;
+    let mut missing = BTreeSet::new();
+    for (i, span) in doc.split('`').enumerate() {
+        let looks_like_path = i % 2 == 1
+            && !span.is_empty()
+            && !span.starts_with('.')
+            && span.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c))
+            && (exts.iter().any(|e| span.ends_with(e)) || (span.ends_with('/') && span.len() > 1));
+        if !looks_like_path {
+            continue;
+        }
+        checked += 1;
+        let want = span.trim_end_matches('/');
+        let found = paths.iter().any(|p| {
+            p == want || p.ends_with(&format!("/{want}")) || (!want.contains('/') && p.rsplit('/').next() == Some(want))
+        });
+        if !found {
+            missing.insert(span.to_string());
+        }
+    }
+    assert!(checked > 80, "the check found the paths ({checked})");
+    assert!(missing.is_empty(), "ARCHITECTURE.md names paths that are not in the tree: {missing:?}");
+}

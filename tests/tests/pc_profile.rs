@@ -66,6 +66,7 @@ async fn query(
         group_by: by as i32,
         kernel: kernel.into(),
         limit: 0,
+        ..Default::default()
     })
     .await?
     .into_inner())
@@ -130,6 +131,17 @@ fn batches_are_pushed_queried_shown_and_exported_as_pprof() -> Result<()> {
     };
     assert_eq!(f.dropped_samples, 7);
     assert_eq!(f.total_rows, 2);
+    // The node's always-on profile is asked for by time, never together with a session.
+    for (req, says) in [
+        (pb::QueryPcSamplesRequest { session_id: id, since_ns: 1, ..Default::default() }, "leave session_id 0"),
+        (pb::QueryPcSamplesRequest { pod: "web-*".into(), ..Default::default() }, "pod and exe need since_ns"),
+        (pb::QueryPcSamplesRequest { since_ns: u64::MAX, ..Default::default() }, "in the future"),
+        (pb::QueryPcSamplesRequest { since_ns: 1, exe: "[".into(), ..Default::default() }, "\"[\""),
+    ] {
+        let e = rt.block_on(c.query_pc_samples(req)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(says), "{says}: {}", e.message());
+    }
     assert_eq!((f.rows[0].mangled_name.as_str(), f.rows[0].samples), (GEMM, 1300));
     let st: Vec<(&str, u64)> = f.rows[0].stalls.iter().map(|s| (s.reason.as_str(), s.count)).collect();
     assert_eq!(st, [(LSB, 1000), (BAR, 200), (SEL, 100)]);
