@@ -41,6 +41,7 @@ const FIRST_COLLECT: Duration = Duration::from_millis(200);
 
 impl<B: Backend> Agent<B> {
     pub(super) fn start_pc(&mut self, p: pb::StartPcSampling) {
+        log!(Info, "PC sampling lease on device {} for session {}", p.device_id, p.session_id);
         self.pc.deferred.remove(&p.device_id);
         if p.session_id != self.session || self.session == 0 {
             let detail =
@@ -86,8 +87,10 @@ impl<B: Backend> Agent<B> {
 
     pub(super) fn stop_pc(&mut self, device: u32, reason: &str) {
         if !self.pc.leases.contains_key(&device) {
+            log!(Info, "PC sampling on device {device}: stop ({reason}) without a lease");
             return;
         }
+        log!(Info, "PC sampling on device {device}: stop ({reason})");
         self.backend.pc_stop(device, reason);
         self.finish_pc();
     }
