@@ -159,7 +159,8 @@ impl PcSampler {
             // it is being disabled (a turn given back, then granted again before the
             // application synchronized), the new one waits for the stop: taking it for the same
             // would leave the device stopped under a lease the daemon thinks is sampling.
-            let stopping = d.stopping || d.stop_after.is_some() || matches!(d.phase, Phase::Closed(..));
+            let stopping =
+                d.stopping || d.stop_after.is_some() || matches!(d.phase, Phase::Disabling | Phase::Closed(..));
             if d.req == req && !stopping {
                 return Ok(());
             }
@@ -285,7 +286,10 @@ impl PcSampler {
                     d.since_ns = gpuprof_cupti::clock::realtime_ns();
                     d.phase = Phase::Live;
                     if let Some(reason) = d.stop_after.take() {
+                        // Stopped while it was being enabled: still stopping until disabled (a
+                        // lease granted meanwhile waits for that, see `start`).
                         d.phase = Phase::Disabling;
+                        d.stopping = true;
                         app::arm(Op::Disable { device, kind: PcEventKind::Stopped, reason });
                     }
                     self.event(device, PcEventKind::Sampling, detail);
