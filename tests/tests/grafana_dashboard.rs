@@ -151,6 +151,40 @@ fn the_dashboard_is_well_formed() {
     }
 }
 
+/// promtool parses every query (Grafana's variables replaced by values they can take), as
+/// recording rules.
+#[test]
+fn promtool_parses_every_query() {
+    let d = dashboard();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    let mut queries: Vec<String> = expressions(&d).into_iter().map(|(_, e)| e).collect();
+    queries.push("gpuprof_gpu_power_usage_watts{Hostname=~\"$host\"}".into());
+    for (i, e) in queries.iter().enumerate() {
+        let e = e
+            .replace("$__rate_interval", "1m")
+            .replace("$__range", "1h")
+            .replace("$__interval", "1m")
+            .replace("$host", ".*")
+            .replace("$gpu", ".*")
+            .replace("$pod", ".*");
+        assert!(!e.contains('$'), "a variable left in {e}");
+        rules.push_str(&format!(
+            "      - record: dashboard:query{i}\n        expr: {}\n",
+            serde_json::to_string(&e).unwrap()
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("rules.yml");
+    std::fs::write(&p, &rules).unwrap();
+    let out = std::process::Command::new(expo::promtool_path())
+        .args(["check", "rules", p.to_str().unwrap()])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run promtool ({e}); see expo::promtool"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "promtool check rules: {text}\n{rules}");
+    assert!(text.contains(&format!("{} rules found", queries.len())), "{text}");
+}
+
 /// A scripted NVML in which GPU 0 reports every NVML and GPM metric gpuprofd knows.
 fn script(dir: &Path) -> String {
     let nvml = r#"{"gpu_utilization_percent": 97, "memory_copy_utilization_percent": 40,
