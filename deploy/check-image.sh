@@ -37,7 +37,7 @@ sock="$work/sock"
 mkdir -p "$sock"
 daemon_pid="" agent_pid=""
 cleanup() {
-  exec 7>&- 2>/dev/null || true
+  exec 7>&-
   [ -z "$agent_pid" ] || kill "$agent_pid" 2>/dev/null || true
   [ -z "$daemon_pid" ] || kill "$daemon_pid" 2>/dev/null || true
   wait 2>/dev/null || true
