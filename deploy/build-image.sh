@@ -79,8 +79,8 @@ done
 install -m 0755 "$rel/libgpuprof_inject.so" "$root/usr/lib/gpuprof/libgpuprof_inject.so"
 install -m 0644 "$cupti/libcupti.so.13" "$cupti/libnvperf_host.so" "$root/usr/lib/gpuprof/cupti/"
 install -m 0644 deploy/gpuprofd.toml "$root/etc/gpuprof/gpuprofd.toml"
-# Line tables are for backtraces in tests; the image's programs go without (a fifth the size;
-# symbols stay, for backtraces).
+# Line tables (file and line in backtraces) serve the tests; the image's programs go without
+# them (a fifth the size) and keep their symbols, so that backtraces still name functions.
 if command -v strip >/dev/null 2>&1; then
   strip --strip-debug "$root"/usr/bin/gpuprofd "$root"/usr/bin/gpuprofctl "$root"/usr/bin/gpuprof-sampler \
     "$root/usr/lib/gpuprof/libgpuprof_inject.so"
