@@ -396,16 +396,6 @@ impl PcHub {
         out
     }
 
-    /// Per (process, CUDA device ordinal in the process) that a session PC-samples or wants
-    /// to: whether sampling runs there now, in any session.
-    pub fn process_devices(&self) -> BTreeMap<(u64, u32), bool> {
-        let mut out = BTreeMap::new();
-        for ((_, proc, dev), s) in &self.lock().devices {
-            *out.entry((*proc, *dev)).or_insert(false) |= s.state == "sampling";
-        }
-        out
-    }
-
     /// Forgets a finished session: its final states (to store) and its stream ends.
     pub fn finish(&self, session: u64) -> Vec<(Key, DevState)> {
         let mut g = self.lock();
@@ -434,6 +424,16 @@ impl PcHub {
     /// A receiver of the batches of `session` pushed from now on.
     pub fn subscribe(&self, session: u64) -> broadcast::Receiver<Arc<Push>> {
         self.streams().entry(session).or_insert_with(|| broadcast::channel(self.queue).0).subscribe()
+    }
+
+    /// Per (process, CUDA device ordinal in the process) that a session PC-samples or wants
+    /// to: whether sampling runs there now, in any session.
+    pub fn process_devices(&self) -> BTreeMap<(u64, u32), bool> {
+        let mut out = BTreeMap::new();
+        for ((_, proc, dev), s) in &self.lock().devices {
+            *out.entry((*proc, *dev)).or_insert(false) |= s.state == "sampling";
+        }
+        out
     }
 
     /// Whether anyone streams `session` (so that rows are built only for someone).
