@@ -274,7 +274,7 @@ fn processes(o: &mut String, d: &Daemon) {
     );
     let mut agents: Vec<_> = d.registry.all().into_iter().filter(|a| a.kind == "injector").collect();
     agents.sort_by_key(|a| a.id);
-    for a in agents {
+    for a in &agents {
         let p = &a.placement;
         let exe = a.exe.rsplit('/').next().unwrap_or_default();
         let _ = writeln!(
@@ -289,6 +289,28 @@ fn processes(o: &mut String, d: &Daemon) {
             esc(&p.pod_namespace),
             esc(&p.container_name),
             u8::from(a.trace_state() == "tracing"),
+        );
+    }
+    let _ = writeln!(
+        o,
+        "# HELP gpuprof_process_pc_sampling 1 while PC sampling runs on the device, 0 while a session wants it \
+         there but it waits, is preempted or failed; per connected CUDA process and device (its CUDA \
+         ordinal).\n# TYPE gpuprof_process_pc_sampling gauge"
+    );
+    for ((id, dev), on) in d.pc.process_devices() {
+        let Some(a) = agents.iter().find(|a| a.id == id) else { continue };
+        let uuid = a.devices.iter().find(|x| x.id == dev).map_or("", |x| x.uuid.as_str());
+        let p = &a.placement;
+        let _ = writeln!(
+            o,
+            "gpuprof_process_pc_sampling{{process_id=\"{id}\",pid=\"{}\",exe=\"{}\",device=\"{dev}\",UUID=\"{}\",pod=\"{}\",namespace=\"{}\",container=\"{}\"}} {}",
+            a.pid,
+            esc(a.exe.rsplit('/').next().unwrap_or_default()),
+            esc(uuid),
+            esc(&p.pod_name),
+            esc(&p.pod_namespace),
+            esc(&p.container_name),
+            u8::from(on),
         );
     }
 }

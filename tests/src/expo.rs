@@ -1,5 +1,6 @@
-//! Prometheus text exposition for tests: a scrape over plain TCP, and the format rules that
-//! `promtool check metrics` enforces that matter here (checked without promtool).
+//! Prometheus text exposition for tests: a scrape over plain TCP, the format rules that
+//! `promtool check metrics` enforces that matter here (checked without promtool), and
+//! promtool itself, whose lint findings may only be the ones DCGM exporter's label names cause.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,6 +36,9 @@ fn valid_name(n: &str) -> bool {
     ch.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
         && ch.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
 }
+
+/// The label names gpuprof copies from DCGM exporter although they are not snake_case.
+pub const DCGM_LABELS: [&str; 3] = ["UUID", "modelName", "Hostname"];
 
 /// Checks: HELP and TYPE once per family, before its samples; samples only of declared
 /// families, grouped together; counters end in `_total`; valid names and label syntax;
@@ -100,6 +104,9 @@ pub fn check(text: &str) -> Result<(), String> {
             if !valid_name(k) {
                 return Err(format!("bad label name {k:?} in {line}"));
             }
+            if k.chars().any(|c| c.is_ascii_uppercase()) && !DCGM_LABELS.contains(&k) {
+                return Err(format!("label name {k:?} is not snake_case (only DCGM exporter's may not be): {line}"));
+            }
             label_names.push(k.to_string());
             let mut end = None;
             let mut esc = false;
@@ -128,6 +135,67 @@ pub fn check(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The promtool to run: `GPUPROF_PROMTOOL`, else `promtool` on the PATH.
+pub fn promtool_path() -> String {
+    std::env::var("GPUPROF_PROMTOOL").unwrap_or_else(|_| "promtool".into())
+}
+
+/// `promtool check metrics` on `body`: its lint findings, one per line (none when it passed).
+/// Fails, saying how to install it, when promtool is missing, and when it found errors rather
+/// than lint findings (exit status other than 0 and 3).
+pub fn promtool(body: &str) -> Result<Vec<String>, String> {
+    let tool = promtool_path();
+    let mut p = std::process::Command::new(&tool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot run {tool:?} ({e}): these tests need Prometheus' promtool. Install it \
+                 (Debian: apt-get install prometheus, or only the program: apt-get download prometheus \
+                 and extract usr/bin/promtool, as .ci/run does) or set GPUPROF_PROMTOOL to its path"
+            )
+        })?;
+    p.stdin.take().expect("stdin piped").write_all(body.as_bytes()).map_err(|e| e.to_string())?;
+    let out = p.wait_with_output().map_err(|e| e.to_string())?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    match out.status.code() {
+        Some(0 | 3) => Ok(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect()),
+        _ => Err(format!("promtool check metrics failed ({}): {text}", out.status)),
+    }
+}
+
+/// The lint findings promtool must report for `body` and no others: "label names should be
+/// written in 'snake_case'" for each family whose samples carry a DCGM exporter label that
+/// promtool's rule (a lower-case letter followed by an upper-case one) catches.
+pub fn expected_findings(body: &str) -> BTreeSet<String> {
+    let camel = |l: &str| l.as_bytes().windows(2).any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase());
+    let flagged: Vec<&str> = DCGM_LABELS.iter().copied().filter(|l| camel(l)).collect();
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('{'))
+        .filter(|(_, labels)| flagged.iter().any(|f| labels.contains(&format!("{f}=\""))))
+        .map(|(name, _)| format!("{name} label names should be written in 'snake_case' not 'camelCase'"))
+        .collect()
+}
+
+/// promtool passes `body` but for exactly the findings DCGM exporter's label names cause.
+pub fn promtool_accepts(body: &str) -> Result<(), String> {
+    let got: BTreeSet<String> = promtool(body)?.into_iter().collect();
+    let want = expected_findings(body);
+    if got != want {
+        let extra: Vec<_> = got.difference(&want).collect();
+        let missing: Vec<_> = want.difference(&got).collect();
+        return Err(format!(
+            "promtool check metrics: findings other than DCGM exporter's label names: {extra:#?}\n\
+             expected but not reported: {missing:#?}"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -136,5 +204,15 @@ mod tests {
         assert!(super::check("# HELP a x\n# TYPE a counter\na 1\n").is_err());
         assert!(super::check("# HELP a x\n# TYPE a gauge\na 1\na 2\n").is_err());
         assert!(super::check("b 1\n").is_err());
+        assert!(super::check("# HELP a x\n# TYPE a gauge\na{UUID=\"u\",modelName=\"m\"} 1\n").is_ok());
+        assert!(super::check("# HELP a x\n# TYPE a gauge\na{podName=\"p\"} 1\n").is_err());
+    }
+
+    #[test]
+    fn only_model_name_meets_promtools_camel_case_rule() {
+        let body = "# HELP a x\n# TYPE a gauge\na{gpu=\"0\",UUID=\"u\",modelName=\"m\",Hostname=\"h\"} 1\n\
+                    # HELP b x\n# TYPE b gauge\nb{Hostname=\"h\"} 1\n";
+        let want: Vec<_> = super::expected_findings(body).into_iter().collect();
+        assert_eq!(want, ["a label names should be written in 'snake_case' not 'camelCase'"]);
     }
 }

@@ -438,6 +438,16 @@ impl PcHub {
         self.streams().entry(session).or_insert_with(|| broadcast::channel(self.queue).0).subscribe()
     }
 
+    /// Per (process, CUDA device ordinal in the process) that a session PC-samples or wants
+    /// to: whether sampling runs there now, in any session.
+    pub fn process_devices(&self) -> BTreeMap<(u64, u32), bool> {
+        let mut out = BTreeMap::new();
+        for ((_, proc, dev), s) in &self.lock().devices {
+            *out.entry((*proc, *dev)).or_insert(false) |= s.state == "sampling";
+        }
+        out
+    }
+
     /// Whether anyone streams `session` (so that rows are built only for someone).
     pub fn has_subscribers(&self, session: u64) -> bool {
         self.streams().get(&session).is_some_and(|s| s.receiver_count() > 0)
