@@ -224,6 +224,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         cupti_version: hello.cupti_version,
         base_ns,
         devices: hello.devices.clone(),
+        job: hello.job.clone().unwrap_or_default(),
     };
     let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
     if d.writer.send(WriterMsg::RegisterProcess(info, reply_tx)).await.is_err() {
@@ -261,6 +262,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         cgroup,
         placement,
         ancestors: crate::cgroup::ancestors(pid),
+        job: hello.job.unwrap_or_default(),
         cupti_version: hello.cupti_version,
         sampler_device: hello.sampler_device,
         devices: hello.devices,

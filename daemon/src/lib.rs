@@ -21,6 +21,7 @@ pub mod error;
 pub mod export;
 mod fasthash;
 pub mod ingest;
+pub mod job;
 pub mod kubelet;
 pub mod nvml;
 pub mod otlp;

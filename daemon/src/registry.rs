@@ -30,6 +30,8 @@ pub struct Agent {
     /// connected (empty when gpuprofd cannot see the process there): a pid target covers the
     /// process's descendants, such as the ranks a launcher started.
     pub ancestors: Vec<u32>,
+    /// The distributed job the process reported (all empty when none).
+    pub job: gpuprof_proto::agent::JobIdentity,
     pub cupti_version: u32,
     /// Samplers: the device they serve.
     pub sampler_device: u32,

@@ -26,6 +26,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0012_record_pairs.sql", include_str!("../../migrations/0012_record_pairs.sql")),
     ("0013_cxxfilt_names.sql", include_str!("../../migrations/0013_cxxfilt_names.sql")),
     ("0014_pc_rollup.sql", include_str!("../../migrations/0014_pc_rollup.sql")),
+    ("0015_job_identity.sql", include_str!("../../migrations/0015_job_identity.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.

@@ -42,6 +42,7 @@ pub fn initialize() {
         return;
     }
     let cfg = Config::from_env();
+    let job = crate::agent::job::of_this_process();
     let Ok(wake) = Wake::new() else {
         STATE.store(DISABLED, Ordering::SeqCst);
         return;
@@ -62,7 +63,7 @@ pub fn initialize() {
     let wake = global.wake.clone();
     let spawned = std::thread::Builder::new().name("gpuprof-agent".into()).spawn(move || {
         let control2 = control.clone();
-        let r = catch_unwind(std::panic::AssertUnwindSafe(move || background(cfg, wake, control)));
+        let r = catch_unwind(std::panic::AssertUnwindSafe(move || background(cfg, job, wake, control)));
         if r.is_err() {
             log!(Error, "background thread panicked; gpuprof is off in this process");
             STATE.store(DISABLED, Ordering::SeqCst);
@@ -118,10 +119,10 @@ fn early_api(cfg: &Config) {
     }
 }
 
-fn background(cfg: Config, wake: Arc<Wake>, control: Arc<Control>) {
+fn background(cfg: Config, job: gpuprof_proto::agent::JobIdentity, wake: Arc<Wake>, control: Arc<Control>) {
     let (tx, rx) = crossbeam_channel::bounded(cfg.max_buffers + 8);
     let devices = crate::devices::query(Duration::from_secs(3));
-    let ident = Identity::of_this_process(devices);
+    let ident = Identity { job: Some(job), ..Identity::of_this_process(devices) };
     let backend = LazyCupti { inner: None, failure: None, tx, wake: wake.clone(), cfg: cfg.clone() };
     Agent::new(cfg, ident, backend, rx, wake, control).run();
 }

@@ -441,6 +441,7 @@ fn hello(args: &SamplerArgs, cupti_version: u32, facts: Option<DeviceFacts>) -> 
             clock: Some(wire::ClockPair { realtime_ns: now_ns(), monotonic_ns: monotonic_ns() }),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             sampler_device: args.device,
+            job: None,
         })),
     }
 }

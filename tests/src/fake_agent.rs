@@ -76,6 +76,7 @@ pub fn hello(exe: &str) -> Hello {
         clock: Some(ClockPair { realtime_ns: now, monotonic_ns: 0 }),
         agent_version: "fake".into(),
         sampler_device: 0,
+        job: None,
     }
 }
 

@@ -107,6 +107,7 @@ impl FakeSampler {
             clock: Some(wire::ClockPair { realtime_ns: now, monotonic_ns: 1 }),
             agent_version: "fake".into(),
             sampler_device: device,
+            job: None,
         };
         write_frame(&mut w, &AgentMessage { msg: Some(Msg::Hello(hello)) })?;
         w.flush()?;

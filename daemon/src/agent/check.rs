@@ -38,6 +38,9 @@ pub fn hello(m: AgentMessage) -> Result<(Hello, &'static str), ConnError> {
         Ok(AgentKind::Sampler) => "sampler",
         _ => return Err(proto_err(format!("unknown agent kind {}", hello.kind))),
     };
+    if let Some(j) = &hello.job {
+        crate::job::check(j).map_err(proto_err)?;
+    }
     Ok((hello, kind))
 }
 

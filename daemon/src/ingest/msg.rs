@@ -21,6 +21,8 @@ pub struct ProcessInfo {
     /// Record times of this connection are stored relative to this.
     pub base_ns: u64,
     pub devices: Vec<wire::Device>,
+    /// The distributed job the process reported.
+    pub job: wire::JobIdentity,
 }
 
 /// A closure run on the writer's connection, outside any open transaction, in queue order.

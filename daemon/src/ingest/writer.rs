@@ -376,8 +376,10 @@ impl Writer {
         let now = now_ns();
         tx.execute(
             "INSERT INTO processes(pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns, connected_ns,
-                                   container_id, container_runtime, pod_uid, pod_name, pod_namespace)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                                   container_id, container_runtime, pod_uid, pod_name, pod_namespace,
+                                   job_launcher, job_id, job_rank, job_local_rank, job_world_size, job_group_rank,
+                                   parent_pid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
             params![
                 info.pid,
                 info.uid,
@@ -394,6 +396,13 @@ impl Writer {
                 info.placement.pod_uid,
                 info.placement.pod_name,
                 info.placement.pod_namespace,
+                info.job.launcher,
+                info.job.job_id,
+                info.job.rank,
+                info.job.local_rank,
+                info.job.world_size,
+                info.job.group_rank,
+                info.job.parent_pid,
             ],
         )?;
         let id = tx.last_insert_rowid() as u64;

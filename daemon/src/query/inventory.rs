@@ -5,6 +5,7 @@ use gpuprof_proto::api as pb;
 use crate::Daemon;
 use crate::access::Caller;
 use crate::error::ApiResult;
+use crate::job::Member;
 
 /// ListDevices: the GPUs this daemon manages (found by the driver, in PCI order, which is
 /// the daemon-wide index that samplers and reservations use), completed with what agents
@@ -98,12 +99,17 @@ pub async fn list_processes(
     caller: &Caller,
     req: pb::ListProcessesRequest,
 ) -> ApiResult<pb::ListProcessesResponse> {
-    let mut processes: Vec<pb::Process> = d
-        .registry
-        .all()
-        .into_iter()
-        .filter(|a| caller.may_access(a.uid))
-        .map(|a| pb::Process {
+    let agents = d.registry.all();
+    let members: Vec<Member<'_>> = agents
+        .iter()
+        .map(|a| Member { pid: a.pid, ancestors: &a.ancestors, job_id: &a.job.job_id, rank: a.job.rank })
+        .collect();
+    let roles = crate::job::roles(&members);
+    let mut processes: Vec<pb::Process> = agents
+        .iter()
+        .zip(&roles)
+        .filter(|(a, _)| caller.may_access(a.uid))
+        .map(|(a, (role, job))| pb::Process {
             id: a.id,
             pid: a.pid,
             uid: a.uid,
@@ -120,6 +126,13 @@ pub async fn list_processes(
             pod_uid: a.placement.pod_uid.clone(),
             pod_name: a.placement.pod_name.clone(),
             pod_namespace: a.placement.pod_namespace.clone(),
+            job_id: job.to_string(),
+            rank: a.job.rank,
+            local_rank: a.job.local_rank,
+            world_size: a.job.world_size,
+            job_launcher: a.job.launcher.clone(),
+            role: role.to_string(),
+            parent_pid: a.job.parent_pid,
         })
         .collect();
     if req.include_exited {
@@ -129,7 +142,8 @@ pub async fn list_processes(
             let c = crate::store::open_reader(&path)?;
             let mut stmt = c.prepare(
                 "SELECT id, pid, uid, exe, cmdline, cgroup, agent_kind, connected_ns, disconnected_ns, cupti_version,
-                        container_id, container_runtime, pod_uid, pod_name, pod_namespace
+                        container_id, container_runtime, pod_uid, pod_name, pod_namespace,
+                        job_id, job_rank, job_local_rank, job_world_size, job_launcher, parent_pid
                  FROM processes WHERE disconnected_ns IS NOT NULL AND (?1 OR uid = ?2)
                  ORDER BY id DESC LIMIT 1000",
             )?;
@@ -152,9 +166,18 @@ pub async fn list_processes(
                     pod_uid: r.get(12)?,
                     pod_name: r.get(13)?,
                     pod_namespace: r.get(14)?,
+                    job_id: r.get(15)?,
+                    rank: r.get(16)?,
+                    local_rank: r.get(17)?,
+                    world_size: r.get(18)?,
+                    job_launcher: r.get(19)?,
+                    role: String::new(),
+                    parent_pid: r.get(20)?,
                 })
             })?;
-            Ok(rows.collect::<rusqlite::Result<_>>()?)
+            let mut past: Vec<pb::Process> = rows.collect::<rusqlite::Result<_>>()?;
+            set_roles(&mut past);
+            Ok(past)
         })
         .await??;
         let live: std::collections::HashSet<u64> = processes.iter().map(|p| p.id).collect();
@@ -162,4 +185,20 @@ pub async fn list_processes(
         processes.sort_by_key(|p| p.id);
     }
     Ok(pb::ListProcessesResponse { processes })
+}
+
+/// Roles of exited processes, among themselves, from their parent pids.
+fn set_roles(procs: &mut [pb::Process]) {
+    let parents: Vec<[u32; 1]> = procs.iter().map(|p| [p.parent_pid]).collect();
+    let members: Vec<Member<'_>> = procs
+        .iter()
+        .zip(&parents)
+        .map(|(p, parent)| Member { pid: p.pid, ancestors: parent, job_id: &p.job_id, rank: p.rank })
+        .collect();
+    let roles: Vec<(&'static str, String)> =
+        crate::job::roles(&members).into_iter().map(|(r, j)| (r, j.to_string())).collect();
+    for (p, (role, job)) in procs.iter_mut().zip(roles) {
+        p.role = role.into();
+        p.job_id = job;
+    }
 }

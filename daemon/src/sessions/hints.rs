@@ -41,6 +41,9 @@ fn hint_lines(d: &Daemon, g: &Inner) -> String {
                     gpuprof_proto::hint::line(uid, "cgroup", &u.replace('-', "_")),
                 ],
                 TargetSpec::ContainerId(c) => vec![gpuprof_proto::hint::line(uid, "cgroup", c)],
+                // The hint format has no job form: a rank that starts later joins when it
+                // connects, its runtime API calls recorded from then on.
+                TargetSpec::Job { .. } => Vec::new(),
             };
             for line in lines.into_iter().flatten() {
                 out.push_str(&line);

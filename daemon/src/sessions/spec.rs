@@ -21,7 +21,16 @@ pub enum TargetSpec {
     PodUid(String),
     /// Normalized container id or prefix (lower case hex, at least 12 digits).
     ContainerId(String),
+    /// The processes of a distributed job (their reported job id), only `ranks` when not empty
+    /// (sorted, no duplicates).
+    Job {
+        id: String,
+        ranks: Vec<u32>,
+    },
 }
+
+/// Most ranks a job target may list.
+const MAX_JOB_RANKS: usize = 4096;
 
 impl TargetSpec {
     pub(super) fn from_pb(t: &pb::Target) -> ApiResult<TargetSpec> {
@@ -30,7 +39,7 @@ impl TargetSpec {
             None => {
                 return Err(ApiError::invalid(
                     "targets",
-                    "a target has none of pid, exe_name, exe_pattern, cgroup, all, pod_uid, container_id",
+                    "a target has none of pid, exe_name, exe_pattern, cgroup, all, pod_uid, container_id, job",
                 ));
             }
             Some(T::Pid(0)) => return Err(ApiError::invalid("targets.pid", "pid 0 is not a process")),
@@ -73,6 +82,7 @@ impl TargetSpec {
                     )
                 })?)
             }
+            Some(T::Job(j)) => job_target(j)?,
             Some(T::All(false)) => {
                 return Err(ApiError::invalid("targets.all", "all must be true when given (it selects every process)"));
             }
@@ -90,6 +100,7 @@ impl TargetSpec {
                 TargetSpec::All => T::All(true),
                 TargetSpec::PodUid(u) => T::PodUid(u.clone()),
                 TargetSpec::ContainerId(c) => T::ContainerId(c.clone()),
+                TargetSpec::Job { id, ranks } => T::Job(pb::JobTarget { job_id: id.clone(), ranks: ranks.clone() }),
             }),
         }
     }
@@ -104,8 +115,33 @@ impl TargetSpec {
             TargetSpec::All => true,
             TargetSpec::PodUid(u) => a.placement.pod_uid == *u,
             TargetSpec::ContainerId(c) => a.placement.container_id.starts_with(c.as_str()),
+            TargetSpec::Job { id, ranks } => {
+                a.job.job_id == *id && (ranks.is_empty() || a.job.rank.is_some_and(|r| ranks.contains(&r)))
+            }
         }
     }
+}
+
+fn job_target(j: &pb::JobTarget) -> ApiResult<TargetSpec> {
+    if j.job_id.is_empty() {
+        return Err(ApiError::invalid(
+            "targets.job.job_id",
+            "the job id is empty: give the job's TORCHELASTIC_RUN_ID or SLURM_JOB_ID (the JOB column of gpuprofctl procs)",
+        ));
+    }
+    if let Err(e) = crate::job::check_job_id(&j.job_id) {
+        return Err(ApiError::invalid("targets.job.job_id", format!("not a job id: {e}")));
+    }
+    if j.ranks.len() > MAX_JOB_RANKS {
+        return Err(ApiError::invalid(
+            "targets.job.ranks",
+            format!("{} ranks listed, at most {MAX_JOB_RANKS} (none: every rank)", j.ranks.len()),
+        ));
+    }
+    let mut ranks = j.ranks.clone();
+    ranks.sort_unstable();
+    ranks.dedup();
+    Ok(TargetSpec::Job { id: j.job_id.clone(), ranks })
 }
 
 /// What a session collects, as stored (JSON) in `sessions.collect`.
@@ -380,6 +416,7 @@ mod tests {
             cgroup: cgroup.into(),
             placement: crate::cgroup::parse_path(cgroup).into(),
             ancestors: Vec::new(),
+            job: Default::default(),
             cupti_version: 0,
             sampler_device: 0,
             devices: Vec::new(),
@@ -438,6 +475,34 @@ mod tests {
         assert!(!TargetSpec::ContainerId(cid[1..13].into()).matches(&inside), "a prefix, not a substring");
         assert_eq!(serde_json::to_string(&pod).unwrap(), format!(r#"{{"pod_uid":"{uid}"}}"#));
         assert_eq!(TargetSpec::from_pb(&pod.to_pb()).unwrap(), pod);
+    }
+
+    #[test]
+    fn job_targets() {
+        use pb::target::Target as T;
+        let t = |id: &str, ranks: &[u32]| {
+            TargetSpec::from_pb(&pb::Target {
+                target: Some(T::Job(pb::JobTarget { job_id: id.into(), ranks: ranks.to_vec() })),
+            })
+        };
+        let j = t("run-42", &[3, 1, 3]).unwrap();
+        assert_eq!(j, TargetSpec::Job { id: "run-42".into(), ranks: vec![1, 3] });
+        assert_eq!(serde_json::to_string(&j).unwrap(), r#"{"job":{"id":"run-42","ranks":[1,3]}}"#);
+        assert_eq!(TargetSpec::from_pb(&j.to_pb()).unwrap(), j);
+        for (id, ranks, want) in
+            [("", &[][..], "job id is empty"), ("a\nb", &[], "control"), ("x", &[0; 4097], "at most")]
+        {
+            let e = t(id, ranks).unwrap_err().to_string();
+            assert!(e.contains("targets.job") && e.contains(want), "{e}");
+        }
+        let mut rank = agent(10, 0, "/usr/bin/python3", &[], "");
+        rank.job = wire::JobIdentity { job_id: "run-42".into(), rank: Some(3), ..Default::default() };
+        let mut launcher = agent(9, 0, "/usr/bin/python3", &[], "");
+        launcher.job.job_id = "run-42".into();
+        assert!(j.matches(&rank) && !t("run-42", &[1]).unwrap().matches(&rank));
+        assert!(t("run-42", &[]).unwrap().matches(&launcher), "the whole job: rank or not");
+        assert!(!j.matches(&launcher), "a rank list: only processes with one of those ranks");
+        assert!(!t("run-4", &[]).unwrap().matches(&rank), "the id exactly, not a prefix");
     }
 
     #[test]

@@ -186,19 +186,26 @@ pub(super) fn fill_counts_from(c: &Connection, sessions: &mut [pb::Session]) -> 
         let procs: Vec<u64> = s.processes.iter().map(|p| p.process_id).collect();
         let records = crate::query::session_record_counts(c, s.id)?;
         let drops = session_drops(c, s.id, &procs)?;
-        let mut placement =
-            c.prepare_cached("SELECT container_id, pod_uid, pod_name, pod_namespace FROM processes WHERE id = ?1")?;
+        let mut placement = c.prepare_cached(
+            "SELECT container_id, pod_uid, pod_name, pod_namespace, job_id, job_rank, parent_pid
+             FROM processes WHERE id = ?1",
+        )?;
         let mut pc = c.prepare_cached(
             "SELECT device, state, samples, dropped, heals FROM pc_sampling WHERE session = ?1 AND proc = ?2 ORDER BY device",
         )?;
+        let mut parents: HashMap<u64, u32> = HashMap::new();
         for p in &mut s.processes {
             p.records = records.get(&p.process_id).copied().unwrap_or(0);
             p.dropped = drops.get(&p.process_id).copied().unwrap_or(0);
-            if let Some((cid, uid, name, ns)) = placement
-                .query_row([p.process_id as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            if let Some(((cid, uid, name, ns), (job, rank, ppid))) = placement
+                .query_row([p.process_id as i64], |r| {
+                    Ok(((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?), (r.get(4)?, r.get(5)?, r.get(6)?)))
+                })
                 .optional()?
             {
                 (p.container_id, p.pod_uid, p.pod_name, p.pod_namespace) = (cid, uid, name, ns);
+                (p.job_id, p.rank) = (job, rank);
+                parents.insert(p.process_id, ppid);
             }
             p.pc_sampling = pc
                 .query_map(params![s.id as i64, p.process_id as i64], |r| {
@@ -212,9 +219,26 @@ pub(super) fn fill_counts_from(c: &Connection, sessions: &mut [pb::Session]) -> 
                 })?
                 .collect::<rusqlite::Result<_>>()?;
         }
+        set_roles(&mut s.processes, &parents);
         s.records = records.values().sum();
     }
     Ok(())
+}
+
+/// Marks the session's ranks and the launchers of its ranks (among its members, from their
+/// parent pids); a launcher without a job id of its own shows its ranks' job.
+fn set_roles(procs: &mut [pb::SessionProcess], parents: &HashMap<u64, u32>) {
+    let parent: Vec<[u32; 1]> = procs.iter().map(|p| [parents.get(&p.process_id).copied().unwrap_or(0)]).collect();
+    let members: Vec<crate::job::Member<'_>> = procs
+        .iter()
+        .zip(&parent)
+        .map(|(p, a)| crate::job::Member { pid: p.pid, ancestors: a, job_id: &p.job_id, rank: p.rank })
+        .collect();
+    let roles: Vec<(&'static str, String)> =
+        crate::job::roles(&members).into_iter().map(|(r, j)| (r, j.to_string())).collect();
+    for (p, (role, job)) in procs.iter_mut().zip(roles) {
+        (p.role, p.job_id) = (role.into(), job);
+    }
 }
 
 /// One page of ListSessions from the database, newest first: the sessions below id `before`,

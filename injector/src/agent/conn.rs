@@ -62,6 +62,7 @@ impl<B: Backend> Agent<B> {
                     clock: Some(clock_pair()),
                     agent_version: env!("CARGO_PKG_VERSION").to_string(),
                     sampler_device: 0,
+                    job: self.ident.job.clone(),
                 };
                 self.send(Out::Hello(hello));
             }

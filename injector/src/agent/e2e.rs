@@ -229,7 +229,8 @@ fn start_agent_with(dir: &std::path::Path, displace: bool, pending_detach: Optio
     let control = Arc::new(Control::default());
     let cfg = Config { socket: sock, flush_interval: Duration::from_millis(20), ..Config::default() };
     let devices = (0..2).map(|id| pb::Device { id, ..Default::default() }).collect();
-    let ident = Identity { pid: 4242, exe: "/usr/bin/python3".into(), devices, ..Default::default() };
+    let job = pb::JobIdentity { job_id: "run-42".into(), rank: Some(1), ..Default::default() };
+    let ident = Identity { pid: 4242, exe: "/usr/bin/python3".into(), devices, job: Some(job), ..Default::default() };
     let reapplied = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let backend = FakeBackend {
         tx,
@@ -255,6 +256,8 @@ fn hello_trace_stop_and_exit_over_a_socket() {
     let Out::Hello(hello) = next(&mut s) else { panic!("hello first") };
     assert_eq!(hello.protocol_version, pb::PROTOCOL_VERSION);
     assert_eq!((hello.pid, hello.cupti_version), (4242, 130001));
+    let job = hello.job.clone().unwrap_or_default();
+    assert_eq!((job.job_id.as_str(), job.rank), ("run-42", Some(1)), "the job identity travels with the hello");
     assert_eq!(hello.kind, pb::AgentKind::Injector as i32);
     assert!(hello.clock.unwrap().realtime_ns > 1_600_000_000_000_000_000);
     daemon_send(

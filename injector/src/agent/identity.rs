@@ -10,6 +10,8 @@ pub struct Identity {
     pub cmdline: Vec<String>,
     pub cgroup: String,
     pub devices: Vec<pb::Device>,
+    /// The distributed job, read at initialisation ([`super::job::of_this_process`]).
+    pub job: Option<pb::JobIdentity>,
 }
 
 impl Identity {
@@ -24,7 +26,7 @@ impl Identity {
             })
             .unwrap_or_default();
         let cgroup = parse_cgroup(&std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default());
-        Identity { pid: std::process::id(), exe, cmdline, cgroup, devices }
+        Identity { pid: std::process::id(), exe, cmdline, cgroup, devices, job: None }
     }
 }
 

@@ -16,6 +16,7 @@ mod control;
 mod e2e;
 mod forward;
 mod identity;
+pub mod job;
 mod pc;
 mod trace;
 

@@ -87,6 +87,7 @@ fn agent(id: u64) -> Agent {
         cgroup: String::new(),
         placement: Default::default(),
         ancestors: Vec::new(),
+        job: Default::default(),
         cupti_version: 0,
         sampler_device: 0,
         devices: Vec::new(),
