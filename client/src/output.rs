@@ -219,7 +219,22 @@ pub fn target_text(t: &pb::Target) -> String {
         Some(T::All(_)) => "all".into(),
         Some(T::PodUid(u)) => format!("pod={u}"),
         Some(T::ContainerId(c)) => format!("container={c}"),
+        Some(T::Job(j)) if j.ranks.is_empty() => format!("job={}", j.job_id),
+        Some(T::Job(j)) => {
+            let ranks: Vec<String> = j.ranks.iter().map(u32::to_string).collect();
+            format!("job={} rank={}", j.job_id, ranks.join(","))
+        }
         None => "?".into(),
+    }
+}
+
+/// A process's place in its job for tables: "3/8" (rank of world size), "3", "launcher" or "-".
+pub fn rank_text(role: &str, rank: Option<u32>, world_size: Option<u32>) -> String {
+    match (rank, world_size) {
+        (Some(r), Some(w)) => format!("{r}/{w}"),
+        (Some(r), None) => r.to_string(),
+        (None, _) if !role.is_empty() => role.to_string(),
+        (None, _) => "-".into(),
     }
 }
 
@@ -262,6 +277,9 @@ pub fn session_json(s: &pb::Session) -> Value {
             "pod_uid": p.pod_uid,
             "pod_name": p.pod_name,
             "pod_namespace": p.pod_namespace,
+            "job_id": p.job_id,
+            "rank": p.rank,
+            "role": p.role,
             "pc_sampling": p.pc_sampling.iter().map(|d| json!({
                 "device": d.device, "state": d.state, "samples": d.samples, "dropped": d.dropped, "heals": d.heals,
             })).collect::<Vec<_>>(),

@@ -7,8 +7,8 @@ use clap::{Args, Subcommand};
 use gpuprofctl::pb;
 
 use crate::output::{
-    Usage, human_bytes, human_ns, now_ns, print_summary, session_json, shorten, state_name, summary_json, table,
-    target_text, wall,
+    Usage, human_bytes, human_ns, now_ns, print_summary, rank_text, session_json, shorten, state_name, summary_json,
+    table, target_text, wall,
 };
 
 pub use gpuprofctl::Client;
@@ -39,6 +39,13 @@ pub struct TargetArgs {
     /// Every GPU process (yours only, unless you are root or in the admin group).
     #[arg(long)]
     pub all: bool,
+    /// The processes of a distributed job, by TORCHELASTIC_RUN_ID or SLURM_JOB_ID (the JOB
+    /// column of `gpuprofctl procs`); ranks that start later join.
+    #[arg(long, value_name = "ID")]
+    pub job: Option<String>,
+    /// Only these global ranks of --job (comma-separated or repeated), e.g. 0,3.
+    #[arg(long = "rank", value_name = "N,M", value_delimiter = ',', requires = "job")]
+    pub ranks: Vec<u32>,
 }
 
 impl TargetArgs {
@@ -54,9 +61,15 @@ impl TargetArgs {
         if self.all {
             v.push(pb::Target { target: Some(T::All(true)) });
         }
+        if let Some(job_id) = &self.job {
+            v.push(pb::Target {
+                target: Some(T::Job(pb::JobTarget { job_id: job_id.clone(), ranks: self.ranks.clone() })),
+            });
+        }
         if v.is_empty() {
             bail!(Usage(
-                "say which processes to trace: --pid, --exe, --pattern, --cgroup, --pod, --container or --all".into()
+                "say which processes to trace: --pid, --exe, --pattern, --cgroup, --pod, --container, --job or --all"
+                    .into()
             ));
         }
         Ok(v)
@@ -274,7 +287,8 @@ pub async fn procs(c: &mut Client, args: ProcsArgs, json: bool) -> Result<()> {
                     "disconnected_at_ns": p.disconnected_at_ns, "trace_state": p.trace_state,
                     "cupti_version": p.cupti_version, "container_id": p.container_id,
                     "container_runtime": p.container_runtime, "pod_uid": p.pod_uid, "pod_name": p.pod_name,
-                    "pod_namespace": p.pod_namespace,
+                    "pod_namespace": p.pod_namespace, "job_id": p.job_id, "rank": p.rank, "local_rank": p.local_rank,
+                    "world_size": p.world_size, "job_launcher": p.job_launcher, "role": p.role, "parent_pid": p.parent_pid,
                 })
             })
             .collect();
@@ -292,13 +306,17 @@ pub async fn procs(c: &mut Client, args: ProcsArgs, json: bool) -> Result<()> {
                 p.agent_kind.clone(),
                 p.trace_state.clone(),
                 wall(p.connected_at_ns),
+                rank_text(&p.role, p.rank, p.world_size),
+                if p.job_id.is_empty() { "-".into() } else { shorten(&p.job_id, 24) },
                 pod_text(&p.pod_namespace, &p.pod_name, &p.pod_uid),
                 container_text(&p.container_id),
                 shorten(&p.cmdline.join(" "), 60),
             ]
         })
         .collect();
-    table(&[">ID", ">PID", ">UID", "KIND", "STATE", "CONNECTED (UTC)", "POD", "CONTAINER", "COMMAND"], &rows);
+    let head =
+        [">ID", ">PID", ">UID", "KIND", "STATE", "CONNECTED (UTC)", "RANK", "JOB", "POD", "CONTAINER", "COMMAND"];
+    table(&head, &rows);
     Ok(())
 }
 
@@ -432,6 +450,7 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
                     p.records.to_string(),
                     p.dropped.to_string(),
                     wall(p.joined_at_ns),
+                    rank_text(&p.role, p.rank, None),
                     pod_text(&p.pod_namespace, &p.pod_name, &p.pod_uid),
                     container_text(&p.container_id),
                     shorten(&p.exe, 50),
@@ -440,7 +459,19 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
             })
             .collect();
         table(
-            &[">ID", ">PID", "STATE", ">RECORDS", ">DROPPED", "JOINED (UTC)", "POD", "CONTAINER", "EXE", "DETAIL"],
+            &[
+                ">ID",
+                ">PID",
+                "STATE",
+                ">RECORDS",
+                ">DROPPED",
+                "JOINED (UTC)",
+                "RANK",
+                "POD",
+                "CONTAINER",
+                "EXE",
+                "DETAIL",
+            ],
             &rows,
         );
         crate::pc::print_session_pc(s);

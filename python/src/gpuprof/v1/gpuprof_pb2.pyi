@@ -155,7 +155,7 @@ class ListProcessesRequest(_message.Message):
     def __init__(self, include_exited: _Optional[bool] = ...) -> None: ...
 
 class Process(_message.Message):
-    __slots__ = ("id", "pid", "uid", "exe", "cmdline", "cgroup", "agent_kind", "connected_at_ns", "disconnected_at_ns", "trace_state", "cupti_version", "container_id", "container_runtime", "pod_uid", "pod_name", "pod_namespace")
+    __slots__ = ("id", "pid", "uid", "exe", "cmdline", "cgroup", "agent_kind", "connected_at_ns", "disconnected_at_ns", "trace_state", "cupti_version", "container_id", "container_runtime", "pod_uid", "pod_name", "pod_namespace", "job_id", "rank", "local_rank", "world_size", "job_launcher", "role", "parent_pid")
     ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,13 @@ class Process(_message.Message):
     POD_UID_FIELD_NUMBER: _ClassVar[int]
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
     POD_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    JOB_LAUNCHER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_PID_FIELD_NUMBER: _ClassVar[int]
     id: int
     pid: int
     uid: int
@@ -188,7 +195,14 @@ class Process(_message.Message):
     pod_uid: str
     pod_name: str
     pod_namespace: str
-    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., exe: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., cgroup: _Optional[str] = ..., agent_kind: _Optional[str] = ..., connected_at_ns: _Optional[int] = ..., disconnected_at_ns: _Optional[int] = ..., trace_state: _Optional[str] = ..., cupti_version: _Optional[int] = ..., container_id: _Optional[str] = ..., container_runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ...) -> None: ...
+    job_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    job_launcher: str
+    role: str
+    parent_pid: int
+    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., exe: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., cgroup: _Optional[str] = ..., agent_kind: _Optional[str] = ..., connected_at_ns: _Optional[int] = ..., disconnected_at_ns: _Optional[int] = ..., trace_state: _Optional[str] = ..., cupti_version: _Optional[int] = ..., container_id: _Optional[str] = ..., container_runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., job_launcher: _Optional[str] = ..., role: _Optional[str] = ..., parent_pid: _Optional[int] = ...) -> None: ...
 
 class ListProcessesResponse(_message.Message):
     __slots__ = ("processes",)
@@ -197,7 +211,7 @@ class ListProcessesResponse(_message.Message):
     def __init__(self, processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ...) -> None: ...
 
 class Target(_message.Message):
-    __slots__ = ("pid", "exe_name", "exe_pattern", "cgroup", "all", "pod_uid", "container_id")
+    __slots__ = ("pid", "exe_name", "exe_pattern", "cgroup", "all", "pod_uid", "container_id", "job")
     PID_FIELD_NUMBER: _ClassVar[int]
     EXE_NAME_FIELD_NUMBER: _ClassVar[int]
     EXE_PATTERN_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +219,7 @@ class Target(_message.Message):
     ALL_FIELD_NUMBER: _ClassVar[int]
     POD_UID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     pid: int
     exe_name: str
     exe_pattern: str
@@ -212,7 +227,16 @@ class Target(_message.Message):
     all: bool
     pod_uid: str
     container_id: str
-    def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ..., pod_uid: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
+    job: JobTarget
+    def __init__(self, pid: _Optional[int] = ..., exe_name: _Optional[str] = ..., exe_pattern: _Optional[str] = ..., cgroup: _Optional[str] = ..., all: _Optional[bool] = ..., pod_uid: _Optional[str] = ..., container_id: _Optional[str] = ..., job: _Optional[_Union[JobTarget, _Mapping]] = ...) -> None: ...
+
+class JobTarget(_message.Message):
+    __slots__ = ("job_id", "ranks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CollectOptions(_message.Message):
     __slots__ = ("preset", "pc_sampling", "pc_sampling_period_log2", "pm_metrics", "pm_sampling_rate_hz", "pc_stall_reasons", "pc_flush_interval_ms", "pc_hw_buffer_mib", "pc_scratch_buffer_mib", "pc_mode", "pc_cost_budget_pct")
@@ -269,7 +293,7 @@ class GetSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ...) -> None: ...
 
 class SessionProcess(_message.Message):
-    __slots__ = ("process_id", "pid", "exe", "records", "dropped", "displaced", "state", "joined_at_ns", "detail", "container_id", "pod_uid", "pod_name", "pod_namespace", "pc_sampling")
+    __slots__ = ("process_id", "pid", "exe", "records", "dropped", "displaced", "state", "joined_at_ns", "detail", "container_id", "pod_uid", "pod_name", "pod_namespace", "pc_sampling", "job_id", "rank", "role")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     EXE_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +308,9 @@ class SessionProcess(_message.Message):
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
     POD_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PC_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     process_id: int
     pid: int
     exe: str
@@ -298,7 +325,10 @@ class SessionProcess(_message.Message):
     pod_name: str
     pod_namespace: str
     pc_sampling: _containers.RepeatedCompositeFieldContainer[PcSamplingDevice]
-    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., exe: _Optional[str] = ..., records: _Optional[int] = ..., dropped: _Optional[int] = ..., displaced: _Optional[bool] = ..., state: _Optional[str] = ..., joined_at_ns: _Optional[int] = ..., detail: _Optional[str] = ..., container_id: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ..., pc_sampling: _Optional[_Iterable[_Union[PcSamplingDevice, _Mapping]]] = ...) -> None: ...
+    job_id: str
+    rank: int
+    role: str
+    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., exe: _Optional[str] = ..., records: _Optional[int] = ..., dropped: _Optional[int] = ..., displaced: _Optional[bool] = ..., state: _Optional[str] = ..., joined_at_ns: _Optional[int] = ..., detail: _Optional[str] = ..., container_id: _Optional[str] = ..., pod_uid: _Optional[str] = ..., pod_name: _Optional[str] = ..., pod_namespace: _Optional[str] = ..., pc_sampling: _Optional[_Iterable[_Union[PcSamplingDevice, _Mapping]]] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
 
 class PcSamplingDevice(_message.Message):
     __slots__ = ("device", "state", "samples", "dropped", "heals")
