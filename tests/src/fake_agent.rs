@@ -80,6 +80,20 @@ pub fn hello(exe: &str) -> Hello {
     }
 }
 
+/// The job identity of a torchrun rank (`rank` of `world_size` in run `job_id`; no rank: a
+/// process that carries the run id only), its parent the current process's parent.
+pub fn torchrun_job(job_id: &str, rank: Option<u32>, world_size: u32) -> wire::JobIdentity {
+    wire::JobIdentity {
+        launcher: "torchelastic".into(),
+        job_id: job_id.into(),
+        rank,
+        local_rank: rank,
+        world_size: Some(world_size),
+        group_rank: Some(0),
+        parent_pid: std::os::unix::process::parent_id(),
+    }
+}
+
 impl FakeAgent {
     /// Connects, says hello, waits for Welcome and defines the kernel and marker names.
     pub fn connect(socket: &Path, seed: u64, mix: Mix) -> Result<FakeAgent> {

@@ -46,6 +46,9 @@ pub struct TracedConfig {
     /// `spawn_process` only: the agent process moves itself into this cgroup directory (writes
     /// its pid to `cgroup.procs`) before it connects. Needs root.
     pub join_cgroup: Option<std::path::PathBuf>,
+    /// The job identity sent in the Hello (`spawn_process`: its launcher, job id, rank and
+    /// world size; the parent pid is the agent process's own parent).
+    pub job: Option<wire::JobIdentity>,
 }
 
 impl Default for TracedConfig {
@@ -61,6 +64,7 @@ impl Default for TracedConfig {
             mix: Mix::default(),
             seed: 1,
             join_cgroup: None,
+            job: None,
         }
     }
 }
@@ -154,6 +158,7 @@ impl Conn {
         h.cmdline = cfg.cmdline.clone();
         h.cgroup = cfg.cgroup.clone();
         h.pid = std::process::id();
+        h.job = cfg.job.clone();
         send(&mut out, Msg::Hello(h))?;
         out.flush()?;
         input.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -283,6 +288,14 @@ pub fn spawn_process(socket: &Path, cfg: &TracedConfig, uid: Option<u32>) -> Res
     }
     if let Some(dir) = &cfg.join_cgroup {
         cmd.arg("--join-cgroup").arg(dir);
+    }
+    if let Some(j) = &cfg.job {
+        cmd.arg("--job-launcher").arg(&j.launcher).arg("--job-id").arg(&j.job_id);
+        for (flag, v) in [("--rank", j.rank), ("--local-rank", j.local_rank), ("--world-size", j.world_size)] {
+            if let Some(v) = v {
+                cmd.arg(flag).arg(v.to_string());
+            }
+        }
     }
     cmd.arg("--").args(&cfg.cmdline);
     if let Some(uid) = uid {

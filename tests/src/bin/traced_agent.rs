@@ -35,6 +35,18 @@ struct Args {
     /// before connecting; needs root.
     #[arg(long, value_name = "DIR")]
     join_cgroup: Option<PathBuf>,
+    /// Job identity claimed in Hello: launcher ("torchelastic", "slurm", "mpi").
+    #[arg(long)]
+    job_launcher: Option<String>,
+    /// Job identity: the job id (any of the --job-* and rank options sends one).
+    #[arg(long)]
+    job_id: Option<String>,
+    #[arg(long)]
+    rank: Option<u32>,
+    #[arg(long)]
+    local_rank: Option<u32>,
+    #[arg(long)]
+    world_size: Option<u32>,
     /// Command line claimed in Hello.
     #[arg(last = true)]
     cmdline: Vec<String>,
@@ -47,7 +59,19 @@ fn main() -> Result<()> {
         std::fs::write(&procs, std::process::id().to_string())
             .with_context(|| format!("joining cgroup {}", procs.display()))?;
     }
+    let job = (a.job_launcher.is_some() || a.job_id.is_some() || a.rank.is_some()).then(|| {
+        gpuprof_proto::agent::JobIdentity {
+            launcher: a.job_launcher.unwrap_or_default(),
+            job_id: a.job_id.unwrap_or_default(),
+            rank: a.rank,
+            local_rank: a.local_rank,
+            world_size: a.world_size,
+            group_rank: None,
+            parent_pid: std::os::unix::process::parent_id(),
+        }
+    });
     let cfg = TracedConfig {
+        job,
         exe: a.exe.clone(),
         cmdline: if a.cmdline.is_empty() { vec![a.exe.clone()] } else { a.cmdline },
         cgroup: a.cgroup,
