@@ -91,7 +91,7 @@ enum Cmd {
                             session per host started together, with -o one merged Chrome trace; TLS and \
                             credentials apply to every host.\n\
                             --json: one JSON object, the session and its summary.")]
-    Trace(sessions::TraceArgs),
+    Trace(Box<sessions::TraceArgs>),
     /// A session's summary: top kernels, device busy time, copies, API calls.
     #[command(after_help = "--json: one JSON object.")]
     Top(records::TopArgs),
@@ -205,7 +205,7 @@ async fn run(cli: Cli) -> Result<()> {
             let c = connect_to(&Target::Remote(remote(format!("https://{h}")))).await.with_context(|| h.clone())?;
             clients.push((h.clone(), c));
         }
-        return fleet::trace(clients, a, cli.json).await;
+        return fleet::trace(clients, *a, cli.json).await;
     }
     let target = match (cli.hosts.first(), cli.addr.clone()) {
         (Some(h), _) => Target::Remote(remote(format!("https://{h}"))),
@@ -228,7 +228,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Devices => sessions::devices(&mut client, cli.json).await?,
         Cmd::Procs(a) => sessions::procs(&mut client, a, cli.json).await?,
         Cmd::Session(c) => sessions::session(&mut client, c, cli.json).await?,
-        Cmd::Trace(a) => sessions::trace(&mut client, a, cli.json).await?,
+        Cmd::Trace(a) => sessions::trace(&mut client, *a, cli.json).await?,
         Cmd::Top(a) => records::top(&mut client, a, cli.json).await?,
         Cmd::Query(a) => records::query(&mut client, a, cli.json).await?,
         Cmd::Export(a) => export::export(&mut client, a, cli.json).await?,
