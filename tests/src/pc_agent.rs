@@ -79,11 +79,18 @@ pub struct PcAgent {
 impl PcAgent {
     /// Connects as `exe` with devices 0..`devices` in its Hello.
     pub fn connect(socket: &Path, exe: &str, devices: u32) -> Result<PcAgent> {
+        Self::connect_job(socket, exe, devices, None)
+    }
+
+    /// Like [`connect`](Self::connect), with a job identity in its Hello (e.g.
+    /// [`crate::fake_agent::torchrun_job`]).
+    pub fn connect_job(socket: &Path, exe: &str, devices: u32, job: Option<wire::JobIdentity>) -> Result<PcAgent> {
         let s = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
         let mut input = s.try_clone()?;
         let out: Out = Arc::new(Mutex::new(BufWriter::new(s)));
         let mut h = hello(exe);
         h.devices.truncate(devices as usize);
+        h.job = job;
         send(&out, Msg::Hello(h))?;
         input.set_read_timeout(Some(Duration::from_secs(10)))?;
         let welcome: DaemonMessage = read_message(&mut input, 16 << 20)?;

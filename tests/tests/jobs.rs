@@ -144,9 +144,31 @@ fn ranks_launcher_and_job_targets() {
         }
     });
 
+    let (pids, ids) = ([r0.pid, r1.pid, late.pid], [launcher.process_id, r0.process_id, late.process_id]);
     for a in [r0, r1, late] {
         a.finish().unwrap();
     }
     other.finish().unwrap();
     launcher.finish().unwrap();
+
+    // Stored with the process: after they exit, ranks and the launcher (their parent) still show.
+    let gone = |ps: &Value| ids.iter().all(|id| ps.as_array().unwrap().iter().all(|p| p["id"] != *id));
+    let mut ps = json(&d.ctl(&["procs", "--json"]));
+    for _ in 0..100 {
+        if gone(&ps) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        ps = json(&d.ctl(&["procs", "--json"]));
+    }
+    assert!(gone(&ps), "{ps}");
+    let all = json(&d.ctl(&["procs", "--all", "--json"]));
+    let find = |id: u64| all.as_array().unwrap().iter().find(|p| p["id"] == id).unwrap().clone();
+    let (pl, p0, pn) = (find(ids[0]), find(ids[1]), find(ids[2]));
+    assert_eq!(
+        (&pl["role"], &pl["job_id"], &pl["trace_state"]),
+        (&"launcher".into(), &"run-42".into(), &"exited".into())
+    );
+    assert_eq!((&p0["rank"], &p0["role"], &p0["world_size"]), (&0.into(), &"rank".into(), &2.into()), "{p0}");
+    assert_eq!((&pn["rank"], &pn["job_launcher"], &pn["pid"]), (&2.into(), &"torchelastic".into(), &pids[2].into()));
 }
