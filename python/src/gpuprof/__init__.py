@@ -89,6 +89,8 @@ class Client:
         patterns: Iterable[str] = (),
         cgroups: Iterable[str] = (),
         all_processes: bool = False,
+        job: str = "",
+        ranks: Iterable[int] = (),
         name: str = "",
         preset: str = "default",
         duration_ms: int = 0,
@@ -103,6 +105,8 @@ class Client:
         SM cycles, 0: the daemon's default); ``preset="pc"`` collects nothing else.
         ``pm_rate_hz`` runs CUPTI PM sampling on every GPU at that rate while the session is
         active (operators only; at most 10000).
+        ``job`` covers the processes of a distributed job (TORCHELASTIC_RUN_ID or SLURM_JOB_ID),
+        ``ranks`` only those of its global ranks.
         """
         targets = [pb.Target(pid=p) for p in pids]
         targets += [pb.Target(exe_name=e) for e in exe_names]
@@ -110,6 +114,11 @@ class Client:
         targets += [pb.Target(cgroup=c) for c in cgroups]
         if all_processes:
             targets.append(pb.Target(all=True))
+        ranks = list(ranks)
+        if ranks and not job:
+            raise ValueError("ranks narrow a job: give job too")
+        if job:
+            targets.append(pb.Target(job=pb.JobTarget(job_id=job, ranks=ranks)))
         req = pb.StartSessionRequest(
             name=name,
             targets=targets,
