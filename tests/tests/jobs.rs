@@ -113,6 +113,26 @@ fn ranks_launcher_and_job_targets() {
     assert!(shown.contains("RANK") && shown.contains("job=run-42"), "{shown}");
     stop(&d, s2);
 
+    // The launcher's pid covers it and its ranks: session show marks it the launcher.
+    let me = std::process::id().to_string();
+    let s3 = json(&d.ctl(&["session", "start", "--pid", &me, "--json"]))["id"].as_u64().unwrap();
+    assert_eq!(launcher.events.recv_timeout(Duration::from_secs(10)).unwrap(), Event::Started(s3));
+    for r in [&r0, &r1, &late] {
+        let e = r.wait_event(Duration::from_secs(10)).unwrap();
+        let e = if matches!(e, Event::Stopped(s, _) if s == s2) {
+            r.wait_event(Duration::from_secs(10)).unwrap()
+        } else {
+            e
+        };
+        assert_eq!(e, Event::Started(s3));
+    }
+    let m = members(&d, s3);
+    let role = |id: u64| m.iter().find(|x| x.0 == id).map(|x| (x.2.clone(), x.3.clone())).unwrap();
+    assert_eq!(role(launcher.process_id), ("launcher".into(), "run-42".into()), "{m:?}");
+    assert_eq!(role(late.process_id), ("rank".into(), "run-42".into()), "{m:?}");
+    assert_eq!(role(other.process_id), ("rank".into(), "run-7".into()), "{m:?}");
+    stop(&d, s3);
+
     // Bad arguments, refused with a reason a person can act on.
     let refused = |args: &[&str], want: &str| {
         let o = d.ctl(args);
