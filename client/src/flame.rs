@@ -16,7 +16,7 @@ use crate::sessions::Client;
 
 /// Rows asked for: QueryPcSamples' most (source lines, hottest first); the samples of the lines
 /// beyond them are drawn as one frame.
-const MAX_ROWS: u32 = 10_000;
+pub const MAX_ROWS: u32 = 10_000;
 
 /// A frame name as inferno's folded format allows it (`;` separates frames).
 fn frame(s: &str) -> String {
@@ -101,14 +101,7 @@ pub async fn export_svg(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
     let title = format!("gpuprof session {}: {} PC samples", a.session, r.total_samples);
     let svg = svg(&title, &folded(&r))?;
     let to_stdout = a.output.as_os_str() == "-";
-    if to_stdout {
-        std::io::stdout().write_all(&svg).context("writing the flame graph")?;
-    } else {
-        let (part, mut file) = part_file(&a.output)?;
-        file.write_all(&svg).and_then(|()| file.flush()).context("writing the flame graph")?;
-        drop(file);
-        std::fs::rename(&part.0, &a.output).with_context(|| format!("renaming into {}", a.output.display()))?;
-    }
+    write(&a.output, &svg)?;
     let secs = started.elapsed().as_secs_f64();
     let file = if to_stdout { "-".to_string() } else { a.output.display().to_string() };
     let line = if json {
@@ -124,6 +117,17 @@ pub async fn export_svg(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
         println!("{line}");
     }
     Ok(())
+}
+
+/// Writes a drawn flame graph to `path` (`-`: stdout), through a part file renamed at the end.
+pub fn write(path: &std::path::Path, svg: &[u8]) -> Result<()> {
+    if path.as_os_str() == "-" {
+        return std::io::stdout().write_all(svg).context("writing the flame graph");
+    }
+    let (part, mut file) = part_file(path)?;
+    file.write_all(svg).and_then(|()| file.flush()).context("writing the flame graph")?;
+    drop(file);
+    std::fs::rename(&part.0, path).with_context(|| format!("renaming into {}", path.display()))
 }
 
 #[cfg(test)]

@@ -58,6 +58,10 @@ pub struct TopArgs {
     /// With --since: only processes whose executable (path or base name) matches this glob.
     #[arg(long, value_name = "GLOB", requires = "since")]
     pub exe: Option<String>,
+    /// With --since: draw the profile as a flame graph into this SVG file instead (function,
+    /// source line, stall reason; `-`: stdout), as `export --format svg` draws a session's.
+    #[arg(long, value_name = "FILE", requires = "since")]
+    pub svg: Option<std::path::PathBuf>,
     /// What a row is.
     #[arg(long, value_enum, default_value = "function")]
     pub by: By,
@@ -248,11 +252,12 @@ async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
 async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
     let since = a.since.unwrap_or_default();
     let since_ns = crate::output::now_ns().saturating_sub(since.as_nanos() as u64).max(1);
+    let (by, limit) = if a.svg.is_some() { (By::Line, crate::flame::MAX_ROWS) } else { (a.by, a.limit) };
     let r = c
         .query_pc_samples(pb::QueryPcSamplesRequest {
-            group_by: group(a.by) as i32,
+            group_by: group(by) as i32,
             kernel: a.kernel.unwrap_or_default(),
-            limit: a.limit,
+            limit,
             since_ns,
             pod: a.pod.clone().unwrap_or_default(),
             exe: a.exe.clone().unwrap_or_default(),
@@ -261,6 +266,18 @@ async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
         .await?
         .into_inner();
     let what = format!("always-on profile, last {}", humantime::format_duration(since));
+    if let Some(path) = &a.svg {
+        if r.total_samples == 0 {
+            anyhow::bail!("{what}: no PC samples to draw (is [pc] always_on set in gpuprofd's configuration?)");
+        }
+        let svg =
+            crate::flame::svg(&format!("gpuprof {what}: {} PC samples", r.total_samples), &crate::flame::folded(&r))?;
+        crate::flame::write(path, &svg)?;
+        if path.as_os_str() != "-" {
+            println!("wrote {} ({} PC samples)", path.display(), r.total_samples);
+        }
+        return Ok(());
+    }
     if json {
         let mut v = top_json(0, a.by, &r);
         v["since_ns"] = json!(since_ns);

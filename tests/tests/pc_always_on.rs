@@ -100,6 +100,14 @@ fn the_always_on_profile_samples_every_gpu_process_and_yields_to_sessions() -> R
     assert_eq!(top(&d, &["--since", "10m", "--kernel", "axpy*"])["total_samples"], 100);
     let text = ctl_ok(&d, &["pc", "top", "--since", "1h"]);
     assert!(text.contains("always-on profile, last 1h") && text.contains("gather"), "{text}");
+    // ... and as a flame graph: function, line, stall reason.
+    let svg_path = dir.path().join("node.svg");
+    ctl_ok(&d, &["pc", "top", "--since", "1h", "--svg", svg_path.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&svg_path)?;
+    assert!(svg.starts_with("<?xml") && svg.contains("600 PC samples"), "{}", &svg[..svg.len().min(300)]);
+    for frame in ["gather(float*, float*)", "pc_kernel.cu:15", "stalled_long_scoreboard", "axpy(float*)"] {
+        assert!(svg.contains(frame), "{frame} missing from the flame graph");
+    }
     // Wrong combinations are refused with a reason.
     let out = d.ctl(&["pc", "top", &node.to_string(), "--since", "1h"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
