@@ -169,6 +169,15 @@ fn sqlite_export_holds_the_session() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let db = rusqlite::Connection::open(d.db_path()).unwrap();
     let ex = rusqlite::Connection::open(&file).unwrap();
+    // The processes carry their job and rank columns.
+    let job_cols: i64 = ex
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('processes') WHERE name IN ('job_id', 'job_rank', 'parent_pid')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(job_cols, 3);
     let mut total = 0;
     for t in ["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"] {
         let n = count(&ex, t, id);

@@ -101,10 +101,11 @@ fn new_file(path: &Path, db: &Path) -> Result<Connection, Stop> {
     let c = Connection::open(path)?;
     c.execute_batch("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA foreign_keys=OFF;")?;
     c.execute_batch(crate::store::MIGRATIONS[0].1)?;
-    // The processes' containers and pods, and both forms of kernel names (their columns are
-    // copied whole; found by name, whatever number the migrations have).
+    // The processes' containers and pods, job and rank, and both forms of kernel names (their
+    // columns are copied whole; found by name, whatever number the migrations have).
     for (name, sql) in crate::store::MIGRATIONS {
-        if name.ends_with("_attribution.sql") || name.ends_with("_demangled.sql") {
+        if name.ends_with("_attribution.sql") || name.ends_with("_demangled.sql") || name.ends_with("_job_identity.sql")
+        {
             c.execute_batch(sql)?;
         }
     }
