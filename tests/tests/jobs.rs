@@ -112,6 +112,15 @@ fn ranks_launcher_and_job_targets() {
     let shown = String::from_utf8(d.ctl(&["session", "show", &s2.to_string()]).stdout).unwrap();
     assert!(shown.contains("RANK") && shown.contains("job=run-42"), "{shown}");
     stop(&d, s2);
+    // The exports name each rank's process by its rank.
+    let dir2 = tempfile::tempdir().unwrap();
+    let file = dir2.path().join("job.json");
+    let out = d.ctl(&["export", &s2.to_string(), "-o", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = std::fs::read_to_string(&file).unwrap();
+    for r in 0..3 {
+        assert!(trace.contains(&format!("rank {r} · ")), "rank {r} is not named in the export");
+    }
 
     // The launcher's pid covers it and its ranks: session show marks it the launcher.
     let me = std::process::id().to_string();

@@ -43,17 +43,23 @@ pub(super) fn chrome(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx, gzi
     trace.finish()
 }
 
-/// The processes that joined the session or have records in it.
+/// The processes that joined the session or have records in it. A rank of a distributed job
+/// is named by its rank first ("rank 3 · python3"), as the exports' process names show it.
 pub(super) fn session_procs(c: &Connection, session: u64) -> rusqlite::Result<Procs> {
     let mut procs = Procs::new();
     let mut st = c.prepare(
-        "SELECT p.id, p.pid, p.exe, p.base_ns FROM processes p
+        "SELECT p.id, p.pid, p.exe, p.base_ns, p.job_rank FROM processes p
          WHERE p.id IN (SELECT proc FROM session_processes WHERE session = ?1
                         UNION SELECT proc FROM session_rows WHERE session = ?1)",
     )?;
     let mut rows = st.query([session as i64])?;
     while let Some(r) = rows.next()? {
-        procs.insert(r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?));
+        let exe: String = r.get(2)?;
+        let name = match r.get::<_, Option<i64>>(4)? {
+            Some(rank) => format!("rank {rank} · {}", exe.rsplit('/').next().unwrap_or(&exe)),
+            None => exe,
+        };
+        procs.insert(r.get(0)?, (r.get(1)?, name, r.get(3)?));
     }
     Ok(procs)
 }
