@@ -17,62 +17,23 @@
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens).
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
-# PARTS (default "ddp share late cost"; also "probe": one PC-only session with the injector's
+# PARTS (default "ddp ddptrace share late cost"; also "probe": one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
 # FIGURE lines) and copies logs to $OUT when set. Exit status 1 when a check failed.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as in pc.sh.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-BIN=${GPUPROF_BIN:-$PWD/.gpu}
-INJ=$BIN/libgpuprof_inject.so
-PY=${PYTHON:-python3}
+NAME=pcsched
+# shellcheck source=pc_common.sh
+. "$HERE/pc_common.sh"
 REPS=${REPS:-5}
 PARTS=" ${PARTS:-ddp ddptrace share late cost} "
 CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 export PATH="/usr/local/cuda/bin:$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-STATE=$(mktemp -d /tmp/gpuprof-pcsched.XXXXXX)
-mkdir -p "$STATE/logs"
-# The injectors' logs (one file per process and part), in $OUT's archive.
-export GPUPROF_LOG=${GPUPROF_LOG:-info}
-CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
-SUMMARY=()
-check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }
-figure() { SUMMARY+=("FIGURE $1"); echo ">>> FIGURE $1"; }
-pass_if() { if [ "$2" = 1 ]; then check "$1" PASS "$3"; else check "$1" FAIL "$3"; fi; }
-calc() { awk "BEGIN { printf \"%.4g\", $1 }"; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-jq_py() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'd["id"]'; }
-DPID=
-finish() {
-  [ -n "$DPID" ] && kill -TERM "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
-  if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT"
-    cp "$STATE/gpuprofd.log" "$OUT/pcsched_gpuprofd.log" 2>/dev/null
-    (cd "$STATE" && tar czf "$OUT/pcsched_logs.tgz" gpuprofd.log *.txt logs 2>/dev/null)
-  fi
-  echo; echo "================ pc sched summary ================"
-  nvidia-smi -L 2>/dev/null
-  printf '%s\n' "${SUMMARY[@]}"
-  local failed=0
-  for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1));; esac; done
-  echo "$failed failed"
-  [ "$failed" -eq 0 ] || exit 1
-}
-trap finish EXIT
-
-[ -e "$INJ" ] && [ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "binaries missing in $BIN"; exit 2; }
+start_gpuprofd 'log_level = "info"'
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
-cat >"$STATE/cfg.toml" <<EOF
-log_level = "info"
-EOF
-export GPUPROF_AGENT_SOCKET=$STATE/agent.sock
-"$BIN/gpuprofd" --state-dir "$STATE" --config "$STATE/cfg.toml" >"$STATE/gpuprofd.log" 2>&1 &
-DPID=$!
-for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
-"${CTL[@]}" status >/dev/null 2>&1 || { echo "gpuprofd did not start"; cat "$STATE/gpuprofd.log"; exit 2; }
 
 cp "$HERE/mm.py" "$STATE/mm.py"
 

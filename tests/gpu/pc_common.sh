@@ -1,0 +1,49 @@
+# Shared by the PC-sampling GPU scripts (pc_sched.sh, pc_always_on.sh); sourced, not run.
+# Before sourcing, set NAME (the summary's title and the log archive's name: $OUT/NAME_logs.tgz)
+# and HERE. Gives: BIN, INJ, PY, STATE (a fresh directory with logs/), CTL, the CHECK/FIGURE
+# summary printed at exit (exit status 1 when a check failed), helpers, and start_gpuprofd.
+
+BIN=${GPUPROF_BIN:-$PWD/.gpu}
+INJ=$BIN/libgpuprof_inject.so
+PY=${PYTHON:-python3}
+STATE=$(mktemp -d "/tmp/gpuprof-$NAME.XXXXXX")
+mkdir -p "$STATE/logs"
+# The injectors' logs (one file per process and part), in $OUT's archive.
+export GPUPROF_LOG=${GPUPROF_LOG:-info}
+CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
+SUMMARY=()
+check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }
+figure() { SUMMARY+=("FIGURE $1"); echo ">>> FIGURE $1"; }
+pass_if() { if [ "$2" = 1 ]; then check "$1" PASS "$3"; else check "$1" FAIL "$3"; fi; }
+calc() { awk "BEGIN { printf \"%.4g\", $1 }"; }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+jq_py() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'd["id"]'; }
+DPID=
+finish() {
+  [ -n "$DPID" ] && kill -TERM "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
+  if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    cp "$STATE/gpuprofd.log" "$OUT/${NAME}_gpuprofd.log" 2>/dev/null
+    (cd "$STATE" && tar czf "$OUT/${NAME}_logs.tgz" gpuprofd.log *.txt logs 2>/dev/null)
+  fi
+  echo; echo "================ $NAME summary ================"
+  nvidia-smi -L 2>/dev/null
+  printf '%s\n' "${SUMMARY[@]}"
+  local failed=0
+  for l in "${SUMMARY[@]}"; do case "$l" in *": FAIL"*) failed=$((failed + 1));; esac; done
+  echo "$failed failed"
+  [ "$failed" -eq 0 ] || exit 1
+}
+trap finish EXIT
+
+# Starts gpuprofd in the background with the configuration text $1; exits 2 if it does not come up.
+start_gpuprofd() {
+  [ -e "$INJ" ] && [ -x "$BIN/gpuprofd" ] && [ -x "$BIN/gpuprofctl" ] || { echo "binaries missing in $BIN"; exit 2; }
+  printf '%s\n' "$1" >"$STATE/cfg.toml"
+  export GPUPROF_AGENT_SOCKET=$STATE/agent.sock
+  "$BIN/gpuprofd" --state-dir "$STATE" --config "$STATE/cfg.toml" >"$STATE/gpuprofd.log" 2>&1 &
+  DPID=$!
+  for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+  "${CTL[@]}" status >/dev/null 2>&1 || { echo "gpuprofd did not start"; cat "$STATE/gpuprofd.log"; exit 2; }
+}
