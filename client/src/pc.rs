@@ -241,11 +241,16 @@ async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
     for l in why {
         println!("  {l}");
     }
-    println!("{}", top_text(&r, a.by, 70));
+    print_rows(&r, a.by);
+    Ok(())
+}
+
+/// A top's rows, and how many more `--limit` would show.
+fn print_rows(r: &pb::QueryPcSamplesResponse, by: By) {
+    println!("{}", top_text(r, by, 70));
     if r.total_rows > r.rows.len() as u64 {
         println!("({} of {} rows; --limit shows more)", r.rows.len(), r.total_rows);
     }
-    Ok(())
 }
 
 /// `pc top --since`: the node's always-on profile.
@@ -291,10 +296,7 @@ async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
         return Ok(());
     }
     println!("{what}: {}", totals_text(&r));
-    println!("{}", top_text(&r, a.by, 70));
-    if r.total_rows > r.rows.len() as u64 {
-        println!("({} of {} rows; --limit shows more)", r.rows.len(), r.total_rows);
-    }
+    print_rows(&r, a.by);
     Ok(())
 }
 

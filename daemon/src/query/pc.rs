@@ -59,14 +59,29 @@ pub fn pc_rows(c: &Connection, session: u64, kernel: &str) -> rusqlite::Result<V
     let mut out = Vec::new();
     for r in rows {
         let r = r?;
-        if kernel.is_empty()
-            || gpuprof_proto::glob::matches(kernel, &r.name)
-            || gpuprof_proto::glob::matches(kernel, &r.mangled)
-        {
+        if r.named(kernel) {
             out.push(r);
         }
     }
     Ok(out)
+}
+
+impl PcRow {
+    /// Whether its function matches `kernel`, a glob on the demangled or the reported name
+    /// (empty: any).
+    fn named(&self, kernel: &str) -> bool {
+        kernel.is_empty()
+            || gpuprof_proto::glob::matches(kernel, &self.name)
+            || gpuprof_proto::glob::matches(kernel, &self.mangled)
+    }
+}
+
+/// A glob argument of QueryPcSamples (`field`), checked unless empty.
+fn check_glob(field: &'static str, g: &str) -> ApiResult<()> {
+    match gpuprof_proto::glob::check(g) {
+        Err(e) if !g.is_empty() => Err(ApiError::invalid(field, format!("{g:?}: {e}"))),
+        _ => Ok(()),
+    }
 }
 
 /// Which processes of the always-on profile a query covers.
@@ -148,10 +163,7 @@ pub fn node_rows(c: &Connection, since_s: i64, f: &NodeFilter, kernel: &str) -> 
         })?;
         for r in rows {
             let r = r?;
-            if !(kernel.is_empty()
-                || gpuprof_proto::glob::matches(kernel, &r.name)
-                || gpuprof_proto::glob::matches(kernel, &r.mangled))
-            {
+            if !r.named(kernel) {
                 continue;
             }
             sums.entry((r.function, r.file.clone(), r.line, r.stall.clone()))
@@ -268,11 +280,7 @@ pub async fn query_pc_samples(
     let by = pb::PcGroupBy::try_from(req.group_by).map_err(|_| {
         ApiError::invalid("group_by", format!("{} is not a grouping (function, line, stall, pc)", req.group_by))
     })?;
-    if !req.kernel.is_empty()
-        && let Err(e) = gpuprof_proto::glob::check(&req.kernel)
-    {
-        return Err(ApiError::invalid("kernel", format!("{:?}: {e}", req.kernel)));
-    }
+    check_glob("kernel", &req.kernel)?;
     if req.since_ns > 0 || !req.pod.is_empty() || !req.exe.is_empty() {
         return query_node(d, caller, req, by, limit).await;
     }
@@ -314,13 +322,8 @@ async fn query_node(
     if req.since_ns > now {
         return Err(ApiError::invalid("since_ns", "in the future (it is ns since the Unix epoch)"));
     }
-    for (field, g) in [("pod", &req.pod), ("exe", &req.exe)] {
-        if !g.is_empty()
-            && let Err(e) = gpuprof_proto::glob::check(g)
-        {
-            return Err(ApiError::invalid(field, format!("{g:?}: {e}")));
-        }
-    }
+    check_glob("pod", &req.pod)?;
+    check_glob("exe", &req.exe)?;
     caller.require_authenticated()?;
     let f = NodeFilter {
         pod: req.pod.clone(),
