@@ -56,7 +56,7 @@ bindgen "$here/wrapper.h" "${common[@]}" \
   --allowlist-function 'cupti(GetVersion|GetResultString|GetTimestamp|Finalize|Subscribe|Unsubscribe|EnableCallback|EnableDomain|GetCallbackName|GetContextId|GetDeviceId|GetStreamIdEx|DeviceGetChipName)' \
   --allowlist-function 'cuptiActivity(Enable|Disable|EnableRuntimeApi|EnableDriverApi|GetNextRecord|GetNumDroppedRecords|RegisterCallbacks|FlushAll|FlushPeriod|GetAttribute|SetAttribute|PushExternalCorrelationId|PopExternalCorrelationId|EnableLatencyTimestamps|EnableLaunchAttributes|EnableAllSyncRecords)' \
   --allowlist-function 'cuptiPmSampling.*' \
-  --allowlist-function 'cuptiPCSampling(GetNumStallReasons|GetStallReasons|SetConfigurationAttribute|GetConfigurationAttribute|Enable|Disable|GetData)' \
+  --allowlist-function 'cuptiPCSampling(GetNumStallReasons|GetStallReasons|SetConfigurationAttribute|GetConfigurationAttribute|Enable|Disable|GetData|Start|Stop)' \
   --allowlist-function 'cupti(GetSassToSourceCorrelation|GetCubinCrc|RegisterComputeCrcCallback)' \
   --allowlist-function 'cuptiProfiler(Host.*|Initialize|DeInitialize|DeviceSupported)' \
   --allowlist-type 'CUpti_Activity(Kind|Flag|Attribute|ObjectKind|OverheadKind|MemcpyKind|MemoryKind|SynchronizationType|StreamFlag|LaunchType|ThreadIdType|ComputeApiKind)' \

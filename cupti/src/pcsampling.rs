@@ -51,6 +51,9 @@ pub struct PcConfig {
     pub hw_bytes: usize,
     /// How long CUPTI's decoding threads sleep between passes, in ms (0: CUPTI's default, 100).
     pub worker_sleep_ms: u32,
+    /// Sampling runs only between [`Cupti::pc_start`] and [`Cupti::pc_stop`] (false: from the
+    /// configuration until disable).
+    pub start_stop: bool,
 }
 
 /// One sampled PC of a [`PcBuffer`].
@@ -185,6 +188,38 @@ impl Cupti {
         check_call("cuptiPCSamplingDisable", unsafe { self.raw.cuptiPCSamplingDisable(&mut p) })
     }
 
+    /// `cuptiPCSamplingStart(ctx)`: opens a sampling range (start/stop control configured).
+    ///
+    /// # Safety
+    /// `ctx` must be a live CUDA context on which sampling was enabled and configured with
+    /// [`PcConfig::start_stop`].
+    pub unsafe fn pc_start(&self, ctx: sys::CUcontext) -> Result<(), CuptiError> {
+        self.pc_fn(&self.raw.cuptiPCSamplingStart)?;
+        let mut p = sys::CUpti_PCSamplingStartParams {
+            size: params_size!(sys::CUpti_PCSamplingStartParams, ctx),
+            pPriv: std::ptr::null_mut(),
+            ctx,
+        };
+        // Safety: as for `pc_enable`.
+        check_call("cuptiPCSamplingStart", unsafe { self.raw.cuptiPCSamplingStart(&mut p) })
+    }
+
+    /// `cuptiPCSamplingStop(ctx)`: closes the range; what it sampled is read with
+    /// [`Cupti::pc_get_data`].
+    ///
+    /// # Safety
+    /// As for [`Cupti::pc_start`].
+    pub unsafe fn pc_stop(&self, ctx: sys::CUcontext) -> Result<(), CuptiError> {
+        self.pc_fn(&self.raw.cuptiPCSamplingStop)?;
+        let mut p = sys::CUpti_PCSamplingStopParams {
+            size: params_size!(sys::CUpti_PCSamplingStopParams, ctx),
+            pPriv: std::ptr::null_mut(),
+            ctx,
+        };
+        // Safety: as for `pc_enable`.
+        check_call("cuptiPCSamplingStop", unsafe { self.raw.cuptiPCSamplingStop(&mut p) })
+    }
+
     /// The stall reasons of `ctx`'s device.
     ///
     /// # Safety
@@ -225,8 +260,9 @@ impl Cupti {
         Ok(StallReasons { index, names })
     }
 
-    /// Configures continuous sampling on `ctx`: no start/stop control, parsed output, `at_disable`
-    /// as the buffer CUPTI fills when sampling is disabled.
+    /// Configures continuous-mode sampling on `ctx` (with start/stop control when
+    /// `cfg.start_stop`), parsed output, `at_disable` as the buffer CUPTI fills when sampling is
+    /// disabled.
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled; `at_disable` must stay
@@ -253,7 +289,7 @@ impl Cupti {
             d.collectionModeData.collectionMode = sys::CUPTI_PC_SAMPLING_COLLECTION_MODE_CONTINUOUS
         });
         push(sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_ENABLE_START_STOP_CONTROL, &|d| {
-            d.enableStartStopControlData.enableStartStopControl = 0
+            d.enableStartStopControlData.enableStartStopControl = u32::from(cfg.start_stop)
         });
         push(sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_OUTPUT_DATA_FORMAT, &|d| {
             d.outputDataFormatData.outputDataFormat = sys::CUPTI_PC_SAMPLING_OUTPUT_DATA_FORMAT_PARSED
@@ -408,6 +444,9 @@ fn attr_name(t: sys::CUpti_PCSamplingConfigurationAttributeType) -> &'static str
             "PC sampling attribute HARDWARE_BUFFER_SIZE"
         }
         sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_COLLECTION_MODE => "PC sampling attribute COLLECTION_MODE",
+        sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_ENABLE_START_STOP_CONTROL => {
+            "PC sampling attribute ENABLE_START_STOP_CONTROL"
+        }
         sys::CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER => {
             "PC sampling attribute SAMPLING_DATA_BUFFER"
         }

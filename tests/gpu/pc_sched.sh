@@ -11,9 +11,10 @@
 #          program: the hottest line is gather's dependent load (pc_kernel.cu:15), the pprof
 #          export names the file;
 #   cost   medians of REPS (default 5) alternating runs: untraced, CUPTI's own
-#          pc_sampling_continuous sample (the floor), gpuprof windows (the default), windows
-#          with a 16 MiB hardware buffer, gpuprof continuous (COST_MODES picks others: contexit
-#          is continuous with the work at synchronization exits, the old place),
+#          pc_sampling_continuous sample (the floor), gpuprof windows (the default: ranges of
+#          one enable), windows of an enable each (winre, GPUPROF_PC_WINDOWS=reenable), gpuprof
+#          continuous (COST_MODES picks others: contexit is continuous with the work at
+#          synchronization exits, the old place; win16 windows with a 16 MiB hardware buffer),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens).
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
@@ -180,12 +181,13 @@ if [[ $PARTS == *" cost "* ]]; then
       win) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       cont) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cont); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       win16) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win16); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_WINDOW_HW_MIB=16 CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      winre) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-winre); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_WINDOWS=reenable CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       contexit) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cexit); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_AT=exit CUDA_INJECTION64_PATH="$INJ" "$@" ;;
     esac
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
   }
-  MODES=${COST_MODES:-off win win16 cont}
-  [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win win16 cont"
+  MODES=${COST_MODES:-off win winre cont}
+  [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win winre cont"
   declare -A MM SM MMS SMS
   for r in $(seq "$REPS"); do
     for mode in $MODES; do
@@ -202,6 +204,9 @@ if [[ $PARTS == *" cost "* ]]; then
       [ -n "$s" ] && SMS[$mode]="${SMS[$mode]:-} $("${CTL[@]}" --json pc top "$s" | jq_py 'd["total_samples"]')"
     done
     line="rep $r:"; for m in $MODES; do line="$line $m ${MM[$m]:-}ms/${SM[$m]:-}us"; done; echo "$line"
+  done
+  for m in win winre; do
+    [ -e "$STATE/logs/cost_$m.log" ] && { echo "--- $m: the first windows"; grep -h "enable:\|window closed" "$STATE/logs/cost_$m.log" | head -6; }
   done
   mo=$(echo "${MM[off]}" | median); so=$(echo "${SM[off]:-}" | median)
   fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="small-kernel loop (250k ops, a synchronization every 100) us/op medians of $REPS: untraced $so"

@@ -5746,6 +5746,10 @@ pub struct Cupti {
         Result<unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingEnableParams) -> CUptiResult, ::libloading::Error>,
     pub cuptiPCSamplingDisable:
         Result<unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingDisableParams) -> CUptiResult, ::libloading::Error>,
+    pub cuptiPCSamplingStart:
+        Result<unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingStartParams) -> CUptiResult, ::libloading::Error>,
+    pub cuptiPCSamplingStop:
+        Result<unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingStopParams) -> CUptiResult, ::libloading::Error>,
     pub cuptiPCSamplingGetNumStallReasons: Result<
         unsafe extern "C" fn(pParams: *mut CUpti_PCSamplingGetNumStallReasonsParams) -> CUptiResult,
         ::libloading::Error,
@@ -5853,6 +5857,8 @@ impl Cupti {
         let cuptiPCSamplingGetData = __library.get(b"cuptiPCSamplingGetData\0").map(|sym| *sym);
         let cuptiPCSamplingEnable = __library.get(b"cuptiPCSamplingEnable\0").map(|sym| *sym);
         let cuptiPCSamplingDisable = __library.get(b"cuptiPCSamplingDisable\0").map(|sym| *sym);
+        let cuptiPCSamplingStart = __library.get(b"cuptiPCSamplingStart\0").map(|sym| *sym);
+        let cuptiPCSamplingStop = __library.get(b"cuptiPCSamplingStop\0").map(|sym| *sym);
         let cuptiPCSamplingGetNumStallReasons = __library.get(b"cuptiPCSamplingGetNumStallReasons\0").map(|sym| *sym);
         let cuptiPCSamplingGetStallReasons = __library.get(b"cuptiPCSamplingGetStallReasons\0").map(|sym| *sym);
         let cuptiGetSassToSourceCorrelation = __library.get(b"cuptiGetSassToSourceCorrelation\0").map(|sym| *sym);
@@ -5921,6 +5927,8 @@ impl Cupti {
             cuptiPCSamplingGetData,
             cuptiPCSamplingEnable,
             cuptiPCSamplingDisable,
+            cuptiPCSamplingStart,
+            cuptiPCSamplingStop,
             cuptiPCSamplingGetNumStallReasons,
             cuptiPCSamplingGetStallReasons,
             cuptiGetSassToSourceCorrelation,
@@ -6252,6 +6260,12 @@ impl Cupti {
     }
     pub unsafe fn cuptiPCSamplingDisable(&self, pParams: *mut CUpti_PCSamplingDisableParams) -> CUptiResult {
         (self.cuptiPCSamplingDisable.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingStart(&self, pParams: *mut CUpti_PCSamplingStartParams) -> CUptiResult {
+        (self.cuptiPCSamplingStart.as_ref().expect("Expected function, got error."))(pParams)
+    }
+    pub unsafe fn cuptiPCSamplingStop(&self, pParams: *mut CUpti_PCSamplingStopParams) -> CUptiResult {
+        (self.cuptiPCSamplingStop.as_ref().expect("Expected function, got error."))(pParams)
     }
     pub unsafe fn cuptiPCSamplingGetNumStallReasons(
         &self,

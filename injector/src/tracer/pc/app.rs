@@ -1,7 +1,7 @@
 //! What runs on the application's threads, at a CUDA synchronization: enabling and
 //! configuring PC sampling on a context, reading it (`GetData`, at most every [`READ_GAP`]),
-//! and disabling it; in windows mode, opening a window (enable) and closing it (read, disable)
-//! at the synchronizations around it, spaced by the cost measured on the application's thread.
+//! and disabling it; in windows mode, opening and closing windows at the synchronizations
+//! around them ([`super::window`]).
 //! The work runs at the synchronization's entry by default (`GPUPROF_PC_AT=exit`: at its
 //! exit): the thread is about to wait for the GPU anyway, so the time spent here overlaps
 //! the GPU's queued work instead of leaving the GPU idle after the wait. On the H100, enabling or reading from the background thread while a
@@ -26,19 +26,15 @@ use gpuprof_cupti::sys::cupti as sys;
 use gpuprof_cupti::{Cupti, CuptiError};
 
 use super::cubins;
-use super::meter::{
-    EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOW_OPEN, WINDOWS, at_entry, charge, count_sync, outermost,
-    pace_slowdown, pace_tick, read_gap, timed,
-};
+use super::meter::{WINDOW_OPEN, WINDOWS, at_entry, charge, count_sync, outermost, pace_tick, read_gap, timed};
 pub use super::meter::{app_cost, app_cost_extra};
 use super::select_stalls;
+use super::window::{Win, WinCfg, window};
 use crate::tracer::PcEventKind;
 
 /// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
 /// overrides it).
 pub const READ_GAP: Duration = Duration::from_millis(100);
-/// Windows mode: the longest gap between windows.
-const MAX_GAP: Duration = Duration::from_secs(10);
 /// PCs read per `GetData` call.
 const PCS_PER_READ: usize = 5000;
 /// `GetData` calls per read at most.
@@ -47,50 +43,30 @@ const MAX_READS: usize = 64;
 /// (function name pointer, cubin CRC, PC offset, stall reason index) → samples.
 pub type Agg = HashMap<(usize, u64, u64, u32), u64>;
 
-/// Windows mode's settings for a context.
-#[derive(Debug, Clone, Copy)]
-pub struct WinCfg {
-    pub window: Duration,
-    /// Cost budget as a fraction of the time (0.005: 0.5 %).
-    pub budget: f64,
-}
-
-/// A context sampled in windows.
-struct Win {
-    cfg: WinCfg,
-    /// The window opened then (None: closed).
-    opened: Option<Instant>,
-    next_open: Instant,
-    /// Time the last window's enable took on the application's thread.
-    open_cost: Duration,
-    /// [`EXTRA_NS`] when the last window closed.
-    extra_mark: u64,
-    /// Windows closed so far.
-    closes: u64,
-    /// The slowdown measured inside windows (a moving average; None: not yet).
-    slowdown: Option<f64>,
-}
-
 /// Sampling enabled on one context.
 pub struct Enabled {
     /// The buffer CUPTI fills at disable; must stay put while enabled.
-    at_disable: Box<PcBuffer>,
+    pub(super) at_disable: Box<PcBuffer>,
     read: PcBuffer,
+    /// Configured with start/stop control (windows are ranges of one enable).
+    pub(super) ranged: bool,
+    /// A range is open (sampling runs).
+    pub(super) running: bool,
 }
 
 /// A context being sampled.
-struct Live {
-    ctx: usize,
+pub(super) struct Live {
+    pub(super) ctx: usize,
     /// Sampling enabled since then and not yet counted in `State::sampled`.
-    on_since: Option<Instant>,
-    /// None while a window is closed.
-    on: Option<Enabled>,
+    pub(super) on_since: Option<Instant>,
+    /// None while a window is closed (windows of an enable each).
+    pub(super) on: Option<Enabled>,
     /// Windows mode (None: continuous), with what enabling needs again.
-    win: Option<(Win, PcConfig, Vec<String>)>,
-    agg: Agg,
-    totals: (u64, u64),
+    pub(super) win: Option<(Win, PcConfig, Vec<String>)>,
+    pub(super) agg: Agg,
+    pub(super) totals: (u64, u64),
     last_read: Option<Instant>,
-    failure: Option<(CuptiError, bool)>,
+    pub(super) failure: Option<(CuptiError, bool)>,
 }
 
 /// Operations for the next synchronization on the device's context.
@@ -273,23 +249,7 @@ fn run(s: &mut State, ctx: usize) {
                 let cost = charge(t);
                 match r {
                     Ok((on, reasons, unknown)) => {
-                        let win = win.map(|w| {
-                            WINDOWS.fetch_add(1, Ordering::Relaxed);
-                            WINDOW_OPEN.store(true, Ordering::Relaxed);
-                            (
-                                Win {
-                                    cfg: w,
-                                    opened: Some(Instant::now()),
-                                    next_open: Instant::now(),
-                                    open_cost: cost,
-                                    extra_mark: EXTRA_NS.load(Ordering::Relaxed),
-                                    closes: 0,
-                                    slowdown: None,
-                                },
-                                cfg,
-                                wanted,
-                            )
-                        });
+                        let win = win.map(|w| (Win::opened(w, cost), cfg, wanted));
                         s.live.insert(
                             device,
                             Live {
@@ -313,9 +273,10 @@ fn run(s: &mut State, ctx: usize) {
                 count_on(&mut s.sampled, device, &mut l, false);
                 WINDOW_OPEN.store(false, Ordering::Relaxed);
                 let t = Instant::now();
-                if l.on.is_some() {
+                if let Some(on) = l.on.as_mut() {
+                    stop_range(cupti, ctx, on);
                     if kind == PcEventKind::Stopped {
-                        let _ = drain(cupti, &mut l);
+                        let _ = drain_into(cupti, ctx, on, &mut l.agg, &mut l.totals);
                     }
                     // Safety: `ctx` is current on this thread and sampling is enabled on it.
                     let _ = unsafe { cupti.pc_disable(ctx as sys::CUcontext) };
@@ -347,92 +308,6 @@ fn run(s: &mut State, ctx: usize) {
         charge(t);
     }
     ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
-}
-
-/// Windows mode at a synchronization on the context: closes the open window once it has
-/// lasted its length (read, disable) and spaces the next so that what opening and closing
-/// cost the application's threads stays under the budget (and the duty under [`MAX_DUTY`]);
-/// opens the next when it is due.
-fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, Duration>) {
-    let Some((w, cfg, wanted)) = &mut l.win else { return };
-    let now = Instant::now();
-    match w.opened {
-        Some(at) if now.duration_since(at) >= w.cfg.window => {
-            let t = Instant::now();
-            let mut failure = None;
-            let before = l.totals.0;
-            let mut t_read = Duration::ZERO;
-            if let Some(on) = l.on.as_mut() {
-                failure = drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals);
-                t_read = t.elapsed();
-                // Safety: the context is current on this thread and sampling is enabled on it.
-                let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
-                absorb(&on.at_disable, &mut l.agg, &mut l.totals);
-            }
-            l.on = None;
-            if let Some(t) = l.on_since.take() {
-                *sampled.entry(device).or_default() += t.elapsed();
-            }
-            charge(t);
-            // What the last close and this open added to their synchronizations (measured at
-            // their exits; this close's own comes with the next window).
-            // The first window's enable includes CUPTI's one-time set-up (130-180 ms on an H200
-            // in a PyTorch process; later enables took 0.3 ms), which says nothing of the next.
-            let measured = Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed).saturating_sub(w.extra_mark));
-            let first = w.closes == 0;
-            let cost = if first { Duration::ZERO } else { measured };
-            w.closes += 1;
-            w.extra_mark = EXTRA_NS.load(Ordering::Relaxed);
-            // The first window ran long on the H200 (0.1-0.4 s: the next synchronizations came
-            // late after the set-up), which says nothing of the next either.
-            let open = if first { w.cfg.window } else { now.duration_since(at) };
-            WINDOW_OPEN.store(false, Ordering::Relaxed);
-            // The budget pays for what opening and closing added to the synchronizations and
-            // for the slowdown inside the window (measured from the application's pace; until
-            // it is, the duty stays under MAX_DUTY).
-            if let Some(s) = pace_slowdown() {
-                w.slowdown = Some(w.slowdown.map_or(s, |old| 0.5 * old + 0.5 * s));
-            }
-            let inside = match w.slowdown {
-                Some(s) => (open.as_secs_f64() * s / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY_MEASURED),
-                None => open.as_secs_f64() / MAX_DUTY,
-            };
-            let gap = (cost.as_secs_f64() / w.cfg.budget).max(inside);
-            w.opened = None;
-            w.next_open = Instant::now() + Duration::from_secs_f64(gap).min(MAX_GAP);
-            if WINDOWS.load(Ordering::Relaxed) < 20 {
-                crate::log::log!(
-                    Info,
-                    "PC sampling window closed after {:.1} ms: read {:.2} ms, disable {:.2} ms, {} samples{}; \
-                     added to synchronizations since the last close {:.2} ms; slowdown inside {}; next in {:.0} ms",
-                    open.as_secs_f64() * 1e3,
-                    t_read.as_secs_f64() * 1e3,
-                    (t.elapsed() - t_read).as_secs_f64() * 1e3,
-                    l.totals.0 - before,
-                    failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default(),
-                    measured.as_secs_f64() * 1e3,
-                    w.slowdown.map_or("not measured yet".to_string(), |s| format!("{:.1} %", s * 100.0)),
-                    gap.min(MAX_GAP.as_secs_f64()) * 1e3
-                );
-            }
-            l.failure = failure;
-        }
-        None if now >= w.next_open => {
-            let t = Instant::now();
-            match enable(cupti, l.ctx, cfg.clone(), wanted) {
-                Ok((on, _, _)) => {
-                    l.on = Some(on);
-                    WINDOW_OPEN.store(true, Ordering::Relaxed);
-                    l.on_since = Some(Instant::now());
-                    w.opened = Some(Instant::now());
-                    WINDOWS.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => l.failure = Some((e, false)),
-            }
-            w.open_cost = charge(t);
-        }
-        _ => {}
-    }
 }
 
 /// A context is about to be destroyed (CUPTI's resource callback, on the destroying thread,
@@ -490,11 +365,10 @@ pub fn stop_all(reason: &str) {
 
 /// Reads what the context still holds and disables sampling on it.
 fn close(cupti: &Cupti, l: &mut Live) {
-    if l.on.is_none() {
-        return;
-    }
+    let Some(on) = l.on.as_mut() else { return };
+    stop_range(cupti, l.ctx, on);
     if l.failure.is_none() {
-        let _ = drain(cupti, l);
+        let _ = drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals);
     }
     // Safety: sampling is enabled on the context, which is still valid.
     let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
@@ -503,7 +377,18 @@ fn close(cupti: &Cupti, l: &mut Live) {
     }
 }
 
-fn enable(
+/// Closes the context's open range, if any (start/stop control), before a read and disable.
+fn stop_range(cupti: &Cupti, ctx: usize, on: &mut Enabled) {
+    if on.ranged && on.running {
+        // Safety: `ctx` is current on this thread, enabled with start/stop control, in a range.
+        let _ = unsafe { cupti.pc_stop(ctx as sys::CUcontext) };
+        on.running = false;
+    }
+}
+
+/// Enables sampling on `ctx` and configures it; with start/stop control
+/// ([`PcConfig::start_stop`]) it opens the first range too.
+pub(super) fn enable(
     cupti: &Cupti,
     ctx: usize,
     cfg: PcConfig,
@@ -522,6 +407,7 @@ fn enable(
     // Safety: sampling is enabled on `c`.
     let reasons = unsafe { cupti.pc_stall_reasons(c) }.map_err(undo)?;
     let (stall_index, unknown) = select_stalls(&reasons, wanted);
+    let ranged = cfg.start_stop;
     let cfg = PcConfig { stall_index, ..cfg };
     let n = reasons.index.len().max(1);
     let mut at_disable = Box::new(PcBuffer::new(PCS_PER_READ, n));
@@ -537,7 +423,11 @@ fn enable(
             (t0.elapsed() - t_reasons).as_secs_f64() * 1e3
         );
     }
-    Ok((Enabled { at_disable, read: PcBuffer::new(PCS_PER_READ, n) }, reasons, unknown))
+    if ranged {
+        // Safety: enabled and configured with start/stop control just above.
+        unsafe { cupti.pc_start(c) }.map_err(undo)?;
+    }
+    Ok((Enabled { at_disable, read: PcBuffer::new(PCS_PER_READ, n), ranged, running: ranged }, reasons, unknown))
 }
 
 /// Reads what CUPTI holds until it has nothing left (or the read limit). The error, and
@@ -547,7 +437,7 @@ fn drain(cupti: &Cupti, l: &mut Live) -> Option<(CuptiError, bool)> {
     drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals)
 }
 
-fn drain_into(
+pub(super) fn drain_into(
     cupti: &Cupti,
     ctx: usize,
     on: &mut Enabled,
@@ -568,7 +458,7 @@ fn drain_into(
     None
 }
 
-fn absorb(buf: &PcBuffer, agg: &mut Agg, totals: &mut (u64, u64)) {
+pub(super) fn absorb(buf: &PcBuffer, agg: &mut Agg, totals: &mut (u64, u64)) {
     for rec in buf.records() {
         for s in rec.stalls {
             let key = (rec.function_name as usize, rec.cubin_crc, rec.pc_offset, s.pcSamplingStallReasonIndex);

@@ -16,6 +16,7 @@ mod cubins;
 mod meter;
 pub use meter::device_activity;
 mod stalls;
+mod window;
 
 pub use stalls::{STALL_PREFIX, select_stalls};
 
@@ -202,8 +203,9 @@ impl PcSampler {
                 m => (m as usize) << 20,
             },
             worker_sleep_ms: if d.req.continuous { 0 } else { WINDOW_WORKER_SLEEP_MS },
+            start_stop: !d.req.continuous && window::ranged(),
         };
-        let win = (!d.req.continuous).then(|| app::WinCfg {
+        let win = (!d.req.continuous).then(|| window::WinCfg {
             window: Duration::from_millis(if d.req.window_ms == 0 { 20 } else { u64::from(d.req.window_ms) }),
             budget: f64::from(if d.req.cost_budget_ppm == 0 { 5000 } else { d.req.cost_budget_ppm }) / 1e6,
         });
