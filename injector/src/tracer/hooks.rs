@@ -76,6 +76,35 @@ pub fn acquire(cupti: &Cupti, user: User) -> Result<(), CuptiError> {
     Ok(())
 }
 
+/// The driver's kernel and graph launches (the runtime's go through them), counted while a
+/// PC-sampling window is open: what keeping sampling enabled would cost depends on the
+/// launch rate ([`super::pc`]).
+const LAUNCH_CALLS: [u32; 8] = [
+    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    sys::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    sys::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+];
+
+fn is_launch(domain: sys::CUpti_CallbackDomain, cbid: sys::CUpti_CallbackId) -> bool {
+    domain == sys::CUPTI_CB_DOMAIN_DRIVER_API && LAUNCH_CALLS.contains(&cbid)
+}
+
+/// Switches the launch callbacks on or off. Never waits (it runs on the application's
+/// threads): false when the subscriber is busy or gone, or a callback could not be switched.
+pub fn count_launches(cupti: &Cupti, on: bool) -> bool {
+    let Ok(h) = HOOKS.try_lock() else { return false };
+    if ENDED.load(Ordering::SeqCst) {
+        return false;
+    }
+    let Some(s) = &h.sub else { return false };
+    LAUNCH_CALLS.iter().all(|&cbid| cupti.enable_callback(s, sys::CUPTI_CB_DOMAIN_DRIVER_API, cbid, on).is_ok())
+}
+
 /// Whether `user` holds the subscriber.
 pub fn held_by(user: User) -> bool {
     let h = hooks();
@@ -111,6 +140,11 @@ extern "C" fn on_callback(
     cbid: sys::CUpti_CallbackId,
     cbdata: *const c_void,
 ) {
+    if is_launch(domain, cbid) {
+        // Counted, nothing else: a trace's detach never happens under a launch.
+        super::pc::on_launch(cbdata);
+        return;
+    }
     // PC sampling's work at a synchronization's exit comes before a finalize at the same exit.
     super::pc::on_callback(userdata, domain, cbid, cbdata);
     if domain == sys::CUPTI_CB_DOMAIN_RUNTIME_API || domain == sys::CUPTI_CB_DOMAIN_DRIVER_API {

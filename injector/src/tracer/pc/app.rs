@@ -26,7 +26,7 @@ use gpuprof_cupti::sys::cupti as sys;
 use gpuprof_cupti::{Cupti, CuptiError};
 
 use super::cubins;
-use super::meter::{WINDOW_OPEN, WINDOWS, at_entry, charge, count_sync, outermost, pace_tick, read_gap, timed};
+use super::meter::{WINDOWS, at_entry, charge, count_sync, read_gap, timed};
 pub use super::meter::{app_cost, app_cost_extra};
 use super::select_stalls;
 use super::window::{Win, WinCfg, window};
@@ -213,14 +213,11 @@ pub extern "C" fn on_callback(
         let exit = unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) };
         // Safety: as above.
         let ctx = unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).context } as usize;
-        // Costs and pace are measured only while PC sampling has work in the process; the
+        // Costs are measured only while PC sampling has work in the process; the
         // count of synchronizations always (an atomic add per synchronization).
         if !exit {
             count_sync(ctx);
             if ACTIVE.load(Ordering::Relaxed) {
-                if outermost() {
-                    pace_tick();
-                }
                 timed(false);
             }
         }
@@ -237,6 +234,16 @@ pub extern "C" fn on_callback(
     }));
 }
 
+/// Launches counted at their entries while launch callbacks are on ([`super::window`]).
+pub(super) static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn on_launch(cbdata: *const c_void) {
+    // Safety: a driver API callback's `cbdata` is a CUpti_CallbackData (checked for null).
+    if !cbdata.is_null() && !unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) } {
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Runs on the thread whose current context is `ctx` (a synchronization just returned).
 fn run(s: &mut State, ctx: usize) {
     let Some(cupti) = CUPTI.get() else { return };
@@ -246,10 +253,10 @@ fn run(s: &mut State, ctx: usize) {
             Op::Enable { device, ctx: c, cfg, wanted, win } if c == ctx => {
                 let t = Instant::now();
                 let r = enable(cupti, ctx, cfg.clone(), &wanted);
-                let cost = charge(t);
+                charge(t);
                 match r {
                     Ok((on, reasons, unknown)) => {
-                        let win = win.map(|w| (Win::opened(w, cost), cfg, wanted));
+                        let win = win.map(|w| (Win::opened(cupti, w), cfg, wanted));
                         s.live.insert(
                             device,
                             Live {
@@ -271,8 +278,8 @@ fn run(s: &mut State, ctx: usize) {
             Op::Disable { device, kind, reason } if s.live.get(&device).is_some_and(|l| l.ctx == ctx) => {
                 let Some(mut l) = s.live.remove(&device) else { continue };
                 count_on(&mut s.sampled, device, &mut l, false);
-                WINDOW_OPEN.store(false, Ordering::Relaxed);
                 let t = Instant::now();
+                super::window::end(cupti, &mut l);
                 if let Some(on) = l.on.as_mut() {
                     stop_range(cupti, ctx, on);
                     if kind == PcEventKind::Stopped {
@@ -360,11 +367,11 @@ pub fn stop_all(reason: &str) {
         });
     }
     ACTIVE.store(false, Ordering::SeqCst);
-    WINDOW_OPEN.store(false, Ordering::Relaxed);
 }
 
 /// Reads what the context still holds and disables sampling on it.
 fn close(cupti: &Cupti, l: &mut Live) {
+    super::window::end(cupti, l);
     let Some(on) = l.on.as_mut() else { return };
     stop_range(cupti, l.ctx, on);
     if l.failure.is_none() {

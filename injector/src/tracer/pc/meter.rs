@@ -1,64 +1,20 @@
 //! What PC sampling costs the application and where the application works, measured on its
 //! own threads at CUDA synchronizations: the synchronizations per context (for the daemon's
-//! scheduler, [`take_syncs`]), the time PC-sampling calls take and what they add to the
-//! synchronizations they run in ([`timed`]: the budget the windows are spaced by), and the
-//! application's pace inside and outside windows ([`pace_slowdown`]).
+//! scheduler, [`take_syncs`]), and the time PC-sampling calls take and what they add to the
+//! synchronizations they run in ([`timed`]: the budget the windows are spaced by).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::app::READ_GAP;
 
-/// Windows mode: the most of the time a window may be open until the slowdown inside windows
-/// is measured (CUPTI's enable floor on launch-bound work was 1.18-1.29x on the H100, so a
-/// duty of 1.5 % keeps that part under 0.5 %).
+/// Windows mode: the most of the time a window may be open while what sampling costs inside
+/// windows is not known (CUPTI's enable floor on launch-bound work was 1.18-1.29x on the H100,
+/// so a duty of 1.5 % keeps that part under 0.5 %).
 pub(super) const MAX_DUTY: f64 = 0.015;
-/// Windows mode: the most of the time a window may be open once the slowdown inside windows
-/// is measured.
+/// Windows mode: the most of the time a window may be open once that cost is known.
 pub(super) const MAX_DUTY_MEASURED: f64 = 0.5;
-
-/// The application's pace inside and outside windows: the time between the starts of
-/// consecutive synchronizations (any thread), summed and counted by whether a window was open
-/// at the first. A window that slows the application down (CUPTI's per-launch work while PC
-/// sampling is enabled, on launch-bound code) shows as longer intervals inside.
-struct Pace {
-    last: Option<Instant>,
-    in_sum: f64,
-    in_n: u32,
-    out_sum: f64,
-    out_n: u32,
-}
-static PACE: Mutex<Pace> = Mutex::new(Pace { last: None, in_sum: 0.0, in_n: 0, out_sum: 0.0, out_n: 0 });
-/// A window is open on some context.
-pub(super) static WINDOW_OPEN: AtomicBool = AtomicBool::new(false);
-
-pub(super) fn pace_tick() {
-    let Ok(mut p) = PACE.try_lock() else { return };
-    let now = Instant::now();
-    if let Some(last) = p.last.replace(now) {
-        let dt = now.duration_since(last).as_secs_f64();
-        if WINDOW_OPEN.load(Ordering::Relaxed) {
-            p.in_sum += dt;
-            p.in_n += 1;
-        } else {
-            p.out_sum += dt;
-            p.out_n += 1;
-        }
-    }
-}
-
-/// The slowdown inside windows (0.25: intervals 25 % longer than outside) once both sides
-/// have a few intervals; it then counts from zero again, so it follows the application's phases.
-pub(super) fn pace_slowdown() -> Option<f64> {
-    let mut p = PACE.lock().unwrap_or_else(|e| e.into_inner());
-    if p.in_n < 3 || p.out_n < 3 {
-        return None;
-    }
-    let r = (p.in_sum / f64::from(p.in_n)) / (p.out_sum / f64::from(p.out_n)) - 1.0;
-    *p = Pace { last: p.last, in_sum: 0.0, in_n: 0, out_sum: 0.0, out_n: 0 };
-    Some(r.clamp(0.0, 10.0))
-}
 
 /// Time spent in PC-sampling calls on the application's threads, and windows opened, since
 /// the process started (for the log and the cost figures).
@@ -183,11 +139,6 @@ pub(super) fn read_gap() -> Duration {
             .map(Duration::from_millis)
             .unwrap_or(READ_GAP)
     })
-}
-
-/// Whether this thread is in no synchronization (the next entry is an outermost one).
-pub(super) fn outermost() -> bool {
-    SYNC.with(|s| s.get().0) == 0
 }
 
 /// Per device of `devices`: whether the process has an active primary context there, and the

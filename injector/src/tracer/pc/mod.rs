@@ -40,10 +40,6 @@ use app::{Agg, Done, Op};
 /// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
 /// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
 pub const DEFAULT_PERIOD_LOG2: u32 = 15;
-/// Windows mode: CUPTI's worker thread polls the hardware buffer this often (its default is
-/// 100 ms; windows are 20 ms). A disable took 50-140 ms on an H200 either way, nearly all of it
-/// within the synchronization's own wait when done at its entry.
-const WINDOW_WORKER_SLEEP_MS: u32 = 2;
 /// Windows mode: the hardware buffer when the session names none (a window of 20 ms at 2^15
 /// fills a few MiB on an H100; CUPTI's default is 512 MiB).
 const WINDOW_HW_BUFFER_MIB: usize = 64;
@@ -202,7 +198,9 @@ impl PcSampler {
                 0 if !d.req.continuous => meter::window_hw_mib(WINDOW_HW_BUFFER_MIB) << 20,
                 m => (m as usize) << 20,
             },
-            worker_sleep_ms: if d.req.continuous { 0 } else { WINDOW_WORKER_SLEEP_MS },
+            // CUPTI's default (its worker threads wake every 100 ms): a window's samples not
+            // decoded by its close come with the next.
+            worker_sleep_ms: 0,
             start_stop: !d.req.continuous && window::ranged(),
         };
         let win = (!d.req.continuous).then(|| window::WinCfg {
@@ -553,6 +551,12 @@ pub extern "C" fn on_callback(
     cbdata: *const std::ffi::c_void,
 ) {
     app::on_callback(userdata, domain, cbid, cbdata);
+}
+
+/// The subscriber's callback for a kernel or graph launch (switched on while a window is
+/// open): counted.
+pub fn on_launch(cbdata: *const std::ffi::c_void) {
+    app::on_launch(cbdata);
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context

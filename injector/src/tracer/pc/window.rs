@@ -1,12 +1,17 @@
 //! Windows mode, at a synchronization on a sampled context ([`window`]): a window opens when
 //! it is due and closes once it has lasted its length; the gap to the next is set by what
-//! the windows cost the application's threads (the budget).
+//! the windows cost the application (the budget).
 //!
-//! A window is a range of one enable by default: the context is enabled once with CUPTI's
-//! start/stop control, and each window is `cuptiPCSamplingStart` … `cuptiPCSamplingStop`,
-//! then read. Enabling and disabling per window (`GPUPROF_PC_WINDOWS=reenable`, the first
-//! design) took 50-140 ms per enable and per disable on the H100 and H200, during which the
-//! application stalled: a 20 ms window cost ~150 ms.
+//! Two costs decide how a window ends. Enabling and disabling took 50-140 ms each on the H100
+//! and H200, with the application stalled meanwhile: a 20 ms window of an enable and a disable
+//! cost ~150 ms. But while sampling is enabled, CUPTI adds ~1.5-2 µs to every kernel launch
+//! (CUPTI's own sampler cost 17-29 % on a loop of small PyTorch kernels, 0.5 % on a matmul
+//! loop). So the context is enabled with CUPTI's start/stop control and a window is
+//! `cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read; launches are counted while the
+//! window is open, and when the launch rate says that staying enabled would cost more than
+//! the budget, the window's close disables too (the next window enables again) and the gap
+//! grows to pay for that. `GPUPROF_PC_WINDOWS=reenable` disables at every close (no
+//! start/stop control), to measure one against the other.
 // Safety: CUPTI calls on the context current on the synchronizing thread; each is commented.
 #![allow(unsafe_code)]
 
@@ -18,11 +23,16 @@ use std::time::{Duration, Instant};
 use gpuprof_cupti::Cupti;
 use gpuprof_cupti::sys::cupti as sys;
 
-use super::app::{Live, absorb, drain_into, enable};
-use super::meter::{EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOW_OPEN, WINDOWS, charge, pace_slowdown};
+use super::app::{LAUNCHES, Live, absorb, drain_into, enable};
+use super::meter::{EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
+use crate::tracer::hooks;
 
 /// The longest gap between windows.
 const MAX_GAP: Duration = Duration::from_secs(10);
+/// What CUPTI adds to a kernel launch while PC sampling is enabled: 1.5 µs measured on the
+/// H100 (small-kernel loop, 8.7 µs a launch untraced, +17.5 % under CUPTI's own sampler);
+/// rounded up.
+const ENABLED_COST_PER_LAUNCH: Duration = Duration::from_micros(2);
 
 /// Windows mode's settings for a context.
 #[derive(Debug, Clone, Copy)]
@@ -32,8 +42,8 @@ pub struct WinCfg {
     pub budget: f64,
 }
 
-/// Whether windows are ranges of one enable (the default) rather than an enable each
-/// (`GPUPROF_PC_WINDOWS=reenable`, kept to measure one against the other).
+/// Whether windows use start/stop control (the default) rather than an enable each
+/// (`GPUPROF_PC_WINDOWS=reenable`).
 pub fn ranged() -> bool {
     static RANGED: OnceLock<bool> = OnceLock::new();
     *RANGED.get_or_init(|| std::env::var("GPUPROF_PC_WINDOWS").map(|v| v.trim() != "reenable").unwrap_or(true))
@@ -45,47 +55,72 @@ pub(super) struct Win {
     /// The window opened then (None: closed).
     opened: Option<Instant>,
     next_open: Instant,
-    /// Time the last window's opening took on the application's thread.
-    open_cost: Duration,
     /// [`EXTRA_NS`] when the last window closed.
     extra_mark: u64,
     /// Windows closed so far.
     closes: u64,
-    /// The slowdown measured inside windows (a moving average; None: not yet).
-    slowdown: Option<f64>,
+    /// [`LAUNCHES`] when the window opened (None: launches are not being counted).
+    launch_mark: Option<u64>,
+    /// Kernel launches per second in the last windows (a moving average; None: not yet).
+    launch_rate: Option<f64>,
 }
 
 impl Win {
-    /// The first window, opened by the enable that took `open_cost`.
-    pub(super) fn opened(cfg: WinCfg, open_cost: Duration) -> Win {
+    /// The first window, opened by the enable.
+    pub(super) fn opened(cupti: &Cupti, cfg: WinCfg) -> Win {
         WINDOWS.fetch_add(1, Ordering::Relaxed);
-        WINDOW_OPEN.store(true, Ordering::Relaxed);
         Win {
             cfg,
             opened: Some(Instant::now()),
             next_open: Instant::now(),
-            open_cost,
             extra_mark: EXTRA_NS.load(Ordering::Relaxed),
             closes: 0,
-            slowdown: None,
+            launch_mark: count_launches(cupti),
+            launch_rate: None,
         }
+    }
+
+    /// What keeping sampling enabled costs, as a fraction of the time (None: not known yet).
+    fn enabled_cost(&self) -> Option<f64> {
+        self.launch_rate.map(|r| r * ENABLED_COST_PER_LAUNCH.as_secs_f64())
     }
 }
 
+/// Sampling on the context ends: the launch callbacks go off if a window counted them.
+pub(super) fn end(cupti: &Cupti, l: &mut Live) {
+    if let Some((w, _, _)) = &mut l.win
+        && w.launch_mark.take().is_some()
+    {
+        hooks::count_launches(cupti, false);
+    }
+}
+
+/// Starts counting launches: the count so far (None when the callbacks could not be switched on).
+fn count_launches(cupti: &Cupti) -> Option<u64> {
+    hooks::count_launches(cupti, true).then(|| LAUNCHES.load(Ordering::Relaxed))
+}
+
 /// Windows mode at a synchronization on the context: closes the open window once it has
-/// lasted its length (stop and read, or read and disable) and spaces the next so that what
-/// opening and closing cost the application's threads stays under the budget (and the duty
-/// under [`MAX_DUTY`]); opens the next when it is due.
+/// lasted its length (stop and read; disable too when staying enabled would cost more than
+/// the budget) and spaces the next so that what the windows cost stays under the budget (and
+/// the duty under [`MAX_DUTY`] while that cost is not known); opens the next when it is due.
 pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, Duration>) {
     let Some((w, cfg, wanted)) = &mut l.win else { return };
     let now = Instant::now();
     match w.opened {
         Some(at) if now.duration_since(at) >= w.cfg.window => {
+            let open = now.duration_since(at);
+            if let Some(mark) = w.launch_mark.take() {
+                hooks::count_launches(cupti, false);
+                let rate = LAUNCHES.load(Ordering::Relaxed).saturating_sub(mark) as f64 / open.as_secs_f64();
+                w.launch_rate = Some(w.launch_rate.map_or(rate, |old| 0.5 * old + 0.5 * rate));
+            }
+            let keep = w.enabled_cost().is_some_and(|c| c <= w.cfg.budget);
             let t = Instant::now();
             let mut failure = None;
             let before = l.totals.0;
             let mut t_read = Duration::ZERO;
-            let mut keep = false;
+            let mut kept = false;
             if let Some(on) = l.on.as_mut() {
                 let c = l.ctx as sys::CUcontext;
                 if on.ranged {
@@ -95,19 +130,18 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                         failure = Some((e, false));
                     }
                     on.running = false;
-                    let t_stop = t.elapsed();
-                    failure = failure.or(drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals));
-                    t_read = t.elapsed() - t_stop;
-                    keep = true;
-                } else {
-                    failure = drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals);
-                    t_read = t.elapsed();
+                }
+                let t_stop = t.elapsed();
+                failure = failure.or(drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals));
+                t_read = t.elapsed() - t_stop;
+                kept = on.ranged && keep && failure.is_none();
+                if !kept {
                     // Safety: the context is current on this thread and sampling is enabled on it.
                     let _ = unsafe { cupti.pc_disable(c) };
                     absorb(&on.at_disable, &mut l.agg, &mut l.totals);
                 }
             }
-            if !keep {
+            if !kept {
                 l.on = None;
             }
             if let Some(t) = l.on_since.take() {
@@ -115,27 +149,24 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             }
             charge(t);
             // What the last close and this open added to their synchronizations (measured at
-            // their exits; this close's own comes with the next window).
-            // The first window's enable includes CUPTI's one-time set-up (130-180 ms on an H200
-            // in a PyTorch process; later enables took 0.3 ms), which says nothing of the next.
+            // their exits; this close's own comes with the next window). The first window's
+            // enable includes CUPTI's one-time set-up (80-180 ms in a PyTorch process; later
+            // enables took 0.3 ms), which says nothing of the next.
             let measured = Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed).saturating_sub(w.extra_mark));
             let first = w.closes == 0;
             let cost = if first { Duration::ZERO } else { measured };
             w.closes += 1;
             w.extra_mark = EXTRA_NS.load(Ordering::Relaxed);
-            // The first window ran long on the H200 (0.1-0.4 s: the next synchronizations came
-            // late after the set-up), which says nothing of the next either.
-            let open = if first { w.cfg.window } else { now.duration_since(at) };
-            WINDOW_OPEN.store(false, Ordering::Relaxed);
-            // The budget pays for what opening and closing added to the synchronizations and
-            // for the slowdown inside the window (measured from the application's pace; until
-            // it is, the duty stays under MAX_DUTY).
-            if let Some(s) = pace_slowdown() {
-                w.slowdown = Some(w.slowdown.map_or(s, |old| 0.5 * old + 0.5 * s));
-            }
-            let inside = match w.slowdown {
-                Some(s) => (open.as_secs_f64() * s / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY_MEASURED),
-                None => open.as_secs_f64() / MAX_DUTY,
+            // The first window ran long (the next synchronizations came late after the
+            // set-up), which says nothing of the next either.
+            let open = if first { w.cfg.window } else { open };
+            // The budget pays for what opening and closing added to the synchronizations and,
+            // when the window disabled, for the launches' cost inside it; kept enabled, that
+            // cost runs all the time and is under the budget by the choice above.
+            let inside = match (kept, w.enabled_cost()) {
+                (true, _) => open.as_secs_f64() / MAX_DUTY_MEASURED,
+                (false, Some(c)) => (open.as_secs_f64() * c / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY_MEASURED),
+                (false, None) => open.as_secs_f64() / MAX_DUTY,
             };
             let gap = (cost.as_secs_f64() / w.cfg.budget).max(inside);
             w.opened = None;
@@ -143,16 +174,19 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             if WINDOWS.load(Ordering::Relaxed) < 20 {
                 crate::log::log!(
                     Info,
-                    "PC sampling window closed after {:.1} ms: read {:.2} ms, {} {:.2} ms, {} samples{}; \
-                     added to synchronizations since the last close {:.2} ms; slowdown inside {}; next in {:.0} ms",
+                    "PC sampling window closed after {:.1} ms: {} {:.2} ms, read {:.2} ms, {} samples{}; \
+                     added to synchronizations since the last close {:.2} ms; {}; next in {:.0} ms",
                     open.as_secs_f64() * 1e3,
-                    t_read.as_secs_f64() * 1e3,
-                    if keep { "stop" } else { "disable" },
+                    if kept { "stop" } else { "stop and disable" },
                     (t.elapsed() - t_read).as_secs_f64() * 1e3,
+                    t_read.as_secs_f64() * 1e3,
                     l.totals.0 - before,
                     failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default(),
                     measured.as_secs_f64() * 1e3,
-                    w.slowdown.map_or("not measured yet".to_string(), |s| format!("{:.1} %", s * 100.0)),
+                    w.launch_rate.map_or("launches not counted".to_string(), |r| format!(
+                        "{r:.0} launches/s (enabled costs ~{:.2} %)",
+                        r * ENABLED_COST_PER_LAUNCH.as_secs_f64() * 100.0
+                    )),
                     gap.min(MAX_GAP.as_secs_f64()) * 1e3
                 );
             }
@@ -163,7 +197,7 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             let opened = match l.on.as_mut() {
                 Some(on) => {
                     // Safety: the context is current on this thread and enabled with
-                    // start/stop control (a window kept enabled is ranged), out of a range.
+                    // start/stop control (only a ranged window stays enabled), out of a range.
                     let r = unsafe { cupti.pc_start(l.ctx as sys::CUcontext) };
                     on.running = r.is_ok();
                     r
@@ -172,14 +206,14 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             };
             match opened {
                 Ok(()) => {
-                    WINDOW_OPEN.store(true, Ordering::Relaxed);
                     l.on_since = Some(Instant::now());
                     w.opened = Some(Instant::now());
+                    w.launch_mark = count_launches(cupti);
                     WINDOWS.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => l.failure = Some((e, false)),
             }
-            w.open_cost = charge(t);
+            charge(t);
         }
         _ => {}
     }
