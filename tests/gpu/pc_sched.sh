@@ -209,7 +209,7 @@ if [[ $PARTS == *" cost "* ]]; then
     [ -e "$STATE/logs/cost_$m.log" ] && { echo "--- $m: the first windows"; grep -h "enable:\|window closed" "$STATE/logs/cost_$m.log" | head -6; }
   done
   mo=$(echo "${MM[off]}" | median); so=$(echo "${SM[off]:-}" | median)
-  fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="small-kernel loop (250k ops, a synchronization every 100) us/op medians of $REPS: untraced $so"
+  fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="small-kernel loop (${COST_SMALL_N:-250000} ops, a synchronization every 100) us/op medians of $REPS: untraced $so"
   for m in $MODES; do
     [ "$m" = off ] && continue
     mm=$(echo "${MM[$m]}" | median); sm=$(echo "${SM[$m]:-}" | median)

@@ -27,8 +27,8 @@ use super::app::{LAUNCHES, Live, absorb, drain_into, enable};
 use super::meter::{EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
 use crate::tracer::hooks;
 
-/// The longest gap between windows.
-const MAX_GAP: Duration = Duration::from_secs(10);
+/// The longest gap between windows (the budget decides below it).
+const MAX_GAP: Duration = Duration::from_secs(60);
 /// What CUPTI adds to a kernel launch while PC sampling is enabled: 1.5 µs measured on the
 /// H100 (small-kernel loop, 8.7 µs a launch untraced, +17.5 % under CUPTI's own sampler);
 /// rounded up.
@@ -57,8 +57,13 @@ pub(super) struct Win {
     next_open: Instant,
     /// [`EXTRA_NS`] when the last window closed.
     extra_mark: u64,
+    /// The first window opened then.
+    since: Instant,
     /// Windows closed so far.
     closes: u64,
+    /// What the windows cost so far: added to synchronizations, and launches' cost inside
+    /// windows that disabled.
+    spent: Duration,
     /// [`LAUNCHES`] when the window opened (None: launches are not being counted).
     launch_mark: Option<u64>,
     /// Kernel launches per second in the last windows (a moving average; None: not yet).
@@ -74,7 +79,9 @@ impl Win {
             opened: Some(Instant::now()),
             next_open: Instant::now(),
             extra_mark: EXTRA_NS.load(Ordering::Relaxed),
+            since: Instant::now(),
             closes: 0,
+            spent: Duration::ZERO,
             launch_mark: count_launches(cupti),
             launch_rate: None,
         }
@@ -149,33 +156,32 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             }
             charge(t);
             // What the last close and this open added to their synchronizations (measured at
-            // their exits; this close's own comes with the next window). The first window's
-            // enable includes CUPTI's one-time set-up (80-180 ms in a PyTorch process; later
-            // enables took 0.3 ms), which says nothing of the next.
+            // their exits; this close's own comes with the next window), but for the first
+            // enable's one-time set-up (80-260 ms in a PyTorch process), paid once whatever
+            // comes next; and, when the window disabled, the launches' cost inside it (kept
+            // enabled, that cost runs all the time and is under the budget by the choice above).
             let measured = Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed).saturating_sub(w.extra_mark));
-            let first = w.closes == 0;
-            let cost = if first { Duration::ZERO } else { measured };
-            w.closes += 1;
             w.extra_mark = EXTRA_NS.load(Ordering::Relaxed);
-            // The first window ran long (the next synchronizations came late after the
-            // set-up), which says nothing of the next either.
-            let open = if first { w.cfg.window } else { open };
-            // The budget pays for what opening and closing added to the synchronizations and,
-            // when the window disabled, for the launches' cost inside it; kept enabled, that
-            // cost runs all the time and is under the budget by the choice above.
-            let inside = match (kept, w.enabled_cost()) {
-                (true, _) => open.as_secs_f64() / MAX_DUTY_MEASURED,
-                (false, Some(c)) => (open.as_secs_f64() * c / w.cfg.budget).max(open.as_secs_f64() / MAX_DUTY_MEASURED),
-                (false, None) => open.as_secs_f64() / MAX_DUTY,
-            };
-            let gap = (cost.as_secs_f64() / w.cfg.budget).max(inside);
+            if w.closes > 0 {
+                w.spent += measured;
+            }
+            w.closes += 1;
+            if !kept && let Some(c) = w.enabled_cost() {
+                w.spent += open.mul_f64(c.min(10.0));
+            }
+            // The next window opens when what the windows cost since the first stays within
+            // the budget of the time since (and the duty under MAX_DUTY while the launches'
+            // cost is not known).
+            let duty = if w.enabled_cost().is_some() { MAX_DUTY_MEASURED } else { MAX_DUTY };
+            let paid = w.since + w.spent.div_f64(w.cfg.budget);
+            let gap = (open.div_f64(duty)).max(paid.saturating_duration_since(Instant::now())).min(MAX_GAP);
             w.opened = None;
-            w.next_open = Instant::now() + Duration::from_secs_f64(gap).min(MAX_GAP);
+            w.next_open = Instant::now() + gap;
             if WINDOWS.load(Ordering::Relaxed) < 20 {
                 crate::log::log!(
                     Info,
                     "PC sampling window closed after {:.1} ms: {} {:.2} ms, read {:.2} ms, {} samples{}; \
-                     added to synchronizations since the last close {:.2} ms; {}; next in {:.0} ms",
+                     added to synchronizations since the last close {:.2} ms, {:.0} ms in all; {}; next in {:.0} ms",
                     open.as_secs_f64() * 1e3,
                     if kept { "stop" } else { "stop and disable" },
                     (t.elapsed() - t_read).as_secs_f64() * 1e3,
@@ -183,11 +189,12 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                     l.totals.0 - before,
                     failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default(),
                     measured.as_secs_f64() * 1e3,
+                    w.spent.as_secs_f64() * 1e3,
                     w.launch_rate.map_or("launches not counted".to_string(), |r| format!(
                         "{r:.0} launches/s (enabled costs ~{:.2} %)",
                         r * ENABLED_COST_PER_LAUNCH.as_secs_f64() * 100.0
                     )),
-                    gap.min(MAX_GAP.as_secs_f64()) * 1e3
+                    gap.as_secs_f64() * 1e3
                 );
             }
             l.failure = failure;
