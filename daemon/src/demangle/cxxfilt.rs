@@ -8,8 +8,14 @@
 //!   writes its return type too (`void at::native::gpu_kernel_impl<...>(...)::{lambda(int)#1}`),
 //!   c++filt writes it only for the outermost function.
 //!
-//! Both are fixed on the stream of writes cpp_demangle makes ([`DemangleWrite`]), where a
-//! literal's parts and the names' nesting can be told apart, not on the finished text.
+//! - a cv-qualified closure type (`RKT_` where `T_` is a lambda): cpp_demangle writes the
+//!   qualifier into the lambda's parameter list (`{lambda(c10::BFloat16 const)#1}&`), c++filt
+//!   after the closure (`{lambda(c10::BFloat16)#1} const&`).
+//!
+//! The first two are fixed on the stream of writes cpp_demangle makes ([`DemangleWrite`]),
+//! where a literal's parts and the names' nesting can be told apart; the third on the finished
+//! text ([`closure_cv`]): a lambda's parameter list never ends in a qualifier of its own (the
+//! mangling drops a parameter's top-level qualifiers).
 
 use cpp_demangle::{DemangleNodeType, DemangleOptions, DemangleWrite, Symbol};
 
@@ -24,16 +30,73 @@ pub fn demangle(mangled: &str) -> Option<String> {
     // A name that starts with a local name (`_ZZ`: an entity inside a function) has no return
     // type of its own in front.
     if mangled.starts_with("_ZZ") {
-        return Some(body);
+        return Some(closure_cv(body));
     }
     let mut full = Writes::default();
     sym.structured_demangle(&mut full, &DemangleOptions::new()).ok()?;
     let name_at = full.name_at;
     let full = full.finish();
-    Some(match name_at {
+    Some(closure_cv(match name_at {
         Some(at) => format!("{}{body}", &full[..at]),
         None => body,
-    })
+    }))
+}
+
+/// Moves a qualifier written at the end of a lambda's parameter list (`{lambda(T const)#1}`)
+/// after the closure (`{lambda(T)#1} const`), as c++filt writes it.
+fn closure_cv(s: String) -> String {
+    const OPEN: &str = "{lambda(";
+    if !s.contains(OPEN) {
+        return s;
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s.as_str();
+    // Qualifiers moved out of lambdas still open, innermost last: written after each one's `}`.
+    let mut pending: Vec<Option<&'static str>> = Vec::new();
+    while !rest.is_empty() {
+        if rest.starts_with(OPEN) {
+            out.push_str(OPEN);
+            rest = &rest[OPEN.len()..];
+            // Find the parameter list's `)` (parentheses nest inside it).
+            let mut depth = 1usize;
+            let mut end = rest.len();
+            for (i, c) in rest.char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = i;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let params = &rest[..end];
+            let after = &rest[end..];
+            let cv = [" const volatile", " volatile", " const"]
+                .into_iter()
+                .find(|q| params.ends_with(q) && after.starts_with(")#"));
+            // The list's text goes out as it is (it may hold lambdas of its own) but for the
+            // qualifier, which waits for this lambda's `}`.
+            let keep = cv.map_or(end, |q| end - q.len());
+            out.push_str(&closure_cv(params[..keep].to_string()));
+            pending.push(cv);
+            rest = after;
+            continue;
+        }
+        let c = rest.chars().next().unwrap_or_default();
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+        if c == '}'
+            && let Some(cv) = pending.pop()
+            && let Some(q) = cv
+        {
+            out.push_str(q);
+        }
+    }
+    out
 }
 
 /// The integer literal types that c++filt writes as a suffix, and the suffix.
