@@ -46,7 +46,12 @@ pub fn write(l: Level, args: std::fmt::Arguments<'_>) {
     if !enabled(l) {
         return;
     }
-    let line = format!("gpuprof-inject[{}] {:?}: {}\n", std::process::id(), l, args);
+    // UTC time of day, to the millisecond: lines of several processes and the application's
+    // own output line up.
+    let ms = gpuprof_cupti::clock::realtime_ns() / 1_000_000;
+    let (h, m, s) = (ms / 3_600_000 % 24, ms / 60_000 % 60, ms / 1000 % 60);
+    let line =
+        format!("gpuprof-inject[{}] {h:02}:{m:02}:{s:02}.{:03} {:?}: {}\n", std::process::id(), ms % 1000, l, args);
     let file = FILE.get_or_init(|| {
         std::env::var_os("GPUPROF_LOG_FILE")
             .and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok().map(std::sync::Mutex::new))

@@ -17,8 +17,12 @@
 #          synchronization exits, the old place; win16 windows with a 16 MiB hardware buffer),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens).
+#   residue  where the windows' cost goes on launch-bound work: the small-kernel loop (1.5M ops)
+#          untraced, in windows and in windows of an enable each, its pace printed per 50k ops
+#          beside the windows the injector logged (before the first window, inside, after a
+#          disable).
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
-# PARTS (default "ddp ddptrace share late cost"; also "probe": one PC-only session with the injector's
+# PARTS (default "ddp ddptrace share late cost"; also "probe" and "residue"; probe: one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
 # FIGURE lines) and copies logs to $OUT when set. Exit status 1 when a check failed.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as in pc.sh.
@@ -158,6 +162,24 @@ if [[ $PARTS == *" late "* ]]; then
   "${CTL[@]}" export "$S" --format pprof -o "$STATE/late.pb.gz" >/dev/null 2>&1
   pass_if "late attach: the pprof export names the file" "$(zcat "$STATE/late.pb.gz" 2>/dev/null | grep -aq 'pc_kernel.cu' && echo 1)" "$(stat -c %s "$STATE/late.pb.gz" 2>/dev/null) bytes"
   grep -hE "mapped files|modules loaded before" "$STATE"/logs/late_inj.txt 2>/dev/null | head -3
+fi
+
+# ---------------------------------------------------------------- residue
+if [[ $PARTS == *" residue "* ]]; then
+  for mode in off win winre; do
+    env=(); s=
+    case $mode in
+      win) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-win) ;;
+      winre) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winre); env=(GPUPROF_PC_WINDOWS=reenable) ;;
+    esac
+    env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/residue_$mode.log" ${s:+CUDA_INJECTION64_PATH="$INJ"} \
+      "$PY" "$HERE/small_sync.py" 1500000 1.5 50000 >"$STATE/residue_$mode.txt" 2>&1
+    [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null
+    echo "--- residue $mode: us/op per 50k ops (utc: end of the chunk)"
+    grep -oE 'utc=[0-9:.]+ at_s=[0-9.]+ per_op_us=[0-9.]+' "$STATE/residue_$mode.txt"
+    grep -h "enable:\|window closed" "$STATE/logs/residue_$mode.log" 2>/dev/null | cut -c1-200 | head -8
+    figure "residue $mode: $(grep -oE 'per_op_us=[0-9.]+$' "$STATE/residue_$mode.txt" | tail -1) overall"
+  done
 fi
 
 # ---------------------------------------------------------------- cost
