@@ -4,7 +4,8 @@
 //! protobuf: [`crate::fleet_perfetto`]). Each host's clock offset against the caller is
 //! estimated first (the daemon's clock in `GetStatus`, NTP-style: the reply with the shortest
 //! round trip of [`OFFSET_PROBES`], assumed to be stamped halfway through it); start times are
-//! given to each host in its own clock and its trace is moved onto the caller's.
+//! given to each host in its own clock and its trace is moved onto the caller's; the merged
+//! trace says each offset and its error bound (half that round trip).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -51,6 +52,11 @@ pub fn clock_offset(samples: &[(u64, u64, u64)]) -> Option<(i64, u64)> {
             let mid = sent as i128 + (received - sent) as i128 / 2;
             ((now as i128 - mid) as i64, received - sent)
         })
+}
+
+/// A host's clock against the caller's as shown: `+4.000 ms ± 1.5 µs`.
+pub fn clock_text(offset_ns: i64, error_ns: u64) -> String {
+    format!("{:+.3} ms ± {:.1} µs", offset_ns as f64 / 1e6, error_ns as f64 / 1e3)
 }
 
 async fn host_offset(c: &mut Client, host: &str) -> Result<(i64, u64)> {
@@ -112,9 +118,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         let ids: Vec<String> = started
             .iter()
             .zip(&offsets)
-            .map(|((h, _, id), (off, rtt))| {
-                format!("{h}: session {id}, clock {:+.3} ms ± {:.3} ms", *off as f64 / 1e6, *rtt as f64 / 2e6)
-            })
+            .map(|((h, _, id), (off, rtt))| format!("{h}: session {id}, clock {}", clock_text(*off, rtt / 2)))
             .collect();
         eprintln!("tracing on {} hosts ({})", started.len(), ids.join(", "));
     }
@@ -172,6 +176,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
             out.push(json!({
                 "host": host,
                 "clock_offset_ns": offsets[i].0,
+                "clock_error_ns": offsets[i].1 / 2,
                 "session": session_json(s),
                 "summary": summary_json(&summary),
             }));
@@ -192,11 +197,17 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         let exported =
             if format == Format::Perfetto { pb::ExportFormat::Perfetto } else { pb::ExportFormat::ChromeJson };
         let mut traces = Vec::new();
-        for ((host, c, id), (offset, _)) in started.iter_mut().zip(&offsets) {
+        for ((host, c, id), (offset, rtt)) in started.iter_mut().zip(&offsets) {
             let data = crate::records::export_bytes(c, *id, exported)
                 .await
                 .with_context(|| format!("exporting session {id} from {host}"))?;
-            traces.push(HostTrace { host: host.clone(), session: *id, clock_offset_ns: *offset, data });
+            traces.push(HostTrace {
+                host: host.clone(),
+                session: *id,
+                clock_offset_ns: *offset,
+                clock_error_ns: rtt / 2,
+                data,
+            });
         }
         let mut merged = if format == Format::Perfetto { merge_perfetto(&traces)? } else { merge_chrome(&traces)? };
         if format == Format::ChromeGz {
@@ -237,6 +248,8 @@ pub struct HostTrace {
     pub session: u64,
     /// The host's clock minus the caller's (ns).
     pub clock_offset_ns: i64,
+    /// How far that offset may be off (ns): half the round trip it was measured over.
+    pub clock_error_ns: u64,
     /// The export (Chrome JSON or Perfetto protobuf).
     pub data: Vec<u8>,
 }
@@ -252,13 +265,13 @@ pub fn merge_chrome(traces: &[HostTrace]) -> Result<Vec<u8>> {
         let host = &t.host;
         let v: Value = serde_json::from_slice(&t.data).with_context(|| format!("the trace from {host} is not JSON"))?;
         let t0 = v["otherData"]["t0_ns"].as_i64().with_context(|| format!("the trace from {host} has no t0_ns"))?;
-        parsed.push((host, t.session, t0 - t.clock_offset_ns, t.clock_offset_ns, v));
+        parsed.push((host, t.session, t0 - t.clock_offset_ns, (t.clock_offset_ns, t.clock_error_ns), v));
     }
     let t0_min = parsed.iter().map(|p| p.2).min().unwrap_or(0);
     let mut events = Vec::new();
     let mut hosts = Vec::new();
     let mut next_pid = 1i64;
-    for (i, (host, session, t0, offset, v)) in parsed.into_iter().enumerate() {
+    for (i, (host, session, t0, (offset, error), v)) in parsed.into_iter().enumerate() {
         let mut evs = match v.get("traceEvents").cloned() {
             Some(Value::Array(a)) => a,
             _ => bail!("the trace from {host} has no traceEvents"),
@@ -299,7 +312,9 @@ pub fn merge_chrome(traces: &[HostTrace]) -> Result<Vec<u8>> {
             }
         }
         events.extend(evs);
-        hosts.push(json!({"host": host, "session": session, "t0_ns": t0, "clock_offset_ns": offset}));
+        hosts.push(json!({
+            "host": host, "session": session, "t0_ns": t0, "clock_offset_ns": offset, "clock_error_ns": error,
+        }));
     }
     let merged = json!({
         "displayTimeUnit": "ns",
@@ -321,7 +336,7 @@ mod tests {
     }
 
     fn ht(host: &str, session: u64, clock_offset_ns: i64, data: Vec<u8>) -> HostTrace {
-        HostTrace { host: host.into(), session, clock_offset_ns, data }
+        HostTrace { host: host.into(), session, clock_offset_ns, clock_error_ns: 250, data }
     }
 
     #[test]
@@ -362,6 +377,7 @@ mod tests {
         .unwrap();
         assert_eq!(merged["otherData"]["t0_ns"], 10_000_000);
         assert_eq!(merged["otherData"]["gpuprof_hosts"][1]["clock_offset_ns"], 4_000_000);
+        assert_eq!(merged["otherData"]["gpuprof_hosts"][1]["clock_error_ns"], 250);
         let e = merged["traceEvents"].as_array().unwrap();
         assert_eq!((e[0]["ts"].as_f64(), e[1]["ts"].as_f64()), (Some(0.0), Some(0.0)), "the same instant");
     }

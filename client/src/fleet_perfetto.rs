@@ -7,10 +7,16 @@
 //! - track uuids and flow ids of the i-th host get `i << 52` mixed in (gpuprofd numbers tracks
 //!   from 1 and flows from correlation ids, far below 2^52);
 //! - pids and tids of the i-th host are moved by `i << 22` (Linux ids are below 2^22), since
-//!   Perfetto merges process tracks with equal pids; process names start with the host.
+//!   Perfetto merges process tracks with equal pids; process names start with the host;
+//! - a last sequence holds a track "clock alignment" with one instant per host at the trace's
+//!   start: the host's clock offset and its error bound (half the round trip it was measured
+//!   over), as the instant's name and arguments.
 
 use anyhow::{Context, Result, bail};
-use gpuprof_proto::perfetto::{Trace, trace_packet::Data};
+use gpuprof_proto::perfetto::track_event::Type;
+use gpuprof_proto::perfetto::{
+    DebugAnnotation, Trace, TracePacket, TrackDescriptor, TrackEvent, debug_annotation, trace_packet::Data,
+};
 use prost::Message;
 
 use crate::fleet::HostTrace;
@@ -18,6 +24,8 @@ use crate::fleet::HostTrace;
 /// Where a host's ids start: pids and tids `i << PID_BITS`, uuids and flows `i << ID_BITS`.
 const PID_BITS: u32 = 22;
 const ID_BITS: u32 = 52;
+/// The clock-alignment track's uuid (above every host's ids).
+const CLOCK_TRACK: u64 = u64::MAX;
 /// Hosts whose pids still fit an `int32` after the move.
 pub const MAX_HOSTS: usize = 1 << (31 - PID_BITS);
 
@@ -73,7 +81,51 @@ pub fn merge_perfetto(traces: &[HostTrace]) -> Result<Vec<u8>> {
             merged.packet.push(p);
         }
     }
+    clock_alignment(&mut merged, traces);
     Ok(merged.encode_to_vec())
+}
+
+/// Appends the clock-alignment track and its instants (see the module's comment).
+fn clock_alignment(merged: &mut Trace, traces: &[HostTrace]) {
+    let start = merged.packet.iter().filter_map(|p| p.timestamp).min().unwrap_or(0);
+    let seq = Some(traces.len() as u32 + 1);
+    merged.packet.push(TracePacket {
+        data: Some(Data::TrackDescriptor(TrackDescriptor {
+            uuid: Some(CLOCK_TRACK),
+            name: Some("clock alignment".into()),
+            ..Default::default()
+        })),
+        trusted_packet_sequence_id: seq,
+        sequence_flags: Some(1),
+        ..Default::default()
+    });
+    for t in traces {
+        let arg = |name: &str, value: debug_annotation::Value| DebugAnnotation {
+            name: Some(name.into()),
+            value: Some(value),
+            ..Default::default()
+        };
+        merged.packet.push(TracePacket {
+            timestamp: Some(start),
+            data: Some(Data::TrackEvent(TrackEvent {
+                r#type: Some(Type::Instant as i32),
+                track_uuid: Some(CLOCK_TRACK),
+                name: Some(format!(
+                    "{}: clock {}",
+                    t.host,
+                    crate::fleet::clock_text(t.clock_offset_ns, t.clock_error_ns)
+                )),
+                debug_annotations: vec![
+                    arg("host", debug_annotation::Value::StringValue(t.host.clone())),
+                    arg("clock_offset_ns", debug_annotation::Value::IntValue(t.clock_offset_ns)),
+                    arg("clock_error_ns", debug_annotation::Value::UintValue(t.clock_error_ns)),
+                ],
+                ..Default::default()
+            })),
+            trusted_packet_sequence_id: seq,
+            ..Default::default()
+        });
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +179,7 @@ mod tests {
             host: host.into(),
             session: 1,
             clock_offset_ns: off,
+            clock_error_ns: 1_500,
             data: host_trace(ts),
         };
         // The same pid, uuids and flow on both; h2's clock is 4 ms ahead.
@@ -134,9 +187,19 @@ mod tests {
             merge_perfetto(&[ht("h1", 0, 10_000_000), ht("h2", 4_000_000, 14_000_000)]).unwrap().as_slice(),
         )
         .unwrap();
-        assert_eq!(m.packet.len(), 6);
+        assert_eq!(m.packet.len(), 9);
         let seqs: Vec<_> = m.packet.iter().map(|p| p.trusted_packet_sequence_id).collect();
-        assert_eq!(seqs, [Some(1), Some(1), Some(1), Some(2), Some(2), Some(2)]);
+        assert_eq!(seqs, [Some(1), Some(1), Some(1), Some(2), Some(2), Some(2), Some(3), Some(3), Some(3)]);
+        // The clock alignment: a track, then one instant per host at the trace's start.
+        let Some(Data::TrackDescriptor(clock)) = &m.packet[6].data else { panic!() };
+        assert_eq!(clock.name.as_deref(), Some("clock alignment"));
+        let Some(Data::TrackEvent(h2)) = &m.packet[8].data else { panic!() };
+        assert_eq!(h2.track_uuid, clock.uuid);
+        assert_eq!(m.packet[8].timestamp, Some(10_000_000));
+        assert_eq!(h2.name.as_deref(), Some("h2: clock +4.000 ms ± 1.5 µs"));
+        let args: Vec<_> = h2.debug_annotations.iter().map(|a| (a.name.clone().unwrap(), a.value.clone())).collect();
+        assert_eq!(args[1], ("clock_offset_ns".into(), Some(debug_annotation::Value::IntValue(4_000_000))));
+        assert_eq!(args[2], ("clock_error_ns".into(), Some(debug_annotation::Value::UintValue(1_500))));
         let Some(Data::TrackDescriptor(p2)) = &m.packet[3].data else { panic!() };
         let proc2 = p2.process.as_ref().unwrap();
         assert_eq!((proc2.pid, proc2.process_name.as_deref()), (Some(42 + (1 << 22)), Some("h2 · python3")));
@@ -151,8 +214,14 @@ mod tests {
         assert_eq!((e2.track_uuid, e2.flow_ids.as_slice()), (Some(2 | (1 << 52)), [7 | (1u64 << 52)].as_slice()));
         assert_eq!((m.packet[2].timestamp, m.packet[5].timestamp), (Some(10_000_000), Some(10_000_000)), "one instant");
         assert!(
-            merge_perfetto(&[HostTrace { host: "h".into(), session: 1, clock_offset_ns: 0, data: vec![0xff, 0xff] }])
-                .is_err()
+            merge_perfetto(&[HostTrace {
+                host: "h".into(),
+                session: 1,
+                clock_offset_ns: 0,
+                clock_error_ns: 0,
+                data: vec![0xff, 0xff]
+            }])
+            .is_err()
         );
     }
 }

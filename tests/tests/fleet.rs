@@ -81,10 +81,15 @@ fn one_trace_over_three_hosts() {
     for r in per_host {
         assert_eq!(at_callers(r), at_callers(&per_host[0]));
         assert!(r["clock_offset_ns"].as_i64().unwrap().abs() < 100_000_000, "{r}");
+        // The error bound: half a round trip over the local socket, well under a second.
+        assert!(r["clock_error_ns"].as_u64().unwrap() < 1_000_000_000, "{r}");
     }
 
     let m: Value = serde_json::from_slice(&std::fs::read(&merged).unwrap()).unwrap();
     assert_eq!(m["otherData"]["gpuprof_hosts"].as_array().unwrap().len(), 3);
+    for h in m["otherData"]["gpuprof_hosts"].as_array().unwrap() {
+        assert!(h["clock_error_ns"].is_u64() && h["clock_offset_ns"].is_i64(), "{h}");
+    }
     let ev = m["traceEvents"].as_array().unwrap();
     let procs: Vec<&str> = ev
         .iter()
@@ -125,6 +130,21 @@ fn one_trace_over_three_hosts() {
         })
         .map(|p| (p.pid.unwrap_or(0), p.process_name.unwrap_or_default()))
         .collect();
+    // Each host's clock offset and error bound, as an instant on the clock-alignment track.
+    let clock: Vec<String> = t
+        .packet
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(gpuprof_proto::perfetto::trace_packet::Data::TrackEvent(e)) if e.track_uuid == Some(u64::MAX) => {
+                e.name.clone()
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(clock.len(), hosts.len(), "{clock:?}");
+    for (h, c) in hosts.iter().zip(&clock) {
+        assert!(c.starts_with(&format!("{h}: clock ")) && c.contains(" ms ± ") && c.ends_with(" µs"), "{c}");
+    }
     let of = |h: &str| {
         tracks.iter().filter(|(_, n)| n.starts_with(&format!("{h} · "))).map(|(pid, _)| *pid).collect::<Vec<_>>()
     };
@@ -135,7 +155,7 @@ fn one_trace_over_three_hosts() {
         }
     }
     let seqs: std::collections::BTreeSet<_> = t.packet.iter().map(|p| p.trusted_packet_sequence_id).collect();
-    assert_eq!(seqs.len(), 3, "a packet sequence per host");
+    assert_eq!(seqs.len(), 4, "a packet sequence per host, and one for the clock alignment");
 
     // SQLite is not merged: refused before any session starts.
     let sessions_of = |d: &TestDaemon| {
