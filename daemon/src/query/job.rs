@@ -278,8 +278,8 @@ fn compare_ranks(
     let mut shown: HashMap<i64, String> = HashMap::new();
     for &i in &order {
         for k in &rows[i].1 {
-            if !shown.contains_key(&k.name) {
-                shown.insert(k.name, names.get(c, k.name)?);
+            if let std::collections::hash_map::Entry::Vacant(e) = shown.entry(k.name) {
+                e.insert(names.get(c, k.name)?);
             }
         }
     }
