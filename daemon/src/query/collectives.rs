@@ -187,6 +187,44 @@ pub fn median_period(starts: &[i64]) -> Option<(u64, u64)> {
     Some((median(&mut p), n))
 }
 
+/// Most launches of one NCCL kernel in a step looked for.
+const MAX_PER_STEP: usize = 64;
+/// Starts looked at to find how many launches a step has.
+const PER_STEP_SAMPLE: usize = 4096;
+/// Periods agree when their 10th and 90th percentiles are at most this share of their median apart.
+const AGREE: f64 = 0.25;
+
+/// The step period of a kernel launched `k` times a step (DDP's all-reduce per gradient bucket):
+/// the smallest `k` whose periods between every k-th start (sorted `starts`) agree, spread at
+/// most half as widely as those of any smaller k; their median, and how many steps. Without such a `k`, the plain [`median_period`] (k = 1). None for fewer
+/// than 3 starts.
+pub fn launch_period(starts: &[i64]) -> Option<(u64, u64, usize)> {
+    let (p, n) = median_period(starts)?;
+    let sample = &starts[..starts.len().min(PER_STEP_SAMPLE)];
+    let periods = |s: &[i64], k: usize| -> Vec<u64> { s.windows(k + 1).map(|w| (w[k] - w[0]).max(0) as u64).collect() };
+    // The least spread (ns) seen for a smaller k: a larger k must halve it. Jitter of the starts
+    // spreads every k's periods alike (and relative to a longer period, less); launches within
+    // a step spread the smaller k's periods by the gaps between them.
+    let mut best = u64::MAX;
+    // A k is judged on at least 4 steps.
+    for k in 1..=MAX_PER_STEP.min(sample.len().saturating_sub(1) / 4).max(1) {
+        let mut d = periods(sample, k);
+        d.sort_unstable();
+        let q = |f: f64| d[((d.len() - 1) as f64 * f).round() as usize];
+        let mid = q(0.5);
+        if mid == 0 {
+            continue;
+        }
+        let spread = q(0.9) - q(0.1);
+        if spread as f64 <= AGREE * mid as f64 && (k == 1 || spread.saturating_mul(2) <= best) {
+            let mut all = periods(starts, k);
+            return Some((median(&mut all), ((starts.len() - 1) / k) as u64, k));
+        }
+        best = best.min(spread);
+    }
+    Some((p, n, 1))
+}
+
 /// The group an NVTX range name belongs to for steps: numbered names ("ProfilerStep#12",
 /// "step 3") share one ("ProfilerStep#*", "step *").
 pub fn step_group(name: &str) -> String {
@@ -363,6 +401,30 @@ mod tests {
         let b = [Nccl { name: 1, start: 50_000, end: 51_000 }];
         let c = compare(&[Member { rank: 0, kernels: &a }, Member { rank: 1, kernels: &b }], names);
         assert_eq!(c.wait_ns, vec![1_000, 0]);
+    }
+
+    #[test]
+    fn launches_per_step_are_found() {
+        // One launch a step, 10 ms apart with up to 0.3 ms jitter.
+        let jitter = |i: i64| (i * 7919) % 300_000;
+        let one: Vec<i64> = (0..50).map(|i| i * 10_000_000 + jitter(i)).collect();
+        let (p, n, k) = launch_period(&one).expect("a period");
+        assert_eq!((n, k), (49, 1));
+        assert!((9_700_000..=10_300_000).contains(&p), "{p}");
+        // Three a step (gradient buckets at 0, 1 and 3 ms into a 20 ms step).
+        let three: Vec<i64> =
+            (0..40).flat_map(|s| [0, 1_000_000, 3_000_000].map(|o| s * 20_000_000 + o + jitter(s))).collect();
+        let (p, n, k) = launch_period(&three).expect("a period");
+        assert_eq!((n, k), (39, 3));
+        assert!((19_700_000..=20_300_000).contains(&p), "{p}");
+        // One a step with much jitter (10 ms +- 20 %): steps of two would agree better, but not
+        // by enough to be taken for two launches a step.
+        let noisy: Vec<i64> = (0..60).map(|i| i * 10_000_000 + (i * i * 7919 + i * 104_729) % 4_000_000).collect();
+        assert_eq!(launch_period(&noisy).expect("a period").2, 1);
+        // No regular pattern: the plain median of successive periods.
+        let odd: Vec<i64> = [0, 1, 5, 6, 20, 21, 50].iter().map(|v| v * 1_000_000).collect();
+        assert_eq!(launch_period(&odd), Some((median_period(&odd).expect("median").0, 6, 1)));
+        assert_eq!(launch_period(&[0, 5]), None);
     }
 
     #[test]

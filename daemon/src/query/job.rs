@@ -148,42 +148,69 @@ fn read_kernels(
     Ok(out)
 }
 
-/// A process's step time from its repeating NVTX ranges: (median period, periods, group).
+/// NVTX ranges of one group: how many, their total duration, their name ids.
+type Ranges = (u64, u64, Vec<i64>);
+
+/// Step times from repeating NVTX ranges, per process: (median period, periods, range group).
 fn marker_steps(
     c: &Connection,
     session: u64,
-    proc: u64,
+    procs: &[u64],
     names: &mut Strings,
-) -> rusqlite::Result<Option<(u64, u64, String)>> {
-    let f = pb::RecordFilter { process_ids: vec![proc], ..Default::default() };
+) -> rusqlite::Result<HashMap<u64, (u64, u64, String)>> {
+    let f = pb::RecordFilter { process_ids: procs.to_vec(), ..Default::default() };
     let w = where_for(c, "marker", session, &f)?;
     let ranges = "t.is_mark = 0 AND t.dur > 0";
     let mut stmt = c.prepare(&format!(
-        "SELECT t.name, count(*), sum(t.dur) FROM marker t WHERE {} AND {ranges} GROUP BY t.name",
+        "SELECT t.proc, t.name, count(*), sum(t.dur) FROM marker t WHERE {} AND {ranges} GROUP BY t.proc, t.name",
         w.sql
     ))?;
     let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
-    // Range group → (ranges, total duration, name ids).
-    let mut groups: BTreeMap<String, (u64, u64, Vec<i64>)> = BTreeMap::new();
+    // Process → range group → its ranges.
+    let mut groups: BTreeMap<u64, BTreeMap<String, Ranges>> = BTreeMap::new();
     while let Some(r) = rows.next()? {
-        let id: i64 = r.get(0)?;
-        let g = groups.entry(collectives::step_group(&names.get(c, id)?)).or_default();
-        g.0 += r.get::<_, i64>(1)?.max(0) as u64;
-        g.1 += r.get::<_, i64>(2)?.max(0) as u64;
+        let (proc, id): (i64, i64) = (r.get(0)?, r.get(1)?);
+        let g = groups.entry(proc as u64).or_default().entry(collectives::step_group(&names.get(c, id)?)).or_default();
+        g.0 += r.get::<_, i64>(2)?.max(0) as u64;
+        g.1 += r.get::<_, i64>(3)?.max(0) as u64;
         g.2.push(id);
     }
-    let list: Vec<(String, u64, u64)> = groups.iter().map(|(k, v)| (k.clone(), v.0, v.1)).collect();
-    let Some(i) = collectives::pick_step_group(&list) else { return Ok(None) };
-    let (group, (_, _, ids)) = groups.into_iter().nth(i).unwrap_or_default();
+    // Each process's step group, and the (process, name) pairs that belong to it.
+    let mut chosen: HashMap<u64, String> = HashMap::new();
+    let mut pairs: BTreeSet<(u64, i64)> = BTreeSet::new();
+    for (proc, g) in groups {
+        let list: Vec<(String, u64, u64)> = g.iter().map(|(k, v)| (k.clone(), v.0, v.1)).collect();
+        let Some(i) = collectives::pick_step_group(&list) else { continue };
+        let Some((group, (_, _, ids))) = g.into_iter().nth(i) else { continue };
+        pairs.extend(ids.into_iter().map(|id| (proc, id)));
+        chosen.insert(proc, group);
+    }
+    let mut out = HashMap::new();
+    if pairs.is_empty() {
+        return Ok(out);
+    }
+    let ids: BTreeSet<i64> = pairs.iter().map(|p| p.1).collect();
     let marks = vec!["?"; ids.len()].join(",");
     let mut stmt = c.prepare(&format!(
-        "SELECT t.start + p.base_ns AS s FROM marker t JOIN processes p ON p.id = t.proc
-         WHERE {} AND {ranges} AND t.name IN ({marks}) ORDER BY s",
+        "SELECT t.proc, t.name, t.start + p.base_ns AS s FROM marker t JOIN processes p ON p.id = t.proc
+         WHERE {} AND {ranges} AND t.name IN ({marks}) ORDER BY t.proc, s",
         w.sql
     ))?;
     let params = w.params.iter().cloned().chain(ids.into_iter().map(rusqlite::types::Value::Integer));
-    let starts: Vec<i64> = stmt.query_map(params_from_iter(params), |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
-    Ok(collectives::median_period(&starts).map(|(p, n)| (p, n, group)))
+    let mut rows = stmt.query(params_from_iter(params))?;
+    let mut starts: HashMap<u64, Vec<i64>> = HashMap::new();
+    while let Some(r) = rows.next()? {
+        let (proc, id, s): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+        if pairs.contains(&(proc as u64, id)) {
+            starts.entry(proc as u64).or_default().push(s);
+        }
+    }
+    for (proc, group) in chosen {
+        if let Some((p, n)) = starts.get(&proc).and_then(|s| collectives::median_period(s)) {
+            out.insert(proc, (p, n, group));
+        }
+    }
+    Ok(out)
 }
 
 /// A process's step time from the period of its most frequent NCCL kernel.
@@ -195,7 +222,11 @@ fn nccl_steps(k: &Kernels, c: &Connection, names: &mut Strings) -> rusqlite::Res
     let Some((name, _)) = counts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))) else { return Ok(None) };
     let starts: Vec<i64> = k.nccl.iter().filter(|n| n.name == name).map(|n| n.start).collect();
     let shown = names.get(c, name)?;
-    Ok(collectives::median_period(&starts).map(|(p, n)| (p, n, collectives::short_name(&shown).to_string())))
+    let shown = collectives::short_name(&shown);
+    Ok(collectives::launch_period(&starts).map(|(p, n, k)| match k {
+        1 => (p, n, shown.to_string()),
+        k => (p, n, format!("{shown} ({k} a step)")),
+    }))
 }
 
 /// GetJobSummary's body, on a read connection.
@@ -205,6 +236,7 @@ pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::Job
     let mut names = Strings::default();
     let ids: Vec<u64> = procs.iter().map(|p| p.id).collect();
     let mut kernels = read_kernels(c, session, &ids, &mut names)?;
+    let mut marker_steps = marker_steps(c, session, &ids, &mut names)?;
     let mut rows = Vec::new();
     for p in &procs {
         let k = kernels.remove(&p.id).unwrap_or_default();
@@ -224,7 +256,7 @@ pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::Job
             let span = r.end_ns.saturating_sub(r.start_ns);
             r.busy_share = if span > 0 { r.busy_ns as f64 / span as f64 } else { 0.0 };
         }
-        let steps = match marker_steps(c, session, p.id, &mut names)? {
+        let steps = match marker_steps.remove(&p.id) {
             Some(s) => Some(("marker", s)),
             None => nccl_steps(&k, c, &mut names)?.map(|s| ("nccl", s)),
         };
