@@ -54,6 +54,15 @@ pub struct Comparison {
     pub notes: Vec<String>,
 }
 
+/// Whether a kernel is NCCL's: its name, as shown (demangled) or as reported (an Itanium-mangled
+/// `_Z39ncclDevKernel_...` when it was not demangled), starts with `nccl`.
+pub fn is_nccl(shown: &str, reported: &str) -> bool {
+    fn unmangled_nccl(s: &str) -> bool {
+        s.strip_prefix("_Z").is_some_and(|r| r.trim_start_matches(|c: char| c.is_ascii_digit()).starts_with("nccl"))
+    }
+    shown.starts_with("nccl") || unmangled_nccl(shown) || unmangled_nccl(reported)
+}
+
 /// A kernel name as notes show it: without its parameter list.
 pub fn short_name(name: &str) -> &str {
     name.split('(').next().unwrap_or(name)
@@ -393,6 +402,19 @@ mod tests {
             "{:?}",
             c.notes
         );
+    }
+
+    #[test]
+    fn nccl_kernels_by_name() {
+        assert!(is_nccl("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "_Z39ncclDev"));
+        assert!(is_nccl("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", ""));
+        assert!(is_nccl("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE", ""));
+        assert!(!is_nccl("ampere_sgemm_128x64_tn", ""));
+        assert!(!is_nccl(
+            "void at::native::elementwise_kernel<128, 2>(int)",
+            "_ZN2at6native18elementwise_kernelILi128ELi2EEEviT1_"
+        ));
+        assert!(!is_nccl("my_nccl_helper(int)", "_Z14my_nccl_helperi"));
     }
 
     #[test]

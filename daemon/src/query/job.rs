@@ -135,7 +135,8 @@ fn read_kernels(
         let nccl = match is_nccl.get(&name) {
             Some(b) => *b,
             None => {
-                let b = names.get(c, name)?.starts_with("nccl");
+                let (shown, reported) = names.both(c, name)?;
+                let b = collectives::is_nccl(&shown, &reported);
                 is_nccl.insert(name, b);
                 b
             }
