@@ -82,6 +82,8 @@ fn job_top_names_the_late_rank_and_what_the_others_waited() {
         // A process of the job without a rank, and another job's only rank.
         ScriptedAgent::start(&d.agent_socket, rank_script("run-9", None, t0, 0, STEPS, false)).unwrap(),
         ScriptedAgent::start(&d.agent_socket, rank_script("other", Some(0), t0, 0, STEPS, false)).unwrap(),
+        // Rank 0 again (a restart), with fewer all-reduces: not the one compared.
+        ScriptedAgent::start(&d.agent_socket, rank_script("run-9", Some(0), t0, 0, 5, false)).unwrap(),
     ];
     let id = ok_json(&d.ctl(&["session", "start", "--all", "--json"]))["id"].as_u64().unwrap();
     for a in &agents {
@@ -94,18 +96,27 @@ fn job_top_names_the_late_rank_and_what_the_others_waited() {
     for _ in 0..100 {
         s = ok_json(&d.ctl(&["job", "top", &sid, "--job", "run-9", "--json"]));
         if s["ranks"].as_array().unwrap().iter().map(|r| r["kernel_count"].as_u64().unwrap()).sum::<u64>()
-            == 4 * 2 * STEPS - 1
+            == 4 * 2 * STEPS - 1 + STEPS + 5
         {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let ranks = s["ranks"].as_array().unwrap();
-    assert_eq!(ranks.len(), 4, "{s:#}");
+    assert_eq!(ranks.len(), 5, "{s:#}");
     let rank_of: Vec<Value> = ranks.iter().map(|r| r["rank"].clone()).collect();
-    assert_eq!(rank_of, vec![Value::from(0), 1.into(), 2.into(), Value::Null], "by rank, the rank-less last");
-    assert_eq!(ranks[0]["process_id"], agents[0].process_id);
-    assert_eq!(ranks[3]["process_id"], agents[3].process_id);
+    assert_eq!(rank_of, vec![Value::from(0), 0.into(), 1.into(), 2.into(), Value::Null], "by rank, the rank-less last");
+    assert_eq!(
+        (&ranks[0]["process_id"], &ranks[1]["process_id"]),
+        (&agents[0].process_id.into(), &agents[5].process_id.into())
+    );
+    assert_eq!(ranks[4]["process_id"], agents[3].process_id);
+    // The restarted rank 0 is listed, not compared.
+    assert_eq!(
+        (&ranks[1]["nccl_count"], &ranks[1]["wait_ns"], &ranks[1]["last_count"]),
+        (&5.into(), &0.into(), &0.into())
+    );
+    let ranks: Vec<&Value> = ranks.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, r)| r).collect();
 
     // The straggler, with its evidence: rank 1 started all 29 compared all-reduces last.
     assert_eq!(s["collectives"], STEPS - 1, "{s:#}");
@@ -127,6 +138,11 @@ fn job_top_names_the_late_rank_and_what_the_others_waited() {
         notes.iter().any(|n| n.contains(&format!("process {} ", agents[3].process_id)) && n.contains("no rank")),
         "{notes:?}"
     );
+    let restart = format!(
+        "rank 0 ran in several processes: compared process {}, the one with the most NCCL kernels; not {}",
+        agents[0].process_id, agents[5].process_id
+    );
+    assert!(notes.iter().any(|n| n.starts_with(&restart)), "{notes:?}");
 
     // Per rank: step time (rank 0 from its ProfilerStep ranges, the others from their
     // all-reduces), busy share, NCCL time, devices.

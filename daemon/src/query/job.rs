@@ -301,7 +301,7 @@ fn compare_ranks(
             .collect();
         if !others.is_empty() {
             out.notes.push(format!(
-                "rank {rank} ran in several processes: compared process {} (the most NCCL kernels), not {}",
+                "rank {rank} ran in several processes: compared process {}, the one with the most NCCL kernels; not {}",
                 rows[i].0.process_id,
                 others.join(", ")
             ));
