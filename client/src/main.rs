@@ -5,6 +5,7 @@ mod export;
 mod flame;
 mod fleet;
 mod fleet_perfetto;
+mod job;
 mod output;
 mod pc;
 mod profile;
@@ -92,6 +93,9 @@ enum Cmd {
                             credentials apply to every host.\n\
                             --json: one JSON object, the session and its summary.")]
     Trace(Box<sessions::TraceArgs>),
+    /// Distributed jobs: `job top SESSION` compares a job's ranks and names the straggler.
+    #[command(subcommand)]
+    Job(job::JobCmd),
     /// A session's summary: top kernels, device busy time, copies, API calls.
     #[command(after_help = "--json: one JSON object.")]
     Top(records::TopArgs),
@@ -229,6 +233,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Procs(a) => sessions::procs(&mut client, a, cli.json).await?,
         Cmd::Session(c) => sessions::session(&mut client, c, cli.json).await?,
         Cmd::Trace(a) => sessions::trace(&mut client, *a, cli.json).await?,
+        Cmd::Job(c) => job::job(&mut client, c, cli.json).await?,
         Cmd::Top(a) => records::top(&mut client, a, cli.json).await?,
         Cmd::Query(a) => records::query(&mut client, a, cli.json).await?,
         Cmd::Export(a) => export::export(&mut client, a, cli.json).await?,

@@ -334,6 +334,14 @@ impl Gpuprof for Api {
         Ok(Response::new(crate::query::get_summary(&self.d, &caller, req.into_inner()).await?))
     }
 
+    async fn get_job_summary(
+        &self,
+        req: Request<pb::GetJobSummaryRequest>,
+    ) -> Result<Response<pb::JobSummary>, Status> {
+        let caller = self.caller(&req);
+        Ok(Response::new(crate::query::get_job_summary(&self.d, &caller, req.into_inner()).await?))
+    }
+
     type ExportTraceStream = Stream<pb::ExportTraceResponse>;
     async fn export_trace(
         &self,

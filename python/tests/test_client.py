@@ -45,6 +45,10 @@ class ClientTest(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as e:
                 c.session(987654)
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+            # Its one process belongs to no distributed job: no ranks to compare.
+            with self.assertRaises(grpc.RpcError) as e:
+                c.job_summary(s.id)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
             # PC sampling: this agent reports no GPU, so the session gets no samples.
             p = c.start_session(all_processes=True, name="pc", preset="pc", pc_sampling=True)
             self.assertTrue(p.collect.pc_sampling)

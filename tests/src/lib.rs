@@ -9,6 +9,7 @@ pub mod fake_agent;
 pub mod layout;
 pub mod pc_agent;
 pub mod python;
+pub mod rank_agent;
 pub mod records;
 pub mod traced_agent;
 

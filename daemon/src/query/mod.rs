@@ -15,8 +15,10 @@ use crate::Daemon;
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
 
+mod collectives;
 mod filter;
 mod inventory;
+mod job;
 mod names;
 pub mod pc;
 mod records;
@@ -25,6 +27,7 @@ mod summary;
 
 pub use filter::{Cols, Where, check_filter, cols, where_for};
 pub use inventory::{list_devices, list_processes};
+pub use job::get_job_summary;
 pub use names::{NAME_GLOB, Strings, copy_kind_name, names, string, sync_type_name};
 pub use pc::query_pc_samples;
 use records::stream_records;

@@ -141,6 +141,12 @@ class Client:
         """Top kernels, device busy time, copies and API calls of a session."""
         return self.stub.GetSummary(pb.GetSummaryRequest(session_id=session_id, top=top), timeout=self.timeout)
 
+    def job_summary(self, session_id: int, job: str = "") -> pb.JobSummary:
+        """A distributed job's ranks in a session compared: step time, GPU busy share, NCCL time,
+        time waiting in collectives, and the straggler (``job`` "": the session's one job)."""
+        req = pb.GetJobSummaryRequest(session_id=session_id, job_id=job)
+        return self.stub.GetJobSummary(req, timeout=self.timeout)
+
     def pc_top(
         self, session_id: int, group_by: str = "function", kernel: str = "", limit: int = 20
     ) -> pb.QueryPcSamplesResponse:

@@ -664,6 +664,88 @@ class GetSummaryResponse(_message.Message):
     kernel_total_ns: int
     def __init__(self, top_kernels: _Optional[_Iterable[_Union[KernelStat, _Mapping]]] = ..., device_busy: _Optional[_Iterable[_Union[DeviceBusy, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[CopyStat, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiStat, _Mapping]]] = ..., kernel_count: _Optional[int] = ..., kernel_total_ns: _Optional[int] = ...) -> None: ...
 
+class GetJobSummaryRequest(_message.Message):
+    __slots__ = ("session_id", "job_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    job_id: str
+    def __init__(self, session_id: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class RankSummary(_message.Message):
+    __slots__ = ("process_id", "pid", "rank", "device_ids", "start_ns", "end_ns", "kernel_count", "step_ns", "step_source", "step_name", "steps", "busy_ns", "busy_share", "nccl_count", "nccl_ns", "wait_ns", "last_count")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STEP_NS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SHARE_FIELD_NUMBER: _ClassVar[int]
+    NCCL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NCCL_NS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_COUNT_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    pid: int
+    rank: int
+    device_ids: _containers.RepeatedScalarFieldContainer[int]
+    start_ns: int
+    end_ns: int
+    kernel_count: int
+    step_ns: int
+    step_source: str
+    step_name: str
+    steps: int
+    busy_ns: int
+    busy_share: float
+    nccl_count: int
+    nccl_ns: int
+    wait_ns: int
+    last_count: int
+    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., device_ids: _Optional[_Iterable[int]] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., kernel_count: _Optional[int] = ..., step_ns: _Optional[int] = ..., step_source: _Optional[str] = ..., step_name: _Optional[str] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., busy_share: _Optional[float] = ..., nccl_count: _Optional[int] = ..., nccl_ns: _Optional[int] = ..., wait_ns: _Optional[int] = ..., last_count: _Optional[int] = ...) -> None: ...
+
+class Straggler(_message.Message):
+    __slots__ = ("rank", "process_id", "last_count", "collectives", "others_wait_ns", "median_wait_ns", "evidence")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_COUNT_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    OTHERS_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    process_id: int
+    last_count: int
+    collectives: int
+    others_wait_ns: int
+    median_wait_ns: int
+    evidence: str
+    def __init__(self, rank: _Optional[int] = ..., process_id: _Optional[int] = ..., last_count: _Optional[int] = ..., collectives: _Optional[int] = ..., others_wait_ns: _Optional[int] = ..., median_wait_ns: _Optional[int] = ..., evidence: _Optional[str] = ...) -> None: ...
+
+class JobSummary(_message.Message):
+    __slots__ = ("session_id", "job_id", "ranks", "collectives", "straggler", "no_straggler", "notes")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FIELD_NUMBER: _ClassVar[int]
+    NO_STRAGGLER_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    job_id: str
+    ranks: _containers.RepeatedCompositeFieldContainer[RankSummary]
+    collectives: int
+    straggler: Straggler
+    no_straggler: str
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[int] = ..., job_id: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankSummary, _Mapping]]] = ..., collectives: _Optional[int] = ..., straggler: _Optional[_Union[Straggler, _Mapping]] = ..., no_straggler: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ExportTraceRequest(_message.Message):
     __slots__ = ("session_id", "format", "filter", "gzip_level")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -84,6 +84,11 @@ class GpuprofStub:
                 request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.ExportTraceRequest.SerializeToString,
                 response_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.ExportTraceResponse.FromString,
                 _registered_method=True)
+        self.GetJobSummary = channel.unary_unary(
+                '/gpuprof.v1.Gpuprof/GetJobSummary',
+                request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.GetJobSummaryRequest.SerializeToString,
+                response_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.JobSummary.FromString,
+                _registered_method=True)
         self.StreamPmSamples = channel.unary_stream(
                 '/gpuprof.v1.Gpuprof/StreamPmSamples',
                 request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.StreamPmSamplesRequest.SerializeToString,
@@ -189,6 +194,14 @@ class GpuprofServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobSummary(self, request, context):
+        """The ranks of a distributed job in a session compared: step time, GPU busy share, time in
+        NCCL kernels, time spent waiting in collectives, and the straggler the others wait on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StreamPmSamples(self, request, context):
         """Live PM samples. A subscriber that falls behind is dropped.
         """
@@ -284,6 +297,11 @@ def add_GpuprofServicer_to_server(servicer, server):
                     servicer.ExportTrace,
                     request_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.ExportTraceRequest.FromString,
                     response_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.ExportTraceResponse.SerializeToString,
+            ),
+            'GetJobSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobSummary,
+                    request_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.GetJobSummaryRequest.FromString,
+                    response_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.JobSummary.SerializeToString,
             ),
             'StreamPmSamples': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamPmSamples,
@@ -586,6 +604,33 @@ class Gpuprof:
             '/gpuprof.v1.Gpuprof/ExportTrace',
             gpuprof_dot_v1_dot_gpuprof__pb2.ExportTraceRequest.SerializeToString,
             gpuprof_dot_v1_dot_gpuprof__pb2.ExportTraceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuprof.v1.Gpuprof/GetJobSummary',
+            gpuprof_dot_v1_dot_gpuprof__pb2.GetJobSummaryRequest.SerializeToString,
+            gpuprof_dot_v1_dot_gpuprof__pb2.JobSummary.FromString,
             options,
             channel_credentials,
             insecure,
