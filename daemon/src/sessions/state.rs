@@ -82,14 +82,55 @@ impl State {
     }
 }
 
+/// Where a process stands in a session (`session_processes.state`, `SessionProcess.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// StartTrace sent, no status yet.
+    Starting,
+    Tracing,
+    /// The agent reported it does not trace (between sessions' turns, or before its first).
+    Idle,
+    /// The session stopped it (or gave it to another session).
+    Stopped,
+    /// Another CUPTI client holds the process's CUPTI.
+    Displaced,
+    Failed,
+    /// The process went away while a member.
+    Exited,
+}
+
+impl MemberState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberState::Starting => "starting",
+            MemberState::Tracing => "tracing",
+            MemberState::Idle => "idle",
+            MemberState::Stopped => "stopped",
+            MemberState::Displaced => "displaced",
+            MemberState::Failed => "failed",
+            MemberState::Exited => "exited",
+        }
+    }
+
+    /// Displaced or failed: the process left the session's trace on its own account.
+    pub fn fell_out(self) -> bool {
+        matches!(self, MemberState::Displaced | MemberState::Failed)
+    }
+}
+
+impl std::fmt::Display for MemberState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A process taking part in an open session.
 #[derive(Debug, Clone)]
 pub(super) struct Member {
     pub(super) pid: u32,
     pub(super) exe: String,
     pub(super) joined_ns: u64,
-    /// tracing, displaced, failed, idle, stopped, exited.
-    pub(super) state: String,
+    pub(super) state: MemberState,
     pub(super) detail: String,
     /// Stopping: the process reported idle, failed, displaced or went away.
     pub(super) settled: bool,
@@ -152,8 +193,8 @@ impl Live {
                     exe: m.exe.clone(),
                     records: 0,
                     dropped: 0,
-                    displaced: m.state == "displaced",
-                    state: m.state.clone(),
+                    displaced: m.state == MemberState::Displaced,
+                    state: m.state.as_str().to_string(),
                     joined_at_ns: m.joined_ns,
                     detail: m.detail.clone(),
                     ..Default::default()
@@ -177,12 +218,12 @@ impl Live {
     /// Adds process `proc` as a member: "starting" until its agent confirms with a trace state
     /// (tracing, displaced or failed), "failed" when StartTrace could not be `sent`. Returns
     /// the member's state and detail.
-    pub(super) fn join(&mut self, proc: u64, pid: u32, exe: &str, now_ns: u64, sent: bool) -> (&'static str, String) {
+    pub(super) fn join(&mut self, proc: u64, pid: u32, exe: &str, now_ns: u64, sent: bool) -> (MemberState, String) {
         let (state, detail) = if sent {
-            ("starting", String::new())
+            (MemberState::Starting, String::new())
         } else {
             (
-                "failed",
+                MemberState::Failed,
                 "could not send StartTrace: the agent's command queue is full or it is disconnecting".to_string(),
             )
         };
@@ -192,9 +233,9 @@ impl Live {
                 pid,
                 exe: exe.to_string(),
                 joined_ns: now_ns,
-                state: state.into(),
+                state,
                 detail: detail.clone(),
-                settled: state != "starting",
+                settled: state != MemberState::Starting,
             },
         );
         (state, detail)
@@ -260,7 +301,7 @@ impl Live {
         if !self.state.is_open() {
             return None;
         }
-        let all_failed = !self.procs.is_empty() && self.procs.values().all(|m| m.state == "failed");
+        let all_failed = !self.procs.is_empty() && self.procs.values().all(|m| m.state == MemberState::Failed);
         let state = forced.unwrap_or(if all_failed { State::Failed } else { State::Completed });
         if all_failed && forced.is_none() {
             let why: Vec<String> = self
@@ -281,8 +322,8 @@ impl Live {
         self.state = state;
         self.stopped_ns = now_ns;
         for m in self.procs.values_mut() {
-            if m.state == "tracing" || m.state == "starting" {
-                m.state = "stopped".into();
+            if matches!(m.state, MemberState::Tracing | MemberState::Starting) {
+                m.state = MemberState::Stopped;
             }
         }
         Some(state)
@@ -326,18 +367,18 @@ impl Member {
     /// otherwise whether the member's state or detail changed.
     pub(super) fn on_trace_status(&mut self, status: i32, stopping: bool, detail: &str) -> Option<bool> {
         let new_state = match wire::TraceStatus::try_from(status) {
-            Ok(wire::TraceStatus::Tracing) => "tracing",
-            Ok(wire::TraceStatus::Idle) if stopping => "stopped",
-            Ok(wire::TraceStatus::Idle) => "idle",
-            Ok(wire::TraceStatus::Displaced) => "displaced",
-            Ok(wire::TraceStatus::Failed) => "failed",
+            Ok(wire::TraceStatus::Tracing) => MemberState::Tracing,
+            Ok(wire::TraceStatus::Idle) if stopping => MemberState::Stopped,
+            Ok(wire::TraceStatus::Idle) => MemberState::Idle,
+            Ok(wire::TraceStatus::Displaced) => MemberState::Displaced,
+            Ok(wire::TraceStatus::Failed) => MemberState::Failed,
             _ => return None,
         };
-        if new_state != "tracing" && (stopping || new_state != "idle") {
+        if new_state != MemberState::Tracing && (stopping || new_state != MemberState::Idle) {
             self.settled = true;
         }
         if self.state != new_state || self.detail != detail {
-            self.state = new_state.into();
+            self.state = new_state;
             self.detail = detail.to_string();
             return Some(true);
         }
@@ -346,8 +387,8 @@ impl Member {
 
     /// The member's process went away (`reason`): exited, unless displaced or failed before.
     pub(super) fn leave(&mut self, reason: &str) {
-        if self.state != "displaced" && self.state != "failed" {
-            self.state = "exited".into();
+        if !self.state.fell_out() {
+            self.state = MemberState::Exited;
         }
         self.detail = reason.to_string();
         self.settled = true;

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::spec::{Collect, TargetSpec};
-use super::state::{Inner, State};
+use super::state::{Inner, MemberState, State};
 use crate::clock::now_ns;
 use crate::error::{ApiError, ApiResult};
 use crate::ingest::WriterHandle;
@@ -27,13 +27,13 @@ pub(super) enum Op {
         session: u64,
         proc: u64,
         joined_ns: u64,
-        state: String,
+        state: MemberState,
         detail: String,
     },
     Member {
         session: u64,
         proc: u64,
-        state: String,
+        state: MemberState,
         detail: String,
         left_ns: Option<u64>,
     },
@@ -336,7 +336,7 @@ fn apply(c: &mut Connection, ops: Vec<Op>) -> rusqlite::Result<()> {
                     "INSERT INTO session_processes(session, proc, joined_ns, state, detail, drops_at_join)
                      VALUES (?1, ?2, ?3, ?4, ?5, (SELECT coalesce(sum(dropped), 0) FROM drops WHERE proc = ?2))
                      ON CONFLICT(session, proc) DO UPDATE SET state = excluded.state, detail = excluded.detail",
-                    params![session as i64, proc as i64, joined_ns as i64, state, detail],
+                    params![session as i64, proc as i64, joined_ns as i64, state.as_str(), detail],
                 )?;
             }
             Op::Member { session, proc, state, detail, left_ns } => {
@@ -345,7 +345,7 @@ fn apply(c: &mut Connection, ops: Vec<Op>) -> rusqlite::Result<()> {
                        drops_at_leave = CASE WHEN ?5 IS NULL THEN drops_at_leave
                          ELSE coalesce(drops_at_leave, (SELECT coalesce(sum(dropped), 0) FROM drops WHERE proc = ?2)) END
                      WHERE session = ?1 AND proc = ?2",
-                    params![session as i64, proc as i64, state, detail, left_ns.map(|v| v as i64)],
+                    params![session as i64, proc as i64, state.as_str(), detail, left_ns.map(|v| v as i64)],
                 )?;
             }
             Op::Detail { session, proc, detail } => {

@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use super::hints::publish_hint;
 use super::spec::Collect;
-use super::state::{Due, Inner, State};
+use super::state::{Due, Inner, MemberState, State};
 use super::store::Op;
 use crate::Daemon;
 use crate::clock::now_ns;
@@ -64,12 +64,12 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
     let now = now_ns();
     let sent = a.send(start_trace(id, &l.collect));
     let (state, detail) = l.join(a.id, a.pid, &a.exe, now, sent);
-    if state == "starting" {
+    if state == MemberState::Starting {
         super::pc::request(d, id, &l.collect, a);
         g.busy.insert(a.id, id);
     }
-    tracing::info!(session = id, process = a.id, pid = a.pid, state, "process joined session");
-    d.sessions.op(Op::Join { session: id, proc: a.id, joined_ns: now, state: state.into(), detail });
+    tracing::info!(session = id, process = a.id, pid = a.pid, state = state.as_str(), "process joined session");
+    d.sessions.op(Op::Join { session: id, proc: a.id, joined_ns: now, state, detail });
     true
 }
 
@@ -82,7 +82,7 @@ fn yield_to(d: &Daemon, g: &mut Inner, node: u64, proc: u64, to: u64) {
         d.sessions.op(Op::Member {
             session: node,
             proc,
-            state: "stopped".into(),
+            state: MemberState::Stopped,
             detail: format!("traced by session {to}"),
             left_ns: Some(now_ns()),
         });
@@ -161,7 +161,7 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
         d.sessions.op(Op::Member {
             session: id,
             proc: *pid,
-            state: m.state.clone(),
+            state: m.state,
             detail: m.detail.clone(),
             left_ns: Some(now),
         });
@@ -293,7 +293,7 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
                     d.sessions.op(Op::Member {
                         session: s,
                         proc: id,
-                        state: m.state.clone(),
+                        state: m.state,
                         detail: reason.clone(),
                         left_ns: Some(now_ns()),
                     });
@@ -326,10 +326,10 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
             if changed {
                 // A process that cannot be traced (CUPTI held by another profiler, or failing)
                 // gives its PC-sampling leases back.
-                if m.state == "displaced" || m.state == "failed" {
+                if m.state.fell_out() {
                     super::pc::left(d, sid, id, &format!("stopped (process {})", m.state));
                 }
-                d.sessions.op(Op::Member { session: sid, proc: id, state: m.state.clone(), detail, left_ns: None });
+                d.sessions.op(Op::Member { session: sid, proc: id, state: m.state, detail, left_ns: None });
             }
             maybe_finish(d, &mut g, sid);
         }

@@ -422,7 +422,9 @@ fn check(real: &Real, model: &Model, ended_as: Option<State>) -> Result<(), Test
             prop_assert!(l.stopped_ns > 0);
             // Until it leaves memory an ended session still takes its members' late reports.
             if just_ended {
-                prop_assert!(l.procs.values().all(|m| m.state != "starting" && m.state != "tracing"));
+                prop_assert!(
+                    l.procs.values().all(|m| !matches!(m.state, MemberState::Starting | MemberState::Tracing))
+                );
             }
         }
     }
