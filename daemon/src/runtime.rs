@@ -37,7 +37,8 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let arbiter = arbiter::open(&conn, &config).context("restoring performance-monitor leases")?;
     let (nvml, nvml_state) = open_nvml(&config);
     let gpus = Arc::new(sampler::Gpus::from_nvml(&config, &nvml_state));
-    let (writer, writer_thread) = ingest::spawn(conn, &config.ingest, stats.clone())?;
+    let (writer, write) = ingest::writer(conn, &config.ingest, stats.clone())?;
+    let writer_thread = std::thread::Builder::new().name("gpuprof-writer".into()).spawn(write)?;
     // TCP first: once the sockets answer, the whole API is up (tests and units rely on it).
     let api_tcp = api::bind_tcp(&config.api).await?;
     let agent_listener = agent::bind(&config.agent_socket)?;

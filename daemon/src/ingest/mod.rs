@@ -87,15 +87,15 @@ impl WriterHandle {
     }
 }
 
-/// Starts the writer thread on an open connection.
-pub fn spawn(
+/// The writer on an open connection: its handle, and its loop for the thread that runs it
+/// (started by `runtime.rs`; it ends once every handle is gone or after `Stop`).
+pub fn writer(
     conn: Connection,
     cfg: &IngestConfig,
     stats: Arc<Stats>,
-) -> Result<(WriterHandle, std::thread::JoinHandle<()>)> {
+) -> Result<(WriterHandle, impl FnOnce() + Send + use<>)> {
     let (tx, rx) = mpsc::channel(cfg.queue_messages);
     let mut w = Writer::new(conn, stats, cfg.commit_max_records)?;
-    let join = std::thread::Builder::new().name("gpuprof-writer".into()).spawn(move || w.run(rx))?;
     let records_max = u32::try_from(cfg.queue_records).unwrap_or(u32::MAX).min(Semaphore::MAX_PERMITS as u32);
-    Ok((WriterHandle { tx, records: Arc::new(Semaphore::new(records_max as usize)), records_max }, join))
+    Ok((WriterHandle { tx, records: Arc::new(Semaphore::new(records_max as usize)), records_max }, move || w.run(rx)))
 }

@@ -289,7 +289,8 @@ fn queued_records_are_bounded_by_the_budget() {
     let cfg = crate::config::Config::from_toml("[ingest]\nqueue_records = 10000\n").unwrap();
     let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg.storage).unwrap();
     let stats = std::sync::Arc::new(crate::stats::Stats::default());
-    let (w, join) = super::spawn(c, &cfg.ingest, stats).unwrap();
+    let (w, write) = super::writer(c, &cfg.ingest, stats).unwrap();
+    let join = std::thread::spawn(write);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         // 6000 + 4000 fill the budget; a third batch waits for a permit.
