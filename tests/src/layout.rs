@@ -73,6 +73,62 @@ pub fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
+/// File-level graph of one module folder `dir` (a folder holding `mod.rs`): each file of the
+/// folder (`x.rs`, not `mod.rs` nor `tests.rs`) and each subfolder → the siblings it names, as
+/// `super::y` (from a subfolder's files: `super::super::y`). `mod.rs` is the parent of them all
+/// and left out, as are `#[cfg(test)]` tails and comments.
+pub fn folder_graph(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut members: BTreeMap<String, Vec<(PathBuf, &str)>> = BTreeMap::new();
+    for e in std::fs::read_dir(dir).expect("a readable folder").flatten() {
+        let p = e.path();
+        let name = p.file_name().expect("a name").to_string_lossy().into_owned();
+        if p.is_dir() {
+            for f in rust_files(&p) {
+                members.entry(name.clone()).or_default().push((f, "super::super::"));
+            }
+        } else if let Some(stem) = name.strip_suffix(".rs")
+            && stem != "mod"
+            && stem != "tests"
+        {
+            members.entry(stem.to_string()).or_default().push((p, "super::"));
+        }
+    }
+    let names: BTreeSet<String> = members.keys().cloned().collect();
+    members
+        .iter()
+        .map(|(m, files)| {
+            let mut uses = BTreeSet::new();
+            for (f, prefix) in files {
+                let code = code_of(&std::fs::read_to_string(f).expect("readable source"));
+                for name in prefixed_paths(&code, prefix) {
+                    if name != *m && names.contains(&name) {
+                        uses.insert(name);
+                    }
+                }
+            }
+            (m.clone(), uses)
+        })
+        .collect()
+}
+
+/// The folders under `src` that are module folders (hold a `mod.rs`).
+pub fn module_folders(src: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![src.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("a readable folder").flatten() {
+            if e.path().is_dir() {
+                if e.path().join("mod.rs").exists() {
+                    out.push(e.path());
+                }
+                todo.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The code of a file: without line comments and without its `#[cfg(test)]` tail.
 fn code_of(text: &str) -> String {
     let mut out = String::new();
@@ -92,12 +148,18 @@ fn code_of(text: &str) -> String {
 
 /// First segments after `crate::`, including each item of `crate::{a, b::c}`.
 fn crate_paths(code: &str) -> BTreeSet<String> {
+    prefixed_paths(code, "crate::")
+}
+
+/// First segments after `prefix` (e.g. `crate::`, `super::`), including each item of
+/// `prefix{a, b::c}`.
+fn prefixed_paths(code: &str, prefix: &str) -> BTreeSet<String> {
     let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
     let mut out = BTreeSet::new();
     let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        let preceded_by_ident = rest[..i].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_');
-        rest = &rest[i + "crate::".len()..];
+    while let Some(i) = rest.find(prefix) {
+        let preceded_by_ident = rest[..i].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+        rest = &rest[i + prefix.len()..];
         if preceded_by_ident {
             continue; // e.g. `gpuprof_crate::`
         }

@@ -8,10 +8,12 @@
 use std::time::{Duration, Instant};
 
 use super::spec::Collect;
-use super::state::Inner;
 use crate::Daemon;
 use crate::arbiter::SamplerUse;
 use crate::error::{ApiError, ApiResult};
+
+/// The sessions' holds on the samplers, by session id (kept under the sessions lock).
+pub(crate) type Holds = std::collections::HashMap<u64, PmHold>;
 
 /// A session's hold on the samplers.
 pub(crate) struct PmHold {
@@ -44,14 +46,14 @@ fn every(d: &Daemon) -> Duration {
 }
 
 /// The session became active: asks for every managed GPU's sampler.
-pub(super) fn start(d: &Daemon, g: &mut Inner, id: u64, collect: &Collect) {
+pub(super) fn start(d: &Daemon, g: &mut Holds, id: u64, collect: &Collect) {
     let rate_hz = collect.pm_sampling_rate_hz;
-    if rate_hz == 0 || g.pm.contains_key(&id) {
+    if rate_hz == 0 || g.contains_key(&id) {
         return;
     }
     let mut hold = PmHold { rate_hz, uses: Vec::new(), missing: d.arbiter.devices(), renewed: Instant::now() };
     acquire_missing(d, id, &mut hold);
-    g.pm.insert(id, hold);
+    g.insert(id, hold);
 }
 
 fn acquire_missing(d: &Daemon, id: u64, hold: &mut PmHold) {
@@ -72,9 +74,9 @@ fn acquire_missing(d: &Daemon, id: u64, hold: &mut PmHold) {
 }
 
 /// Renews the holds that are due; asks again for the samplers not had yet.
-pub(super) fn renew_due(d: &Daemon, g: &mut Inner, now: Instant) {
+pub(super) fn renew_due(d: &Daemon, g: &mut Holds, now: Instant) {
     let every = every(d);
-    for (id, hold) in g.pm.iter_mut() {
+    for (id, hold) in g.iter_mut() {
         if now.duration_since(hold.renewed) < every {
             continue;
         }
@@ -91,11 +93,11 @@ pub(super) fn renew_due(d: &Daemon, g: &mut Inner, now: Instant) {
 }
 
 /// When the next renewal is due, if any session holds samplers.
-pub(super) fn next_renewal(d: &Daemon, g: &Inner) -> Option<Instant> {
-    g.pm.values().map(|h| h.renewed + every(d)).min()
+pub(super) fn next_renewal(d: &Daemon, g: &Holds) -> Option<Instant> {
+    g.values().map(|h| h.renewed + every(d)).min()
 }
 
 /// The session stops: its holds go (the last user of a sampler stops it).
-pub(super) fn stop(g: &mut Inner, id: u64) {
-    g.pm.remove(&id);
+pub(super) fn stop(g: &mut Holds, id: u64) {
+    g.remove(&id);
 }

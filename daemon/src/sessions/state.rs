@@ -403,7 +403,7 @@ pub(super) struct Inner {
     /// What the new-process hint file holds (see `hints::publish_hint`).
     pub(super) hint: String,
     /// Sessions' holds on the CUPTI PM samplers (see `pm`).
-    pub(super) pm: HashMap<u64, super::pm::PmHold>,
+    pub(super) pm: super::pm::Holds,
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ pub(super) fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
     for a in d.registry.all() {
         try_join(d, g, id, &a);
     }
-    super::pm::start(d, g, id, &collect);
+    super::pm::start(d, &mut g.pm, id, &collect);
     publish_hint(d, g);
 }
 
@@ -126,7 +126,7 @@ pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
         }
     }
     super::pc::stop(d, id);
-    super::pm::stop(g, id);
+    super::pm::stop(&mut g.pm, id);
     tracing::info!(session = id, reason, "session stopping");
     publish_hint(d, g);
     maybe_finish(d, g, id);
@@ -148,7 +148,7 @@ fn session_records(d: &Daemon, id: u64) -> u64 {
 
 /// Ends a session in a final state (`None`: completed, or failed when no process could be traced).
 fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
-    super::pm::stop(g, id);
+    super::pm::stop(&mut g.pm, id);
     let Some(l) = g.open.get_mut(&id) else { return };
     let now = now_ns();
     let Some(state) = l.finish(forced, now) else { return };
@@ -253,7 +253,7 @@ fn next_wakeup(d: &Daemon) -> Option<Instant> {
             consider(Some(Instant::now() + LIMIT_POLL));
         }
     }
-    consider(super::pm::next_renewal(d, &g));
+    consider(super::pm::next_renewal(d, &g.pm));
     consider(super::pc::next_busy_retry(d));
     consider(super::pc::next_schedule(d));
     next
@@ -273,7 +273,7 @@ fn tick(d: &Daemon) {
             Due::Nothing => {}
         }
     }
-    super::pm::renew_due(d, &mut g, now);
+    super::pm::renew_due(d, &mut g.pm, now);
     super::pc::retry_busy(d, &g);
     super::pc::schedule(d);
 }
