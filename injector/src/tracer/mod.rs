@@ -14,6 +14,7 @@ mod cupti_backend;
 pub mod detach;
 mod hooks;
 mod pc;
+mod switches;
 mod trace_config;
 
 pub use backend::{
