@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use gpuprof_testkit::layout::{cycles, generator, module_graph, repo_root, rust_files};
+use gpuprof_testkit::layout::{cycles, folder_graph, generator, module_graph, repo_root, rust_files};
 
 /// Longest hand-written Rust file, in lines.
 const MAX_LINES: usize = 600;
@@ -105,6 +105,92 @@ fn injector_cupti_and_sampler_modules_form_no_cycles() {
     assert_acyclic("injector", 10);
     assert_acyclic("cupti", 8);
     assert_acyclic("sampler", 1);
+}
+
+/// The tracer's files call each other one way: `hooks` (the process's one CUPTI subscriber)
+/// calls what `pc` and `detach` registered with it instead of naming them.
+#[test]
+fn the_injectors_tracer_files_form_no_cycles() {
+    let g = folder_graph(&repo_root().join("injector/src/tracer"), "crate::tracer::");
+    assert!(g.len() >= 7, "tracer files found: {:?}", g.keys());
+    let c = cycles(&g);
+    assert!(c.is_empty(), "tracer files that use each other in a circle: {c:?}\ngraph: {g:#?}");
+    assert!(g["hooks"].is_empty(), "hooks must stay a leaf, uses {:?}", g["hooks"]);
+    assert!(g["cupti_backend"].contains("detach") && g["detach"].contains("hooks"), "read the super:: paths: {g:?}");
+}
+
+/// Only gpuprof-cupti names the generated bindings; other crates use its typed API and the
+/// constants and layouts of `gpuprof_cupti::ids`.
+#[test]
+fn only_the_cupti_crate_names_its_raw_bindings() {
+    let root = repo_root();
+    let raw = concat!("gpuprof_cupti", "::sys"); // in two halves: this file does not match itself
+    let naming: Vec<String> = rust_files(&root)
+        .into_iter()
+        .filter(|p| !p.starts_with(root.join("cupti")) && read(p).contains(raw))
+        .map(|p| rel(&p))
+        .collect();
+    assert!(naming.is_empty(), "use gpuprof_cupti's typed API or gpuprof_cupti::ids instead: {naming:?}");
+}
+
+/// The injector's files that may use `unsafe`: the C ABI exports, libc calls, the buffer pool,
+/// the CUPTI callbacks, and the PC-sampling calls whose contract (a live context) only their
+/// bookkeeping knows. Everything else goes through gpuprof-cupti's safe wrappers.
+const INJECTOR_UNSAFE: &[&str] = &[
+    "injector/src/exports.rs",
+    "injector/src/lifecycle.rs",
+    "injector/src/pool.rs",
+    "injector/src/tracer/callbacks.rs",
+    "injector/src/tracer/hooks.rs",
+    "injector/src/tracer/pc/app.rs",
+    "injector/src/tracer/pc/cubins.rs",
+    "injector/src/tracer/pc/window.rs",
+    "injector/src/wake.rs",
+];
+
+#[test]
+fn unsafe_code_is_allowed_only_in_the_listed_injector_files() {
+    let root = repo_root();
+    let allowing: Vec<String> = rust_files(&root.join("injector/src"))
+        .into_iter()
+        .filter(|p| read(p).contains(concat!("allow(", "unsafe_code)")))
+        .map(|p| rel(&p))
+        .collect();
+    assert_eq!(allowing, INJECTOR_UNSAFE, "unsafe code belongs behind gpuprof-cupti's wrappers");
+}
+
+/// gpuprof-cupti's public `unsafe fn`s: each has a contract only the caller can keep (a live
+/// context, a buffer kept until disable, a completed buffer, a callback's own arguments).
+#[test]
+fn cuptis_public_unsafe_functions_are_the_listed_ones() {
+    let root = repo_root();
+    let mut found = BTreeSet::new();
+    for p in rust_files(&root.join("cupti/src")) {
+        if p.starts_with(root.join("cupti/src/sys")) {
+            continue;
+        }
+        for line in read(&p).lines() {
+            if let Some(rest) = line.trim_start().strip_prefix("pub unsafe fn ") {
+                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                found.insert(format!("{}::{name}", p.file_stem().unwrap_or_default().to_string_lossy()));
+            }
+        }
+    }
+    let expected: BTreeSet<String> = [
+        "activity::for_each_record",
+        "callback::from_raw",
+        "pcsampling::pc_configure",
+        "pcsampling::pc_disable",
+        "pcsampling::pc_enable",
+        "pcsampling::pc_get_data",
+        "pcsampling::pc_stall_reasons",
+        "pcsampling::pc_start",
+        "pcsampling::pc_stop",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(found, expected, "a new public unsafe fn: make it safe, or list it here with its contract");
 }
 
 /// Long-lived tasks start in `runtime`; the other modules that spawn do so per connection or
