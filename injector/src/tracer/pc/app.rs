@@ -40,7 +40,7 @@ const PCS_PER_READ: usize = 5000;
 /// `GetData` calls per read at most.
 const MAX_READS: usize = 64;
 
-/// (function name pointer, cubin CRC, PC offset, stall reason index) → samples.
+/// (function name, cubin CRC, PC offset, stall reason index) → samples.
 pub type Agg = HashMap<(FunctionName, u64, u64, u32), u64>;
 
 /// Sampling enabled on one context.
