@@ -3,6 +3,7 @@
 // required there) with arguments whose validity is stated next to it.
 #![allow(unsafe_code)]
 
+use crate::callback::Context;
 use crate::error::{CuptiError, check};
 use crate::loader::Cupti;
 use crate::sys::cupti as sys;
@@ -73,15 +74,13 @@ impl Cupti {
     }
 
     /// `cuptiActivityGetNumDroppedRecords(ctx, stream, &n)`: records CUPTI dropped since the
-    /// last call for the buffer being completed.
-    ///
-    /// # Safety
-    /// `ctx` must be the context pointer CUPTI passed to the completion callback (or null).
-    pub unsafe fn dropped_records(&self, ctx: sys::CUcontext, stream_id: u32) -> usize {
+    /// last call for the buffer being completed (`ctx` and `stream_id` as CUPTI passed them to
+    /// the completion callback).
+    pub fn dropped_records(&self, ctx: Context, stream_id: u32) -> usize {
         let mut n = 0usize;
-        // Safety: `ctx`/`stream_id` are the values CUPTI handed to the completion callback;
+        // Safety: `ctx` is a handle CUDA/CUPTI gave out (or null), which CUPTI only looks up;
         // `n` is a valid out pointer.
-        let r = unsafe { self.raw.cuptiActivityGetNumDroppedRecords(ctx, stream_id, &mut n) };
+        let r = unsafe { self.raw.cuptiActivityGetNumDroppedRecords(ctx.raw(), stream_id, &mut n) };
         if r == sys::CUPTI_SUCCESS { n } else { 0 }
     }
 
@@ -186,18 +185,3 @@ pub struct Subscriber(sys::CUpti_SubscriberHandle);
 
 // Safety: a subscriber handle is an opaque token CUPTI accepts from any thread.
 unsafe impl Send for Subscriber {}
-
-/// Whether `cbdata`, as CUPTI passes it to a runtime or driver API callback, is the exit of the
-/// call.
-///
-/// # Safety
-/// `cbdata` must be the `cbdata` argument of a callback for `CUPTI_CB_DOMAIN_RUNTIME_API` or
-/// `CUPTI_CB_DOMAIN_DRIVER_API` (a `CUpti_CallbackData`), or null.
-pub unsafe fn is_api_exit(cbdata: *const std::ffi::c_void) -> bool {
-    if cbdata.is_null() {
-        return false;
-    }
-    // Safety: per this function's contract, a valid `CUpti_CallbackData` for the callback's
-    // duration.
-    unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).callbackSite == sys::CUPTI_API_EXIT }
-}

@@ -9,6 +9,7 @@
 use std::ffi::{CStr, c_char};
 use std::time::{Duration, Instant};
 
+use crate::callback::Context;
 use crate::sys::cuda::CudaDriver;
 use crate::sys::cupti as sys;
 
@@ -133,7 +134,7 @@ impl Driver {
     ///
     /// # Safety
     /// `ctx` must be a live context.
-    pub unsafe fn with_context<T>(&self, ctx: sys::CUcontext, f: impl FnOnce() -> T) -> T {
+    unsafe fn with_context<T>(&self, ctx: sys::CUcontext, f: impl FnOnce() -> T) -> T {
         let d = &self.raw;
         let pushed = match &d.cuCtxPushCurrent_v2 {
             // Safety: `ctx` is live per this function's contract.
@@ -235,9 +236,9 @@ pub struct PrimaryContext<'a> {
 }
 
 impl PrimaryContext<'_> {
-    /// The context handle.
-    pub fn handle(&self) -> sys::CUcontext {
-        self.ctx
+    /// The context.
+    pub fn context(&self) -> Context {
+        Context::from_handle(self.ctx)
     }
 
     /// Runs `f` with the context current on the calling thread, leaving the thread's context

@@ -195,11 +195,6 @@ impl Cupti {
         &self.path
     }
 
-    /// The raw table, for modules that build their own safe layer (PM sampling).
-    pub fn raw(&self) -> &sys::Cupti {
-        &self.raw
-    }
-
     /// `cuptiGetResultString(code)`.
     pub fn result_string(&self, code: u32) -> String {
         let mut s: *const c_char = std::ptr::null();

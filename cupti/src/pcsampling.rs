@@ -12,6 +12,7 @@
 use std::ffi::{CStr, c_char, c_void};
 use std::mem::{offset_of, size_of};
 
+use crate::callback::Context;
 use crate::error::{CuptiError, check_call};
 use crate::loader::Cupti;
 use crate::sys::cupti as sys;
@@ -62,11 +63,33 @@ pub struct PcRecord<'a> {
     pub cubin_crc: u64,
     pub pc_offset: u64,
     pub function_index: u32,
-    /// CUPTI's string for the function name; the same pointer for every record of the function,
-    /// valid for the life of the process (CUPTI leaves it to the client to free, never done here).
-    pub function_name: *const c_char,
+    /// CUPTI's string for the function name (the same for every record of the function).
+    pub function_name: FunctionName,
     /// (stall reason index, samples).
     pub stalls: &'a [sys::CUpti_PCSamplingStallReason],
+}
+
+/// A function name CUPTI gave a PC record: a NUL-terminated string that lives for the rest of
+/// the process (CUPTI leaves it to the client to free, which gpuprof never does), or none.
+/// Only made from a [`PcRecord`]; cheap to copy, compare and hash (by address).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FunctionName(usize);
+
+impl FunctionName {
+    /// Whether CUPTI gave no name.
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The name (empty when CUPTI gave none).
+    pub fn c_str(self) -> &'static CStr {
+        if self.0 == 0 {
+            return c"";
+        }
+        // Safety: a FunctionName is only made from CUPTI's `functionName` of a PC record, a
+        // NUL-terminated string never freed (see the type's doc).
+        unsafe { CStr::from_ptr(self.0 as *const c_char) }
+    }
 }
 
 /// A buffer CUPTI fills with parsed PC data: `num_pcs` PCs with room for every stall reason.
@@ -136,7 +159,7 @@ impl PcBuffer {
             cubin_crc: pc.cubinCrc,
             pc_offset: pc.pcOffset,
             function_index: pc.functionIndex,
-            function_name: pc.functionName,
+            function_name: FunctionName(pc.functionName as usize),
             stalls: &st[..pc.stallReasonCount.min(st.len())],
         })
     }
@@ -161,12 +184,12 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context.
-    pub unsafe fn pc_enable(&self, ctx: sys::CUcontext) -> Result<(), CuptiError> {
+    pub unsafe fn pc_enable(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingEnable)?;
         let mut p = sys::CUpti_PCSamplingEnableParams {
             size: params_size!(sys::CUpti_PCSamplingEnableParams, ctx),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
         };
         // Safety: `p` is a valid params struct for the duration of the call.
         check_call("cuptiPCSamplingEnable", unsafe { self.raw.cuptiPCSamplingEnable(&mut p) })
@@ -177,12 +200,12 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled.
-    pub unsafe fn pc_disable(&self, ctx: sys::CUcontext) -> Result<(), CuptiError> {
+    pub unsafe fn pc_disable(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingDisable)?;
         let mut p = sys::CUpti_PCSamplingDisableParams {
             size: params_size!(sys::CUpti_PCSamplingDisableParams, ctx),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
         };
         // Safety: as for `pc_enable`.
         check_call("cuptiPCSamplingDisable", unsafe { self.raw.cuptiPCSamplingDisable(&mut p) })
@@ -193,12 +216,12 @@ impl Cupti {
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled and configured with
     /// [`PcConfig::start_stop`].
-    pub unsafe fn pc_start(&self, ctx: sys::CUcontext) -> Result<(), CuptiError> {
+    pub unsafe fn pc_start(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingStart)?;
         let mut p = sys::CUpti_PCSamplingStartParams {
             size: params_size!(sys::CUpti_PCSamplingStartParams, ctx),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
         };
         // Safety: as for `pc_enable`.
         check_call("cuptiPCSamplingStart", unsafe { self.raw.cuptiPCSamplingStart(&mut p) })
@@ -209,12 +232,12 @@ impl Cupti {
     ///
     /// # Safety
     /// As for [`Cupti::pc_start`].
-    pub unsafe fn pc_stop(&self, ctx: sys::CUcontext) -> Result<(), CuptiError> {
+    pub unsafe fn pc_stop(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingStop)?;
         let mut p = sys::CUpti_PCSamplingStopParams {
             size: params_size!(sys::CUpti_PCSamplingStopParams, ctx),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
         };
         // Safety: as for `pc_enable`.
         check_call("cuptiPCSamplingStop", unsafe { self.raw.cuptiPCSamplingStop(&mut p) })
@@ -224,13 +247,13 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled.
-    pub unsafe fn pc_stall_reasons(&self, ctx: sys::CUcontext) -> Result<StallReasons, CuptiError> {
+    pub unsafe fn pc_stall_reasons(&self, ctx: Context) -> Result<StallReasons, CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingGetNumStallReasons)?;
         let mut n: usize = 0;
         let mut p = sys::CUpti_PCSamplingGetNumStallReasonsParams {
             size: params_size!(sys::CUpti_PCSamplingGetNumStallReasonsParams, numStallReasons),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
             numStallReasons: &mut n,
         };
         // Safety: valid params with a valid out pointer.
@@ -242,7 +265,7 @@ impl Cupti {
         let mut q = sys::CUpti_PCSamplingGetStallReasonsParams {
             size: params_size!(sys::CUpti_PCSamplingGetStallReasonsParams, stallReasons),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
             numStallReasons: n,
             stallReasonIndex: index.as_mut_ptr(),
             stallReasons: names.as_mut_ptr(),
@@ -269,7 +292,7 @@ impl Cupti {
     /// alive and unmoved until sampling on `ctx` is disabled.
     pub unsafe fn pc_configure(
         &self,
-        ctx: sys::CUcontext,
+        ctx: Context,
         cfg: &PcConfig,
         at_disable: &mut PcBuffer,
     ) -> Result<(), CuptiError> {
@@ -328,7 +351,7 @@ impl Cupti {
         let mut p = sys::CUpti_PCSamplingConfigurationInfoParams {
             size: params_size!(sys::CUpti_PCSamplingConfigurationInfoParams, pPCSamplingConfigurationInfo),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
             numAttributes: attrs.len(),
             pPCSamplingConfigurationInfo: attrs.as_mut_ptr(),
         };
@@ -350,13 +373,13 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling is enabled.
-    pub unsafe fn pc_get_data(&self, ctx: sys::CUcontext, buf: &mut PcBuffer) -> Result<(), CuptiError> {
+    pub unsafe fn pc_get_data(&self, ctx: Context, buf: &mut PcBuffer) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingGetData)?;
         buf.reset();
         let mut p = sys::CUpti_PCSamplingGetDataParams {
             size: params_size!(sys::CUpti_PCSamplingGetDataParams, pcSamplingData),
             pPriv: std::ptr::null_mut(),
-            ctx,
+            ctx: ctx.raw(),
             pcSamplingData: buf.as_ptr(),
         };
         // Safety: `buf` is a PcBuffer laid out as CUPTI's parsed format.
@@ -452,31 +475,6 @@ fn attr_name(t: sys::CUpti_PCSamplingConfigurationAttributeType) -> &'static str
         }
         _ => "cuptiPCSamplingSetConfigurationAttribute",
     }
-}
-
-/// The module a resource callback reports as loaded or unloading: (cubin bytes).
-///
-/// # Safety
-/// `cbdata` must be the `cbdata` of a `CUPTI_CB_DOMAIN_RESOURCE` callback for
-/// `CUPTI_CBID_RESOURCE_MODULE_LOADED` or `..._MODULE_UNLOAD_STARTING`; the returned slice is
-/// valid only during that callback.
-pub unsafe fn module_cubin<'a>(cbdata: *const c_void) -> Option<&'a [u8]> {
-    if cbdata.is_null() {
-        return None;
-    }
-    // Safety: per the contract, a CUpti_ResourceData whose descriptor is a module's.
-    let rd = unsafe { &*(cbdata as *const sys::CUpti_ResourceData) };
-    let md = rd.resourceDescriptor as *const sys::CUpti_ModuleResourceData;
-    if md.is_null() {
-        return None;
-    }
-    // Safety: as above.
-    let md = unsafe { &*md };
-    if md.pCubin.is_null() || md.cubinSize == 0 {
-        return None;
-    }
-    // Safety: CUPTI describes `cubinSize` bytes at `pCubin` for the callback's duration.
-    Some(unsafe { std::slice::from_raw_parts(md.pCubin as *const u8, md.cubinSize) })
 }
 
 #[cfg(test)]

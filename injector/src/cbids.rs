@@ -2,7 +2,7 @@
 //! allocation and graph launches. Everything else (cudaGetDevice, cudaGetLastError, ...) stays
 //! unrecorded; recording every API call is what makes a naive tracer slower than Kineto.
 
-use gpuprof_cupti::sys::cupti::*;
+use gpuprof_cupti::ids::*;
 
 /// Runtime API callback ids enabled with `cuptiActivityEnableRuntimeApi`.
 pub const RUNTIME: &[u32] = &[

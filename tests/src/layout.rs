@@ -1,6 +1,7 @@
 //! Reading the source tree as a newcomer would: Rust files and their sizes, generated files
 //! and their generators, and the graph of a crate's top-level modules (which module names
-//! which through `crate::…` paths), with its cycles.
+//! which through `crate::…` paths) or of the files of one module folder ([`folder_graph`]),
+//! with its cycles.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -73,55 +74,59 @@ pub fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
-/// File-level graph of one module folder `dir` (a folder holding `mod.rs`): each file of the
-/// folder (`x.rs`, not `mod.rs` nor `tests.rs`) and each subfolder → the siblings it names, as
-/// `super::y` (from a subfolder's files: `super::super::y`). `mod.rs` is the parent of them all
-/// and left out, as are `#[cfg(test)]` tails and comments.
-pub fn folder_graph(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut members: BTreeMap<String, Vec<(PathBuf, &str)>> = BTreeMap::new();
-    for e in std::fs::read_dir(dir).expect("a readable folder").flatten() {
-        let p = e.path();
-        let name = p.file_name().expect("a name").to_string_lossy().into_owned();
-        if p.is_dir() {
-            for f in rust_files(&p) {
-                members.entry(name.clone()).or_default().push((f, "super::super::"));
-            }
-        } else if let Some(stem) = name.strip_suffix(".rs")
-            && stem != "mod"
-            && stem != "tests"
-        {
-            members.entry(stem.to_string()).or_default().push((p, "super::"));
+/// File → the files it names, for the module folder `dir` (e.g. `injector/src/tracer`) whose
+/// path from the crate root is `module_path` (e.g. `crate::tracer::`). A node is a file
+/// `dir/x.rs` (not `mod.rs`, the folder's own module) or a subfolder `dir/x/` (its files
+/// together); a file names `x` through `super::x` from its depth (`super::super::x` inside a
+/// subfolder) or `module_path` + `x`. Comments and `#[cfg(test)]` tails are not read.
+pub fn folder_graph(dir: &Path, module_path: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files: BTreeMap<String, Vec<(PathBuf, usize)>> = BTreeMap::new();
+    for f in rust_files(dir) {
+        let rel = f.strip_prefix(dir).expect("under dir");
+        let parts: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        if parts.len() == 1 && parts[0] == "mod.rs" {
+            continue;
         }
+        // How many `super::` lead from this file's module to the folder's.
+        let depth = parts.len() - usize::from(parts.last().is_some_and(|n| n == "mod.rs"));
+        let node = parts[0].trim_end_matches(".rs").to_string();
+        files.entry(node).or_default().push((f, depth));
     }
-    let names: BTreeSet<String> = members.keys().cloned().collect();
-    members
+    let names: BTreeSet<String> = files.keys().cloned().collect();
+    files
         .iter()
-        .map(|(m, files)| {
+        .map(|(node, paths)| {
             let mut uses = BTreeSet::new();
-            for (f, prefix) in files {
-                let code = code_of(&std::fs::read_to_string(f).expect("readable source"));
-                for name in prefixed_paths(&code, prefix) {
-                    if name != *m && names.contains(&name) {
+            for (p, depth) in paths {
+                let code = code_of(&std::fs::read_to_string(p).expect("readable source"));
+                let up = "super::".repeat(*depth);
+                for name in paths_after(&code, &up).into_iter().chain(paths_after(&code, module_path)) {
+                    if name != *node && names.contains(&name) {
                         uses.insert(name);
                     }
                 }
             }
-            (m.clone(), uses)
+            (node.clone(), uses)
         })
         .collect()
 }
 
-/// The folders under `src` that are module folders (hold a `mod.rs`).
-pub fn module_folders(src: &Path) -> Vec<PathBuf> {
+/// The folders under `src` that are module folders (hold a `mod.rs`), with their paths from
+/// the crate root (`crate::a::b::`).
+pub fn module_folders(src: &Path) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
     let mut todo = vec![src.to_path_buf()];
     while let Some(d) = todo.pop() {
         for e in std::fs::read_dir(&d).expect("a readable folder").flatten() {
-            if e.path().is_dir() {
-                if e.path().join("mod.rs").exists() {
-                    out.push(e.path());
+            let p = e.path();
+            if p.is_dir() {
+                if p.join("mod.rs").exists() {
+                    let rel = p.strip_prefix(src).expect("under src");
+                    let path: Vec<String> =
+                        rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+                    out.push((p.clone(), format!("crate::{}::", path.join("::"))));
                 }
-                todo.push(e.path());
+                todo.push(p);
             }
         }
     }
@@ -148,20 +153,22 @@ fn code_of(text: &str) -> String {
 
 /// First segments after `crate::`, including each item of `crate::{a, b::c}`.
 fn crate_paths(code: &str) -> BTreeSet<String> {
-    prefixed_paths(code, "crate::")
+    paths_after(code, "crate::")
 }
 
-/// First segments after `prefix` (e.g. `crate::`, `super::`), including each item of
-/// `prefix{a, b::c}`.
-fn prefixed_paths(code: &str, prefix: &str) -> BTreeSet<String> {
+/// First segments after `prefix` (a path ending in `::`), including each item of
+/// `prefix{a, b::c}`; not where `prefix` continues a longer path (`x::prefix`, `gpuprof_crate::`).
+fn paths_after(code: &str, prefix: &str) -> BTreeSet<String> {
     let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
     let mut out = BTreeSet::new();
-    let mut rest = code;
-    while let Some(i) = rest.find(prefix) {
-        let preceded_by_ident = rest[..i].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
-        rest = &rest[i + prefix.len()..];
-        if preceded_by_ident {
-            continue; // e.g. `gpuprof_crate::`
+    let mut at = 0;
+    while let Some(i) = code[at..].find(prefix) {
+        let start = at + i;
+        let preceded = code[..start].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+        at = start + prefix.len();
+        let rest = &code[at..];
+        if preceded {
+            continue;
         }
         if let Some(group) = rest.strip_prefix('{') {
             let end = group.find('}').unwrap_or(group.len());
@@ -281,6 +288,26 @@ mod tests {
         write(src, "c.rs", "use crate::a;");
         write(src, "d.rs", "use crate::a;");
         assert_eq!(cycles(&module_graph(src)), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
+    }
+
+    #[test]
+    fn folder_graph_reads_super_paths_by_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        write(t, "mod.rs", "mod a; mod b; mod p; use self::a::X; use super::b;");
+        write(t, "a.rs", "use super::{b, c::Z};\nuse crate::m::p::Y;\n");
+        write(t, "b.rs", "fn f() { super::super::a::g() }\n");
+        write(t, "c.rs", "// super::a in a comment\n");
+        write(t, "p/mod.rs", "mod q; use super::c;\n");
+        write(t, "p/q.rs", "use super::super::a; use super::c;\n");
+        let g = folder_graph(t, "crate::m::");
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(g.keys().cloned().collect::<BTreeSet<_>>(), set(&["a", "b", "c", "p"]));
+        assert_eq!(g["a"], set(&["b", "c", "p"]));
+        assert_eq!(g["b"], set(&[]), "super::super:: from a file of the folder leaves it");
+        assert_eq!(g["c"], set(&[]));
+        assert_eq!(g["p"], set(&["a", "c"]), "super:: from p/q.rs is p itself");
+        assert_eq!(cycles(&g), vec![vec!["a".to_string(), "p".into()]]);
     }
 
     #[test]

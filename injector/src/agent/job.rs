@@ -28,13 +28,11 @@ pub const VARS: &[&str] = &[
 /// parent pid. Called on the application's thread at initialisation (with the other variables
 /// the injector reads), not later from the background thread, where reading the environment
 /// could race with the application changing it.
-#[allow(unsafe_code)] // getppid
 pub fn of_this_process() -> pb::JobIdentity {
     let vars: Vec<(&str, String)> =
         VARS.iter().filter_map(|k| std::env::var_os(k).and_then(|v| v.into_string().ok()).map(|v| (*k, v))).collect();
-    // Safety: getppid has no preconditions and cannot fail.
-    let ppid = unsafe { libc::getppid() };
-    job_identity(&vars, u32::try_from(ppid).unwrap_or(0))
+    // getppid(2), which cannot fail.
+    job_identity(&vars, std::os::unix::process::parent_id())
 }
 
 /// The job identity given by `vars` (name, value): for each field the first variable that is

@@ -3,7 +3,7 @@
 use gpuprof_proto::agent as pb;
 
 use crate::records::Record;
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
 
 /// Index into the per-kind counters.
 pub fn kind_of(r: &Record) -> pb::RecordKind {
@@ -26,18 +26,18 @@ pub fn kind_of(r: &Record) -> pb::RecordKind {
 /// The RecordKind of a raw CUPTI activity kind (for drop counting without decoding).
 pub fn kind_of_activity(kind: u32) -> pb::RecordKind {
     match kind {
-        sys::CUPTI_ACTIVITY_KIND_KERNEL | sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => pb::RecordKind::Kernel,
-        sys::CUPTI_ACTIVITY_KIND_MEMCPY | sys::CUPTI_ACTIVITY_KIND_MEMCPY2 => pb::RecordKind::Memcpy,
-        sys::CUPTI_ACTIVITY_KIND_MEMSET => pb::RecordKind::Memset,
-        sys::CUPTI_ACTIVITY_KIND_RUNTIME | sys::CUPTI_ACTIVITY_KIND_DRIVER => pb::RecordKind::Api,
-        sys::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => pb::RecordKind::Sync,
-        sys::CUPTI_ACTIVITY_KIND_OVERHEAD => pb::RecordKind::Overhead,
-        sys::CUPTI_ACTIVITY_KIND_MARKER => pb::RecordKind::Marker,
-        sys::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => pb::RecordKind::ExternalCorrelation,
-        sys::CUPTI_ACTIVITY_KIND_DEVICE => pb::RecordKind::Device,
-        sys::CUPTI_ACTIVITY_KIND_CONTEXT => pb::RecordKind::Context,
-        sys::CUPTI_ACTIVITY_KIND_STREAM => pb::RecordKind::Stream,
-        sys::CUPTI_ACTIVITY_KIND_GRAPH_TRACE => pb::RecordKind::Graph,
+        ids::CUPTI_ACTIVITY_KIND_KERNEL | ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => pb::RecordKind::Kernel,
+        ids::CUPTI_ACTIVITY_KIND_MEMCPY | ids::CUPTI_ACTIVITY_KIND_MEMCPY2 => pb::RecordKind::Memcpy,
+        ids::CUPTI_ACTIVITY_KIND_MEMSET => pb::RecordKind::Memset,
+        ids::CUPTI_ACTIVITY_KIND_RUNTIME | ids::CUPTI_ACTIVITY_KIND_DRIVER => pb::RecordKind::Api,
+        ids::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => pb::RecordKind::Sync,
+        ids::CUPTI_ACTIVITY_KIND_OVERHEAD => pb::RecordKind::Overhead,
+        ids::CUPTI_ACTIVITY_KIND_MARKER => pb::RecordKind::Marker,
+        ids::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => pb::RecordKind::ExternalCorrelation,
+        ids::CUPTI_ACTIVITY_KIND_DEVICE => pb::RecordKind::Device,
+        ids::CUPTI_ACTIVITY_KIND_CONTEXT => pb::RecordKind::Context,
+        ids::CUPTI_ACTIVITY_KIND_STREAM => pb::RecordKind::Stream,
+        ids::CUPTI_ACTIVITY_KIND_GRAPH_TRACE => pb::RecordKind::Graph,
         _ => pb::RecordKind::Unspecified,
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
 use gpuprof_proto::agent as pb;
 
 use super::*;
@@ -128,16 +128,16 @@ fn nvtx_ranges_are_paired_and_marks_pass_through() {
     let names: HashMap<u64, &str> = [(0x1, "forward"), (0x2, "step"), (0x3, "my.domain")].into();
     let rd = strings(&names);
     let marker = |flags: u32, ts: u64, id: u32, name: u64, domain: u64| {
-        let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_MARKER, 56);
-        w.u32(4, flags).u64(8, ts).u32(16, id).u32(20, sys::CUPTI_ACTIVITY_OBJECT_THREAD).u32(24, 1).u32(28, 42);
+        let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_MARKER, 56);
+        w.u32(4, flags).u64(8, ts).u32(16, id).u32(20, ids::CUPTI_ACTIVITY_OBJECT_THREAD).u32(24, 1).u32(28, 42);
         w.u64(40, name).u64(48, domain);
         w.0
     };
     let mut c = Converter::new();
-    c.push_raw(&marker(sys::CUPTI_ACTIVITY_FLAG_MARKER_START, 100, 5, 0x1, 0x3), &rd);
-    c.push_raw(&marker(sys::CUPTI_ACTIVITY_FLAG_MARKER_INSTANTANEOUS, 150, 6, 0x2, 0), &rd);
-    c.push_raw(&marker(sys::CUPTI_ACTIVITY_FLAG_MARKER_END, 300, 5, 0, 0), &rd);
-    c.push_raw(&marker(sys::CUPTI_ACTIVITY_FLAG_MARKER_END, 301, 99, 0, 0), &rd); // unknown id
+    c.push_raw(&marker(ids::CUPTI_ACTIVITY_FLAG_MARKER_START, 100, 5, 0x1, 0x3), &rd);
+    c.push_raw(&marker(ids::CUPTI_ACTIVITY_FLAG_MARKER_INSTANTANEOUS, 150, 6, 0x2, 0), &rd);
+    c.push_raw(&marker(ids::CUPTI_ACTIVITY_FLAG_MARKER_END, 300, 5, 0, 0), &rd);
+    c.push_raw(&marker(ids::CUPTI_ACTIVITY_FLAG_MARKER_END, 301, 99, 0, 0), &rd); // unknown id
     let msgs = c.take_messages();
     let Some(pb::agent_message::Msg::Records(b)) = &msgs[1].msg else { panic!() };
     assert_eq!(b.markers.len(), 2);
@@ -151,10 +151,10 @@ fn nvtx_ranges_are_paired_and_marks_pass_through() {
 fn topology_is_cached_and_replayed() {
     let rd = |_| Some("NVIDIA H100 80GB HBM3".to_string());
     let mut c = Converter::new();
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_CONTEXT, 32);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_CONTEXT, 32);
     w.u32(4, 1).u32(8, 0).u16(12, 1).u16(14, 7);
     c.push_raw(&w.0, &rd);
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_DEVICE, 184);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_DEVICE, 184);
     w.u64(16, 80 << 30).u32(44, 132).u32(104, 9).u32(112, 0).u64(136, 0x99);
     for i in 0..16 {
         w.u8(120 + i, 0xab);

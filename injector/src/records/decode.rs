@@ -2,7 +2,7 @@
 
 use std::mem::{offset_of, size_of};
 
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
 
 use super::types::{
     Api, Context, Device, ExternalCorrelation, Graph, Kernel, Marker, Memcpy, Memset, Overhead, Record, Stream, Sync,
@@ -20,21 +20,21 @@ pub enum DecodeError {
 /// Size in bytes of the CUPTI 13.0 struct for `kind`, if gpuprof decodes that kind.
 pub fn record_size(kind: u32) -> Option<usize> {
     Some(match kind {
-        sys::CUPTI_ACTIVITY_KIND_KERNEL | sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => {
-            size_of::<sys::CUpti_ActivityKernel10>()
+        ids::CUPTI_ACTIVITY_KIND_KERNEL | ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => {
+            size_of::<ids::CUpti_ActivityKernel10>()
         }
-        sys::CUPTI_ACTIVITY_KIND_MEMCPY => size_of::<sys::CUpti_ActivityMemcpy6>(),
-        sys::CUPTI_ACTIVITY_KIND_MEMCPY2 => size_of::<sys::CUpti_ActivityMemcpyPtoP4>(),
-        sys::CUPTI_ACTIVITY_KIND_MEMSET => size_of::<sys::CUpti_ActivityMemset4>(),
-        sys::CUPTI_ACTIVITY_KIND_RUNTIME | sys::CUPTI_ACTIVITY_KIND_DRIVER => size_of::<sys::CUpti_ActivityAPI>(),
-        sys::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => size_of::<sys::CUpti_ActivitySynchronization2>(),
-        sys::CUPTI_ACTIVITY_KIND_OVERHEAD => size_of::<sys::CUpti_ActivityOverhead3>(),
-        sys::CUPTI_ACTIVITY_KIND_MARKER => size_of::<sys::CUpti_ActivityMarker2>(),
-        sys::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => size_of::<sys::CUpti_ActivityExternalCorrelation>(),
-        sys::CUPTI_ACTIVITY_KIND_DEVICE => size_of::<sys::CUpti_ActivityDevice5>(),
-        sys::CUPTI_ACTIVITY_KIND_CONTEXT => size_of::<sys::CUpti_ActivityContext3>(),
-        sys::CUPTI_ACTIVITY_KIND_STREAM => size_of::<sys::CUpti_ActivityStream>(),
-        sys::CUPTI_ACTIVITY_KIND_GRAPH_TRACE => size_of::<sys::CUpti_ActivityGraphTrace2>(),
+        ids::CUPTI_ACTIVITY_KIND_MEMCPY => size_of::<ids::CUpti_ActivityMemcpy6>(),
+        ids::CUPTI_ACTIVITY_KIND_MEMCPY2 => size_of::<ids::CUpti_ActivityMemcpyPtoP4>(),
+        ids::CUPTI_ACTIVITY_KIND_MEMSET => size_of::<ids::CUpti_ActivityMemset4>(),
+        ids::CUPTI_ACTIVITY_KIND_RUNTIME | ids::CUPTI_ACTIVITY_KIND_DRIVER => size_of::<ids::CUpti_ActivityAPI>(),
+        ids::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => size_of::<ids::CUpti_ActivitySynchronization2>(),
+        ids::CUPTI_ACTIVITY_KIND_OVERHEAD => size_of::<ids::CUpti_ActivityOverhead3>(),
+        ids::CUPTI_ACTIVITY_KIND_MARKER => size_of::<ids::CUpti_ActivityMarker2>(),
+        ids::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => size_of::<ids::CUpti_ActivityExternalCorrelation>(),
+        ids::CUPTI_ACTIVITY_KIND_DEVICE => size_of::<ids::CUpti_ActivityDevice5>(),
+        ids::CUPTI_ACTIVITY_KIND_CONTEXT => size_of::<ids::CUpti_ActivityContext3>(),
+        ids::CUPTI_ACTIVITY_KIND_STREAM => size_of::<ids::CUpti_ActivityStream>(),
+        ids::CUPTI_ACTIVITY_KIND_GRAPH_TRACE => size_of::<ids::CUpti_ActivityGraphTrace2>(),
         _ => return None,
     })
 }
@@ -70,7 +70,7 @@ impl Rd<'_> {
 
 macro_rules! at {
     ($t:ident, $f:ident) => {
-        offset_of!(sys::$t, $f)
+        offset_of!(ids::$t, $f)
     };
 }
 
@@ -84,7 +84,7 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
     }
     let r = Rd(&buf[..need]);
     Ok(match kind {
-        sys::CUPTI_ACTIVITY_KIND_KERNEL | sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => Record::Kernel(Kernel {
+        ids::CUPTI_ACTIVITY_KIND_KERNEL | ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => Record::Kernel(Kernel {
             start: r.u64(at!(CUpti_ActivityKernel10, start)),
             end: r.u64(at!(CUpti_ActivityKernel10, end)),
             device_id: r.u32(at!(CUpti_ActivityKernel10, deviceId)),
@@ -108,7 +108,7 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
             graph_node_id: r.u64(at!(CUpti_ActivityKernel10, graphNodeId)),
             graph_id: r.u32(at!(CUpti_ActivityKernel10, graphId)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_MEMCPY => Record::Memcpy(Memcpy {
+        ids::CUPTI_ACTIVITY_KIND_MEMCPY => Record::Memcpy(Memcpy {
             start: r.u64(at!(CUpti_ActivityMemcpy6, start)),
             end: r.u64(at!(CUpti_ActivityMemcpy6, end)),
             device_id: r.u32(at!(CUpti_ActivityMemcpy6, deviceId)),
@@ -119,12 +119,12 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
             copy_kind: r.u8(at!(CUpti_ActivityMemcpy6, copyKind)),
             src_kind: r.u8(at!(CUpti_ActivityMemcpy6, srcKind)),
             dst_kind: r.u8(at!(CUpti_ActivityMemcpy6, dstKind)),
-            is_async: u32::from(r.u8(at!(CUpti_ActivityMemcpy6, flags))) & sys::CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC != 0,
+            is_async: u32::from(r.u8(at!(CUpti_ActivityMemcpy6, flags))) & ids::CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC != 0,
             src_device_id: 0,
             dst_device_id: 0,
             graph_node_id: r.u64(at!(CUpti_ActivityMemcpy6, graphNodeId)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_MEMCPY2 => Record::Memcpy(Memcpy {
+        ids::CUPTI_ACTIVITY_KIND_MEMCPY2 => Record::Memcpy(Memcpy {
             start: r.u64(at!(CUpti_ActivityMemcpyPtoP4, start)),
             end: r.u64(at!(CUpti_ActivityMemcpyPtoP4, end)),
             device_id: r.u32(at!(CUpti_ActivityMemcpyPtoP4, deviceId)),
@@ -135,13 +135,13 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
             copy_kind: r.u8(at!(CUpti_ActivityMemcpyPtoP4, copyKind)),
             src_kind: r.u8(at!(CUpti_ActivityMemcpyPtoP4, srcKind)),
             dst_kind: r.u8(at!(CUpti_ActivityMemcpyPtoP4, dstKind)),
-            is_async: u32::from(r.u8(at!(CUpti_ActivityMemcpyPtoP4, flags))) & sys::CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC
+            is_async: u32::from(r.u8(at!(CUpti_ActivityMemcpyPtoP4, flags))) & ids::CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC
                 != 0,
             src_device_id: r.u32(at!(CUpti_ActivityMemcpyPtoP4, srcDeviceId)),
             dst_device_id: r.u32(at!(CUpti_ActivityMemcpyPtoP4, dstDeviceId)),
             graph_node_id: r.u64(at!(CUpti_ActivityMemcpyPtoP4, graphNodeId)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_MEMSET => Record::Memset(Memset {
+        ids::CUPTI_ACTIVITY_KIND_MEMSET => Record::Memset(Memset {
             start: r.u64(at!(CUpti_ActivityMemset4, start)),
             end: r.u64(at!(CUpti_ActivityMemset4, end)),
             device_id: r.u32(at!(CUpti_ActivityMemset4, deviceId)),
@@ -153,8 +153,8 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
             memory_kind: r.u16(at!(CUpti_ActivityMemset4, memoryKind)),
             graph_node_id: r.u64(at!(CUpti_ActivityMemset4, graphNodeId)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_RUNTIME | sys::CUPTI_ACTIVITY_KIND_DRIVER => Record::Api(Api {
-            driver: kind == sys::CUPTI_ACTIVITY_KIND_DRIVER,
+        ids::CUPTI_ACTIVITY_KIND_RUNTIME | ids::CUPTI_ACTIVITY_KIND_DRIVER => Record::Api(Api {
+            driver: kind == ids::CUPTI_ACTIVITY_KIND_DRIVER,
             cbid: r.u32(at!(CUpti_ActivityAPI, cbid)),
             start: r.u64(at!(CUpti_ActivityAPI, start)),
             end: r.u64(at!(CUpti_ActivityAPI, end)),
@@ -163,7 +163,7 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
             correlation_id: r.u32(at!(CUpti_ActivityAPI, correlationId)),
             return_value: r.u32(at!(CUpti_ActivityAPI, returnValue)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => Record::Sync(Sync {
+        ids::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION => Record::Sync(Sync {
             sync_type: r.u32(at!(CUpti_ActivitySynchronization2, type_)),
             start: r.u64(at!(CUpti_ActivitySynchronization2, start)),
             end: r.u64(at!(CUpti_ActivitySynchronization2, end)),
@@ -172,7 +172,7 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
             stream_id: r.u32(at!(CUpti_ActivitySynchronization2, streamId)),
             event_id: r.u32(at!(CUpti_ActivitySynchronization2, cudaEventId)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_OVERHEAD => {
+        ids::CUPTI_ACTIVITY_KIND_OVERHEAD => {
             let object_kind = r.u32(at!(CUpti_ActivityOverhead3, objectKind));
             let base = at!(CUpti_ActivityOverhead3, objectId);
             Record::Overhead(Overhead {
@@ -183,23 +183,23 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
                 end: r.u64(at!(CUpti_ActivityOverhead3, end)),
             })
         }
-        sys::CUPTI_ACTIVITY_KIND_MARKER => {
+        ids::CUPTI_ACTIVITY_KIND_MARKER => {
             let base = at!(CUpti_ActivityMarker2, objectId);
             Record::Marker(Marker {
                 flags: r.u32(at!(CUpti_ActivityMarker2, flags)),
                 timestamp: r.u64(at!(CUpti_ActivityMarker2, timestamp)),
                 id: r.u32(at!(CUpti_ActivityMarker2, id)),
-                thread_id: r.u32(base + offset_of!(sys::CUpti_ActivityObjectKindId__bindgen_ty_1, threadId)),
+                thread_id: r.u32(base + offset_of!(ids::CUpti_ActivityObjectKindId__bindgen_ty_1, threadId)),
                 name: r.u64(at!(CUpti_ActivityMarker2, name)),
                 domain: r.u64(at!(CUpti_ActivityMarker2, domain)),
             })
         }
-        sys::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => Record::ExternalCorrelation(ExternalCorrelation {
+        ids::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => Record::ExternalCorrelation(ExternalCorrelation {
             external_kind: r.u32(at!(CUpti_ActivityExternalCorrelation, externalKind)),
             external_id: r.u64(at!(CUpti_ActivityExternalCorrelation, externalId)),
             correlation_id: r.u32(at!(CUpti_ActivityExternalCorrelation, correlationId)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_DEVICE => {
+        ids::CUPTI_ACTIVITY_KIND_DEVICE => {
             let mut uuid = [0u8; 16];
             let off = at!(CUpti_ActivityDevice5, uuid);
             uuid.copy_from_slice(&r.0[off..off + 16]);
@@ -213,18 +213,18 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
                 global_memory: r.u64(at!(CUpti_ActivityDevice5, globalMemorySize)),
             })
         }
-        sys::CUPTI_ACTIVITY_KIND_CONTEXT => Record::Context(Context {
+        ids::CUPTI_ACTIVITY_KIND_CONTEXT => Record::Context(Context {
             context_id: r.u32(at!(CUpti_ActivityContext3, contextId)),
             device_id: r.u32(at!(CUpti_ActivityContext3, deviceId)),
             null_stream_id: r.u16(at!(CUpti_ActivityContext3, nullStreamId)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_STREAM => Record::Stream(Stream {
+        ids::CUPTI_ACTIVITY_KIND_STREAM => Record::Stream(Stream {
             context_id: r.u32(at!(CUpti_ActivityStream, contextId)),
             stream_id: r.u32(at!(CUpti_ActivityStream, streamId)),
             priority: r.u32(at!(CUpti_ActivityStream, priority)),
             flags: r.u32(at!(CUpti_ActivityStream, flag)),
         }),
-        sys::CUPTI_ACTIVITY_KIND_GRAPH_TRACE => Record::Graph(Graph {
+        ids::CUPTI_ACTIVITY_KIND_GRAPH_TRACE => Record::Graph(Graph {
             start: r.u64(at!(CUpti_ActivityGraphTrace2, start)),
             end: r.u64(at!(CUpti_ActivityGraphTrace2, end)),
             device_id: r.u32(at!(CUpti_ActivityGraphTrace2, deviceId)),
@@ -238,11 +238,11 @@ pub fn decode(buf: &[u8]) -> Result<Record, DecodeError> {
 }
 
 fn object_id(r: &Rd<'_>, base: usize, object_kind: u32) -> u64 {
-    type Pt = sys::CUpti_ActivityObjectKindId__bindgen_ty_1;
-    type Dcs = sys::CUpti_ActivityObjectKindId__bindgen_ty_2;
+    type Pt = ids::CUpti_ActivityObjectKindId__bindgen_ty_1;
+    type Dcs = ids::CUpti_ActivityObjectKindId__bindgen_ty_2;
     match object_kind {
-        sys::CUPTI_ACTIVITY_OBJECT_PROCESS => u64::from(r.u32(base + offset_of!(Pt, processId))),
-        sys::CUPTI_ACTIVITY_OBJECT_THREAD => u64::from(r.u32(base + offset_of!(Pt, threadId))),
+        ids::CUPTI_ACTIVITY_OBJECT_PROCESS => u64::from(r.u32(base + offset_of!(Pt, processId))),
+        ids::CUPTI_ACTIVITY_OBJECT_THREAD => u64::from(r.u32(base + offset_of!(Pt, threadId))),
         _ => {
             (u64::from(r.u32(base + offset_of!(Dcs, deviceId))) << 32)
                 | u64::from(r.u32(base + offset_of!(Dcs, contextId)))

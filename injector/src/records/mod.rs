@@ -1,7 +1,7 @@
 //! Decoding CUPTI 13.0 activity records from raw bytes.
 //!
 //! Pure, safe code over `&[u8]`: every field is read at the offset the generated bindings give
-//! (`offset_of!` on `gpuprof_cupti::sys`, generated into `cupti/src/sys/cupti.rs`),
+//! (`offset_of!` on the layouts `gpuprof_cupti::ids` re-exports from `cupti/src/sys/cupti.rs`),
 //! little-endian, bounds-checked. Strings (kernel names, NVTX messages) stay raw addresses here;
 //! [`crate::convert`] resolves them. The tests lay out buffers byte by byte at offsets copied
 //! from `cupti_activity.h`, which checks the bindings too.

@@ -2,7 +2,7 @@
 
 use std::mem::{offset_of, size_of};
 
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
 
 use super::*;
 
@@ -36,7 +36,7 @@ impl W {
 /// A mismatch means the bindings and the header disagree (or the header changed).
 #[test]
 fn bindings_match_cupti_13_0_layouts() {
-    use sys::*;
+    use ids::*;
     assert_eq!(size_of::<CUpti_ActivityKernel10>(), 216);
     assert_eq!(offset_of!(CUpti_ActivityKernel10, registersPerThread), 6);
     assert_eq!(offset_of!(CUpti_ActivityKernel10, start), 16);
@@ -106,7 +106,7 @@ fn bindings_match_cupti_13_0_layouts() {
 }
 
 pub(crate) fn kernel_bytes(corr: u32, start: u64, end: u64, name: u64) -> Vec<u8> {
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 216);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 216);
     w.u16(6, 128)
         .u64(16, start)
         .u64(24, end)
@@ -143,7 +143,7 @@ fn decodes_a_concurrent_kernel() {
 }
 
 pub(crate) fn memcpy_bytes(corr: u32, bytes: u64, copy_kind: u8, is_async: bool) -> Vec<u8> {
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_MEMCPY, 96);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_MEMCPY, 96);
     w.u8(4, copy_kind)
         .u8(5, 1)
         .u8(6, 3)
@@ -166,7 +166,7 @@ fn decodes_memcpy_and_peer_memcpy() {
     assert_eq!((m.bytes, m.copy_kind, m.src_kind, m.dst_kind, m.is_async), (1 << 28, 1, 1, 3, true));
     assert_eq!((m.start, m.end, m.stream_id, m.correlation_id), (100, 250, 7, 9));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_MEMCPY2, 96);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_MEMCPY2, 96);
     w.u8(4, 10).u8(7, 0).u64(8, 4096).u64(16, 5).u64(24, 6).u32(44, 0).u32(52, 1).u32(60, 77).u64(72, 0);
     let Record::Memcpy(p) = decode(&w.0).unwrap() else { panic!() };
     assert_eq!((p.copy_kind, p.bytes, p.src_device_id, p.dst_device_id, p.correlation_id), (10, 4096, 0, 1, 77));
@@ -175,13 +175,13 @@ fn decodes_memcpy_and_peer_memcpy() {
 
 #[test]
 fn decodes_memset_api_sync_overhead() {
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_MEMSET, 88);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_MEMSET, 88);
     w.u32(4, 0x5a).u64(8, 1 << 20).u64(16, 1).u64(24, 2).u32(44, 11).u16(48, 0).u16(50, 3).u64(64, 0);
     let Record::Memset(m) = decode(&w.0).unwrap() else { panic!() };
     assert_eq!((m.value, m.bytes, m.correlation_id, m.memory_kind), (0x5a, 1 << 20, 11, 3));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_RUNTIME, 40);
-    w.u32(4, sys::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000)
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_RUNTIME, 40);
+    w.u32(4, ids::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000)
         .u64(8, 10)
         .u64(16, 20)
         .u32(24, 1234)
@@ -192,19 +192,19 @@ fn decodes_memset_api_sync_overhead() {
     assert!(!a.driver);
     assert_eq!((a.cbid, a.thread_id, a.correlation_id), (211, 5678, 42));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_DRIVER, 40);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_DRIVER, 40);
     w.u32(4, 7).u32(32, 43);
     let Record::Api(d) = decode(&w.0).unwrap() else { panic!() };
     assert!(d.driver);
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, 56);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, 56);
     w.u32(4, 3).u64(8, 1).u64(16, 9).u32(24, 12).u32(28, 1).u32(32, 0xffff_ffff).u32(36, 0);
     let Record::Sync(s) = decode(&w.0).unwrap() else { panic!() };
     assert_eq!((s.sync_type, s.correlation_id, s.stream_id), (3, 12, 0xffff_ffff));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_OVERHEAD, 56);
-    w.u32(4, sys::CUPTI_ACTIVITY_OVERHEAD_CUPTI_BUFFER_FLUSH)
-        .u32(8, sys::CUPTI_ACTIVITY_OBJECT_THREAD)
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_OVERHEAD, 56);
+    w.u32(4, ids::CUPTI_ACTIVITY_OVERHEAD_CUPTI_BUFFER_FLUSH)
+        .u32(8, ids::CUPTI_ACTIVITY_OBJECT_THREAD)
         .u32(12, 100)
         .u32(16, 4242)
         .u64(24, 5)
@@ -215,11 +215,11 @@ fn decodes_memset_api_sync_overhead() {
 
 #[test]
 fn decodes_marker_external_correlation_context_stream_graph_device() {
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_MARKER, 56);
-    w.u32(4, sys::CUPTI_ACTIVITY_FLAG_MARKER_START)
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_MARKER, 56);
+    w.u32(4, ids::CUPTI_ACTIVITY_FLAG_MARKER_START)
         .u64(8, 77)
         .u32(16, 5)
-        .u32(20, sys::CUPTI_ACTIVITY_OBJECT_THREAD)
+        .u32(20, ids::CUPTI_ACTIVITY_OBJECT_THREAD)
         .u32(24, 1)
         .u32(28, 99)
         .u64(40, 0x1000)
@@ -228,26 +228,26 @@ fn decodes_marker_external_correlation_context_stream_graph_device() {
     assert!(m.is_start() && !m.is_end());
     assert_eq!((m.timestamp, m.id, m.thread_id, m.name, m.domain), (77, 5, 99, 0x1000, 0));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, 24);
-    w.u32(4, sys::CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0).u64(8, 1 << 40).u32(16, 3);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, 24);
+    w.u32(4, ids::CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0).u64(8, 1 << 40).u32(16, 3);
     let Record::ExternalCorrelation(e) = decode(&w.0).unwrap() else { panic!() };
     assert_eq!((e.external_kind, e.external_id, e.correlation_id), (3, 1 << 40, 3));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_CONTEXT, 32);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_CONTEXT, 32);
     w.u32(4, 1).u32(8, 0).u16(12, 1).u16(14, 7);
     assert_eq!(decode(&w.0).unwrap(), Record::Context(Context { context_id: 1, device_id: 0, null_stream_id: 7 }));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_STREAM, 24);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_STREAM, 24);
     w.u32(4, 1).u32(8, 13).u32(12, 0).u32(16, 1).u32(20, 0);
     assert_eq!(decode(&w.0).unwrap(), Record::Stream(Stream { context_id: 1, stream_id: 13, priority: 0, flags: 1 }));
 
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_GRAPH_TRACE, 56);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_GRAPH_TRACE, 56);
     w.u32(4, 50).u64(8, 1).u64(16, 2).u32(24, 0).u32(28, 4).u32(32, 1).u32(36, 7);
     let Record::Graph(g) = decode(&w.0).unwrap() else { panic!() };
     assert_eq!((g.correlation_id, g.graph_id, g.context_id, g.stream_id), (50, 4, 1, 7));
 
-    let size = size_of::<sys::CUpti_ActivityDevice5>();
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_DEVICE, size);
+    let size = size_of::<ids::CUpti_ActivityDevice5>();
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_DEVICE, size);
     w.u64(16, 80 << 30).u32(44, 132).u32(104, 9).u32(108, 0).u32(112, 0).u64(136, 0x2000);
     for i in 0..16 {
         w.u8(120 + i, i as u8);
@@ -262,10 +262,10 @@ fn rejects_short_and_unknown() {
     let b = kernel_bytes(1, 0, 0, 0);
     assert_eq!(
         decode(&b[..100]),
-        Err(DecodeError::Truncated { kind: sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, need: 216, got: 100 })
+        Err(DecodeError::Truncated { kind: ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, need: 216, got: 100 })
     );
     assert!(matches!(decode(&[1, 0]), Err(DecodeError::Truncated { .. })));
-    let mut w = W::new(sys::CUPTI_ACTIVITY_KIND_PC_SAMPLING, 64);
+    let mut w = W::new(ids::CUPTI_ACTIVITY_KIND_PC_SAMPLING, 64);
     w.u32(4, 0);
-    assert_eq!(decode(&w.0), Err(DecodeError::Unhandled(sys::CUPTI_ACTIVITY_KIND_PC_SAMPLING)));
+    assert_eq!(decode(&w.0), Err(DecodeError::Unhandled(ids::CUPTI_ACTIVITY_KIND_PC_SAMPLING)));
 }

@@ -1,6 +1,6 @@
 //! The decoded activity records: one enum over one plain struct per CUPTI record kind.
 
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
 
 /// One decoded activity record. Addresses of C strings are kept as `u64` (0 = none).
 #[derive(Debug, Clone, PartialEq)]
@@ -117,13 +117,13 @@ pub struct Marker {
 
 impl Marker {
     pub fn is_start(&self) -> bool {
-        self.flags & sys::CUPTI_ACTIVITY_FLAG_MARKER_START != 0
+        self.flags & ids::CUPTI_ACTIVITY_FLAG_MARKER_START != 0
     }
     pub fn is_end(&self) -> bool {
-        self.flags & sys::CUPTI_ACTIVITY_FLAG_MARKER_END != 0
+        self.flags & ids::CUPTI_ACTIVITY_FLAG_MARKER_END != 0
     }
     pub fn is_instant(&self) -> bool {
-        self.flags & sys::CUPTI_ACTIVITY_FLAG_MARKER_INSTANTANEOUS != 0
+        self.flags & ids::CUPTI_ACTIVITY_FLAG_MARKER_INSTANTANEOUS != 0
     }
 }
 

@@ -16,8 +16,8 @@ use crate::convert::kind_of_activity;
 use crate::pool::{Buf, Pool};
 use crate::records;
 use crate::wake::Wake;
-use gpuprof_cupti::Cupti;
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
+use gpuprof_cupti::{Context, Cupti};
 
 /// Milliseconds on a monotonic clock, for "last callback" bookkeeping.
 pub fn now_ms() -> u64 {
@@ -81,7 +81,7 @@ pub(super) extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize
 /// CUPTI returns a buffer of records (on CUPTI's thread or the thread that flushed).
 /// Only hands it over: no decoding, no I/O here.
 pub(super) extern "C" fn buffer_completed(
-    ctx: sys::CUcontext,
+    ctx: ids::CUcontext,
     stream_id: u32,
     buffer: *mut u8,
     _size: usize,
@@ -90,8 +90,9 @@ pub(super) extern "C" fn buffer_completed(
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Some(s) = shared() else { return };
         s.last_callback_ms.store(now_ms(), Ordering::Relaxed);
-        // Safety: `ctx` and `stream_id` are what CUPTI passed to this callback.
-        let dropped = unsafe { s.cupti.dropped_records(ctx, stream_id) } as u64;
+        // Safety: `ctx` is the context CUPTI passed to this callback.
+        let ctx = unsafe { Context::from_raw(ctx) };
+        let dropped = s.cupti.dropped_records(ctx, stream_id) as u64;
         if dropped > 0 {
             s.cupti_dropped.fetch_add(dropped, Ordering::Relaxed);
         }

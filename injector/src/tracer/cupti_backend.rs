@@ -9,13 +9,14 @@ use gpuprof_proto::agent as pb;
 
 use super::backend::{Backend, PcBackend, PcOutput, PcRequest, StartOutcome};
 use super::callbacks::{Shared, TRACING, buffer_completed, buffer_requested, now_ms};
-use super::detach::{Detached, Detacher};
-use super::pc::PcSampler;
+use super::detach::{self, Detached, Detacher};
+use super::hooks;
+use super::pc::{self, PcSampler};
+use super::switches::{ApiDomain, DRIVER_API, RUNTIME_API, Switches};
 use super::trace_config::kinds_for;
-use crate::cbids;
 use crate::config::{ApiMode, DetachMode};
 use crate::log::log;
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
 use gpuprof_cupti::{Cupti, CuptiError};
 
 /// "N enables failed: first, second, third, ..." (a detail a person can read).
@@ -28,93 +29,6 @@ fn summarize(failures: &[String]) -> String {
 /// How long without any buffer callback before checking for another subscriber.
 const QUIET_BEFORE_PROBE: Duration = Duration::from_secs(1);
 
-/// An API domain whose calls a trace records: its activity kind, one past its last callback
-/// id, the ids gpuprof records (`cbids.rs`) and the per-id switch.
-struct ApiDomain {
-    name: &'static str,
-    kind: sys::CUpti_ActivityKind,
-    ids: u32,
-    recorded: &'static [u32],
-    set: fn(&Cupti, u32, bool) -> Result<(), CuptiError>,
-}
-
-static RUNTIME_API: ApiDomain = ApiDomain {
-    name: "RUNTIME",
-    kind: sys::CUPTI_ACTIVITY_KIND_RUNTIME,
-    ids: sys::CUPTI_RUNTIME_TRACE_CBID_SIZE,
-    recorded: cbids::RUNTIME,
-    set: Cupti::enable_runtime_api,
-};
-
-static DRIVER_API: ApiDomain = ApiDomain {
-    name: "DRIVER",
-    kind: sys::CUPTI_ACTIVITY_KIND_DRIVER,
-    ids: sys::CUPTI_DRIVER_TRACE_CBID_SIZE,
-    recorded: cbids::DRIVER,
-    set: Cupti::enable_driver_api,
-};
-
-/// What a trace switched on: its activity kinds, and the API domains it records (by kind, or
-/// else by callback id).
-pub(super) struct Switches {
-    kinds: Vec<u32>,
-    apis: Vec<(&'static ApiDomain, bool)>,
-}
-
-impl Switches {
-    /// The stop on gpuprof's thread, CUPTI staying attached: everything off, CUPTI's default
-    /// callback ids back for the next client, the trace's work waited for, the last records
-    /// flushed.
-    pub(super) fn off_here(self, c: &Cupti) {
-        for kind in self.kinds {
-            let _ = c.activity_disable(kind);
-        }
-        for (d, by_kind) in self.apis {
-            if by_kind {
-                // Back to CUPTI's default (every cbid on with the kind), for the next client.
-                for cbid in 1..d.ids {
-                    let _ = (d.set)(c, cbid, true);
-                }
-            } else {
-                for &cbid in d.recorded {
-                    let _ = (d.set)(c, cbid, false);
-                }
-            }
-        }
-        wait_and_flush(c);
-    }
-
-    /// The stop on an application thread inside a synchronization's exit callback, right
-    /// before `cuptiFinalize` (which resets the callback ids anyway): the kinds and recorded
-    /// ids off, the trace's work waited for, the last records flushed.
-    pub(super) fn off_before_finalize(self, c: &Cupti) {
-        for kind in self.kinds {
-            let _ = c.activity_disable(kind);
-        }
-        for (d, by_kind) in self.apis {
-            if !by_kind {
-                for &cbid in d.recorded {
-                    let _ = (d.set)(c, cbid, false);
-                }
-            }
-        }
-        wait_and_flush(c);
-    }
-}
-
-/// Work launched while tracing completes before the last flush (its records are then whole)
-/// and before CUPTI may be finalized; completed buffers first, then the partly filled ones.
-fn wait_and_flush(c: &Cupti) {
-    if let Some(driver) = gpuprof_cupti::device::Driver::already_loaded() {
-        match driver.synchronize_active_primary_contexts() {
-            Ok(n) => log!(Debug, "waited for {n} primary context(s) before the last flush"),
-            Err(e) => log!(Warn, "{e}"),
-        }
-    }
-    let _ = c.flush_all(false);
-    let _ = c.flush_all(true);
-}
-
 /// Hooks the runtime's API callbacks inside `cuInit` without recording the calls gpuprof
 /// records: switches on one runtime callback id that applications rarely call
 /// (`cudaProfilerStart`). Once a runtime callback id is on before the CUDA runtime initialises,
@@ -126,7 +40,7 @@ fn wait_and_flush(c: &Cupti) {
 /// id switched on and off again, 1.43x; hooking again after a finalizing detach (the runtime
 /// already running), no API records and 1.08x after the stop.
 pub fn hook_runtime(cupti: &Cupti) -> bool {
-    cupti.enable_runtime_api(sys::CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000, true).is_ok()
+    cupti.enable_runtime_api(ids::CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000, true).is_ok()
 }
 
 /// CUPTI buffer settings applied at each trace start (see [`crate::config::Config`]).
@@ -157,6 +71,9 @@ pub struct CuptiBackend {
 
 impl CuptiBackend {
     pub fn new(shared: Arc<Shared>, tuning: Tuning) -> CuptiBackend {
+        // The subscriber's callback runs what these register (before any subscriber is made).
+        pc::register_hooks();
+        detach::register_hooks();
         CuptiBackend {
             tuning,
             enabled: Vec::new(),
@@ -185,16 +102,16 @@ impl CuptiBackend {
         let zeroed = self.shared.pool.zeroed();
         set(
             "ZEROED_OUT_ACTIVITY_BUFFER",
-            c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, zeroed as u8),
+            c.set_attribute(ids::CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, zeroed as u8),
         );
         if let Some(p) = self.tuning.pinned {
             set(
                 "MEM_ALLOCATION_TYPE_HOST_PINNED",
-                c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, p as u8),
+                c.set_attribute(ids::CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, p as u8),
             );
         }
         if let Some(n) = self.tuning.device_buffer {
-            set("DEVICE_BUFFER_SIZE", c.set_attribute(sys::CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, n));
+            set("DEVICE_BUFFER_SIZE", c.set_attribute(ids::CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, n));
         }
         self.shared.pool.prefill(self.tuning.prefill_buffers);
     }
@@ -205,7 +122,7 @@ impl CuptiBackend {
     fn by_kind(&self, d: &ApiDomain) -> bool {
         match self.tuning.api_mode {
             ApiMode::Cbid => false,
-            ApiMode::Kind => !(self.tuning.early_runtime && d.kind == sys::CUPTI_ACTIVITY_KIND_RUNTIME),
+            ApiMode::Kind => !(self.tuning.early_runtime && d.kind == ids::CUPTI_ACTIVITY_KIND_RUNTIME),
         }
     }
 
@@ -262,7 +179,7 @@ impl Backend for CuptiBackend {
         }
         // A subscriber gpuprof holds (kept from the last trace, or PC sampling's) is no sign of
         // another client.
-        if !super::hooks::held()
+        if !hooks::held()
             && let Err(e) = self.cupti().probe_subscriber()
         {
             if e.is_other_subscriber() {
@@ -299,7 +216,7 @@ impl Backend for CuptiBackend {
         if !failures.is_empty() {
             log!(Warn, "trace start: {summary}");
         }
-        if cfg.kernels && !self.enabled.contains(&sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+        if cfg.kernels && !self.enabled.contains(&ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
             self.stop();
             return StartOutcome::Failed(format!("could not enable kernel tracing: {summary}"));
         }
@@ -362,7 +279,7 @@ impl Backend for CuptiBackend {
         // a probe would only find gpuprof itself; another client's cuptiSubscribe fails then.
         if quiet >= QUIET_BEFORE_PROBE.as_millis() as u64
             && self.last_probe.elapsed() >= QUIET_BEFORE_PROBE
-            && !super::hooks::held()
+            && !hooks::held()
         {
             self.last_probe = Instant::now();
             if let Err(e) = self.cupti().probe_subscriber()
@@ -425,7 +342,7 @@ impl PcBackend for CuptiBackend {
         self.pc.collect(Duration::ZERO)
     }
     fn pc_finish(&mut self) -> PcOutput {
-        self.pc.collect(super::detach::CALLBACK_WAIT * 4)
+        self.pc.collect(detach::CALLBACK_WAIT * 4)
     }
     fn pc_exit(&mut self) -> PcOutput {
         self.pc.collect_at_exit()
@@ -434,6 +351,6 @@ impl PcBackend for CuptiBackend {
         self.pc.devices()
     }
     fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
-        super::pc::device_activity(devices)
+        pc::device_activity(devices)
     }
 }

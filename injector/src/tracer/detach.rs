@@ -14,7 +14,7 @@
 //! stop ([`Switches::off_before_finalize`]: kinds and callback ids off, the contexts waited
 //! for, the last flush) and the finalize run together where CUPTI documents finalize safe, at
 //! the exit of a CUDA API call on an application thread, and only of a call that waited for
-//! the GPU ([`SYNC_CALLS`]: device, context, stream and event synchronization, which PyTorch
+//! the GPU ([`hooks::SYNC_CALLS`]: device, context, stream and event synchronization, which PyTorch
 //! makes at every `.item()` and `torch.cuda.synchronize()`): nothing of CUPTI changes under
 //! the application's launches (50 of 50 busy stops clean). The process's subscriber, taken at
 //! the trace's start ([`hooks`]), has the callbacks of those calls on, and the stop arms it
@@ -27,37 +27,19 @@
 //!
 //! Not detached: when another CUPTI client (torch.profiler) holds CUPTI, or NVTX was routed
 //! through CUPTI (NVTX calls into CUPTI's hooks for the life of the process).
-// Safety: the API callback receives CUPTI's `cbdata` pointer; its one use is commented.
-#![allow(unsafe_code)]
-
-use std::ffi::c_void;
 use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::cupti_backend::Switches;
 use super::hooks::{self, User};
+use super::switches::Switches;
 use crate::config::DetachMode;
-use gpuprof_cupti::sys::cupti as sys;
-use gpuprof_cupti::{Cupti, CuptiError};
+use gpuprof_cupti::ids;
+use gpuprof_cupti::{Callback, Cupti, CuptiError};
 
 /// Set when NVTX was routed through CUPTI (`InitializeInjectionNvtx2`).
 pub static NVTX_FORWARDED: AtomicBool = AtomicBool::new(false);
-
-/// The calls at whose exit CUPTI is finalized: each waited for the GPU (runtime and driver
-/// spellings; the runtime's go through the driver's).
-pub const SYNC_CALLS: [(sys::CUpti_CallbackDomain, u32); 9] = [
-    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020),
-    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020),
-    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000),
-    (sys::CUPTI_CB_DOMAIN_RUNTIME_API, sys::CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020),
-    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize),
-    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2),
-    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize),
-    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz),
-    (sys::CUPTI_CB_DOMAIN_DRIVER_API, sys::CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize),
-];
 
 /// Longest wait on the background thread for a CUDA API exit to finalize at.
 pub const CALLBACK_WAIT: Duration = Duration::from_millis(500);
@@ -232,7 +214,7 @@ fn plan() -> MutexGuard<'static, Option<Switches>> {
 fn outcome() -> Option<Detached> {
     match RESULT.load(Ordering::SeqCst) {
         PENDING => None,
-        sys::CUPTI_SUCCESS => Some(Detached::Finalized),
+        ids::CUPTI_SUCCESS => Some(Detached::Finalized),
         r => Some(Detached::Kept(format!("cuptiFinalize at an API exit: {}", CuptiError::new(r)))),
     }
 }
@@ -243,18 +225,16 @@ pub fn disarm() {
     ARMED.store(false, Ordering::SeqCst);
 }
 
+/// Registers [`on_api`] with the process's subscriber ([`hooks`]).
+pub(super) fn register_hooks() {
+    hooks::register(User::Detach, on_api, None);
+}
+
 /// The subscriber's callback ([`hooks`]) at the entry and exit of runtime and driver API calls
-/// (the [`SYNC_CALLS`]).
-pub(super) extern "C" fn on_api(
-    _userdata: *mut c_void,
-    _domain: sys::CUpti_CallbackDomain,
-    _cbid: u32,
-    cbdata: *const c_void,
-) {
+/// (the [`hooks::SYNC_CALLS`]).
+fn on_api(cb: &Callback<'_>) {
     let _ = catch_unwind(|| {
-        // Safety: called for runtime and driver API callbacks only, whose `cbdata` is a
-        // `CUpti_CallbackData`.
-        if !unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) } || !ARMED.swap(false, Ordering::SeqCst) {
+        if !cb.is_api_exit() || !ARMED.swap(false, Ordering::SeqCst) {
             return;
         }
         let code = match gpuprof_cupti::loader::shared() {
@@ -269,9 +249,9 @@ pub(super) extern "C" fn on_api(
                 if r.is_ok() {
                     hooks::ended_by_finalize();
                 }
-                r.map_or_else(|e| e.code, |()| sys::CUPTI_SUCCESS)
+                r.map_or_else(|e| e.code, |()| ids::CUPTI_SUCCESS)
             }
-            Err(_) => sys::CUPTI_ERROR_NOT_INITIALIZED,
+            Err(_) => ids::CUPTI_ERROR_NOT_INITIALIZED,
         };
         RESULT.store(code, Ordering::SeqCst);
     });

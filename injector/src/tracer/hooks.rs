@@ -1,23 +1,24 @@
 //! The process's one CUPTI subscriber (CUDA 13.0 allows one per process), shared by the two
 //! things that need callbacks: a trace's detach, which finalizes CUPTI at the exit of a CUDA
-//! synchronization ([`super::detach`]), and PC sampling, which works at those exits and at
-//! module loads and context teardown ([`super::pc`]).
+//! synchronization, and PC sampling, which works at those exits and at module loads and context
+//! teardown. A leaf: each registers its part of the callback ([`register`]) when the backend is
+//! made, and the callback calls what was registered.
 //!
 //! The subscriber is made when a trace starts (or a PC lease begins) and kept until CUPTI is
 //! finalized or its last user lets go. It is never made when a trace stops: on the H100 a
 //! subscriber made at the stop of a trace whose process was launching kernels, and finalizing
 //! in its first callback, crashed the process in 4 of 4 runs; one made at attach, in none.
-// Safety: the callback forwards CUPTI's `cbdata` to the users' callbacks, which document their
-// own use of it.
+// Safety: the `extern "C"` callback wraps CUPTI's arguments in a typed `Callback` (its one
+// unsafe block) for the registered handlers.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpuprof_cupti::activity::Subscriber;
-use gpuprof_cupti::sys::cupti as sys;
-use gpuprof_cupti::{Cupti, CuptiError};
+use gpuprof_cupti::ids;
+use gpuprof_cupti::{Callback, Cupti, CuptiError};
 
 /// Who holds the subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,16 +57,57 @@ fn hooks() -> MutexGuard<'static, Hooks> {
     h
 }
 
+/// The calls at whose exit a trace's detach finalizes CUPTI and PC sampling does its work:
+/// each waited for the GPU (runtime and driver spellings; the runtime's go through the
+/// driver's).
+pub const SYNC_CALLS: [(ids::CUpti_CallbackDomain, u32); 9] = [
+    (ids::CUPTI_CB_DOMAIN_RUNTIME_API, ids::CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020),
+    (ids::CUPTI_CB_DOMAIN_RUNTIME_API, ids::CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020),
+    (ids::CUPTI_CB_DOMAIN_RUNTIME_API, ids::CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000),
+    (ids::CUPTI_CB_DOMAIN_RUNTIME_API, ids::CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020),
+    (ids::CUPTI_CB_DOMAIN_DRIVER_API, ids::CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize),
+    (ids::CUPTI_CB_DOMAIN_DRIVER_API, ids::CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2),
+    (ids::CUPTI_CB_DOMAIN_DRIVER_API, ids::CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize),
+    (ids::CUPTI_CB_DOMAIN_DRIVER_API, ids::CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz),
+    (ids::CUPTI_CB_DOMAIN_DRIVER_API, ids::CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize),
+];
+
+/// A user's part of the subscriber's callback.
+pub type Handler = fn(&Callback<'_>);
+
+/// PC sampling's handlers (every callback but a launch; launches), and the detach's (runtime
+/// and driver API calls), registered once.
+static PC_CALLBACK: OnceLock<Handler> = OnceLock::new();
+static PC_LAUNCH: OnceLock<Handler> = OnceLock::new();
+static DETACH_API: OnceLock<Handler> = OnceLock::new();
+
+/// Registers `user`'s handlers before any subscriber is made (later calls change nothing):
+/// PC sampling's `callback` runs for every callback but a launch, and `launch` for launches;
+/// the detach's `callback` for runtime and driver API calls, after PC sampling's.
+pub fn register(user: User, callback: Handler, launch: Option<Handler>) {
+    match user {
+        User::Pc => {
+            let _ = PC_CALLBACK.set(callback);
+            if let Some(l) = launch {
+                let _ = PC_LAUNCH.set(l);
+            }
+        }
+        User::Detach => {
+            let _ = DETACH_API.set(callback);
+        }
+    }
+}
+
 /// Makes the subscriber if there is none (with every callback either user needs: module loads,
-/// context teardown, and the exits of the synchronizations in [`super::detach::SYNC_CALLS`]),
+/// context teardown, and the exits of the synchronizations in [`SYNC_CALLS`]),
 /// and counts `user` among its holders. Fails when another CUPTI client holds the subscriber.
 pub fn acquire(cupti: &Cupti, user: User) -> Result<(), CuptiError> {
     let mut h = hooks();
     if h.sub.is_none() {
         let s = cupti.subscribe(Some(on_callback))?;
-        let res = [sys::CUPTI_CBID_RESOURCE_MODULE_LOADED, sys::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING]
-            .map(|cbid| (sys::CUPTI_CB_DOMAIN_RESOURCE, cbid));
-        for (domain, cbid) in res.into_iter().chain(super::detach::SYNC_CALLS) {
+        let res = [ids::CUPTI_CBID_RESOURCE_MODULE_LOADED, ids::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING]
+            .map(|cbid| (ids::CUPTI_CB_DOMAIN_RESOURCE, cbid));
+        for (domain, cbid) in res.into_iter().chain(SYNC_CALLS) {
             if let Err(e) = cupti.enable_callback(&s, domain, cbid, true) {
                 crate::log::log!(Warn, "CUPTI callback {domain}/{cbid}: {e}");
             }
@@ -78,20 +120,20 @@ pub fn acquire(cupti: &Cupti, user: User) -> Result<(), CuptiError> {
 
 /// The driver's kernel and graph launches (the runtime's go through them), counted while a
 /// PC-sampling window is open: what keeping sampling enabled would cost depends on the
-/// launch rate ([`super::pc`]).
+/// launch rate.
 const LAUNCH_CALLS: [u32; 8] = [
-    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
-    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
-    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
-    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
-    sys::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
-    sys::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
-    sys::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    ids::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 ];
 
-fn is_launch(domain: sys::CUpti_CallbackDomain, cbid: sys::CUpti_CallbackId) -> bool {
-    domain == sys::CUPTI_CB_DOMAIN_DRIVER_API && LAUNCH_CALLS.contains(&cbid)
+fn is_launch(domain: ids::CUpti_CallbackDomain, cbid: ids::CUpti_CallbackId) -> bool {
+    domain == ids::CUPTI_CB_DOMAIN_DRIVER_API && LAUNCH_CALLS.contains(&cbid)
 }
 
 /// Switches the launch callbacks on or off. Never waits (it runs on the application's
@@ -102,7 +144,7 @@ pub fn count_launches(cupti: &Cupti, on: bool) -> bool {
         return false;
     }
     let Some(s) = &h.sub else { return false };
-    LAUNCH_CALLS.iter().all(|&cbid| cupti.enable_callback(s, sys::CUPTI_CB_DOMAIN_DRIVER_API, cbid, on).is_ok())
+    LAUNCH_CALLS.iter().all(|&cbid| cupti.enable_callback(s, ids::CUPTI_CB_DOMAIN_DRIVER_API, cbid, on).is_ok())
 }
 
 /// Whether `user` holds the subscriber.
@@ -135,19 +177,27 @@ pub fn ended_by_finalize() {
 }
 
 extern "C" fn on_callback(
-    userdata: *mut c_void,
-    domain: sys::CUpti_CallbackDomain,
-    cbid: sys::CUpti_CallbackId,
+    _userdata: *mut c_void,
+    domain: ids::CUpti_CallbackDomain,
+    cbid: ids::CUpti_CallbackId,
     cbdata: *const c_void,
 ) {
+    // Safety: CUPTI's arguments to this subscriber callback, used only until it returns.
+    let cb = unsafe { Callback::from_raw(domain, cbid, cbdata) };
     if is_launch(domain, cbid) {
         // Counted, nothing else: a trace's detach never happens under a launch.
-        super::pc::on_launch(cbdata);
+        if let Some(f) = PC_LAUNCH.get() {
+            f(&cb);
+        }
         return;
     }
     // PC sampling's work at a synchronization's exit comes before a finalize at the same exit.
-    super::pc::on_callback(userdata, domain, cbid, cbdata);
-    if domain == sys::CUPTI_CB_DOMAIN_RUNTIME_API || domain == sys::CUPTI_CB_DOMAIN_DRIVER_API {
-        super::detach::on_api(userdata, domain, cbid, cbdata);
+    if let Some(f) = PC_CALLBACK.get() {
+        f(&cb);
+    }
+    if (domain == ids::CUPTI_CB_DOMAIN_RUNTIME_API || domain == ids::CUPTI_CB_DOMAIN_DRIVER_API)
+        && let Some(f) = DETACH_API.get()
+    {
+        f(&cb);
     }
 }

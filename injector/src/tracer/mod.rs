@@ -5,8 +5,10 @@
 //! Layout: `backend` holds the interface the background thread drives ([`Backend`],
 //! [`RecordSource`]); `callbacks` the CUPTI buffer callbacks and the state they reach
 //! ([`Shared`]); `cupti_backend` the CUPTI implementation ([`CuptiBackend`]); `trace_config` the
-//! trace configuration and the activity kinds it enables; `detach` leaving CUPTI when a trace
-//! stops (`cuptiFinalize`).
+//! trace configuration and the activity kinds it enables; `switches` what a trace switched on
+//! and how a stop switches it off; `detach` leaving CUPTI when a trace stops (`cuptiFinalize`);
+//! `hooks` the process's one CUPTI subscriber, whose callback runs what `pc` and `detach`
+//! registered with it (it names neither).
 
 mod backend;
 mod callbacks;
@@ -14,6 +16,7 @@ mod cupti_backend;
 pub mod detach;
 mod hooks;
 mod pc;
+mod switches;
 mod trace_config;
 
 pub use backend::{

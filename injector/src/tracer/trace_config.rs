@@ -2,7 +2,7 @@
 
 use gpuprof_proto::agent as pb;
 
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
 
 /// The trace configuration used when the daemon sends none (or an all-false one).
 pub fn default_config() -> pb::TraceConfig {
@@ -71,33 +71,33 @@ pub fn kinds_for(cfg: &pb::TraceConfig) -> Vec<u32> {
         return Vec::new();
     }
     let mut k =
-        vec![sys::CUPTI_ACTIVITY_KIND_DEVICE, sys::CUPTI_ACTIVITY_KIND_CONTEXT, sys::CUPTI_ACTIVITY_KIND_STREAM];
+        vec![ids::CUPTI_ACTIVITY_KIND_DEVICE, ids::CUPTI_ACTIVITY_KIND_CONTEXT, ids::CUPTI_ACTIVITY_KIND_STREAM];
     if cfg.kernels {
-        k.push(sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+        k.push(ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     }
     if cfg.memcpy {
-        k.push(sys::CUPTI_ACTIVITY_KIND_MEMCPY);
-        k.push(sys::CUPTI_ACTIVITY_KIND_MEMCPY2);
+        k.push(ids::CUPTI_ACTIVITY_KIND_MEMCPY);
+        k.push(ids::CUPTI_ACTIVITY_KIND_MEMCPY2);
     }
     if cfg.memset {
-        k.push(sys::CUPTI_ACTIVITY_KIND_MEMSET);
+        k.push(ids::CUPTI_ACTIVITY_KIND_MEMSET);
     }
     if cfg.sync {
-        k.push(sys::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+        k.push(ids::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
     }
     if cfg.overhead {
-        k.push(sys::CUPTI_ACTIVITY_KIND_OVERHEAD);
+        k.push(ids::CUPTI_ACTIVITY_KIND_OVERHEAD);
     }
     if cfg.nvtx {
-        k.push(sys::CUPTI_ACTIVITY_KIND_MARKER);
+        k.push(ids::CUPTI_ACTIVITY_KIND_MARKER);
     }
     if cfg.external_correlation {
-        k.push(sys::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+        k.push(ids::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
     }
     // Graph-level records replace per-node kernel records; with kernels on, kernels carry
     // graph ids and the cudaGraphLaunch/cuGraphLaunch API records mark the launches.
     if cfg.graphs && !cfg.kernels {
-        k.push(sys::CUPTI_ACTIVITY_KIND_GRAPH_TRACE);
+        k.push(ids::CUPTI_ACTIVITY_KIND_GRAPH_TRACE);
     }
     k
 }
@@ -110,22 +110,22 @@ mod tests {
     fn configs_map_to_kinds() {
         let all = kinds_for(&default_config());
         for k in [
-            sys::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
-            sys::CUPTI_ACTIVITY_KIND_MEMCPY,
-            sys::CUPTI_ACTIVITY_KIND_MEMCPY2,
-            sys::CUPTI_ACTIVITY_KIND_MEMSET,
-            sys::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
-            sys::CUPTI_ACTIVITY_KIND_OVERHEAD,
-            sys::CUPTI_ACTIVITY_KIND_MARKER,
-            sys::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
-            sys::CUPTI_ACTIVITY_KIND_DEVICE,
+            ids::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+            ids::CUPTI_ACTIVITY_KIND_MEMCPY,
+            ids::CUPTI_ACTIVITY_KIND_MEMCPY2,
+            ids::CUPTI_ACTIVITY_KIND_MEMSET,
+            ids::CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+            ids::CUPTI_ACTIVITY_KIND_OVERHEAD,
+            ids::CUPTI_ACTIVITY_KIND_MARKER,
+            ids::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+            ids::CUPTI_ACTIVITY_KIND_DEVICE,
         ] {
             assert!(all.contains(&k), "{k}");
         }
-        assert!(!all.contains(&sys::CUPTI_ACTIVITY_KIND_KERNEL), "never the serializing KERNEL kind");
-        assert!(!all.contains(&sys::CUPTI_ACTIVITY_KIND_RUNTIME), "API calls are selected per cbid");
+        assert!(!all.contains(&ids::CUPTI_ACTIVITY_KIND_KERNEL), "never the serializing KERNEL kind");
+        assert!(!all.contains(&ids::CUPTI_ACTIVITY_KIND_RUNTIME), "API calls are selected per cbid");
         let graphs_only = pb::TraceConfig { graphs: true, ..Default::default() };
-        assert!(kinds_for(&graphs_only).contains(&sys::CUPTI_ACTIVITY_KIND_GRAPH_TRACE));
+        assert!(kinds_for(&graphs_only).contains(&ids::CUPTI_ACTIVITY_KIND_GRAPH_TRACE));
     }
 
     #[test]

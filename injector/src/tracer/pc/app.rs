@@ -11,19 +11,19 @@
 //! background thread only arms operations and takes their results, and its own
 //! synchronizations (before a trace's last flush) never run them: disabling from there while
 //! the application launched kernels hung it.
-// Safety: the callback receives CUPTI's `cbdata`; each use is commented.
+// Safety: the PC-sampling calls need a live context (and the buffer given at configuration kept
+// until disable), which only this bookkeeping knows; each call says why that holds.
 #![allow(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpuprof_cupti::pcsampling::{PcBuffer, PcConfig, StallReasons, module_cubin};
-use gpuprof_cupti::sys::cupti as sys;
-use gpuprof_cupti::{Cupti, CuptiError};
+use gpuprof_cupti::ids;
+use gpuprof_cupti::pcsampling::{FunctionName, PcBuffer, PcConfig, StallReasons};
+use gpuprof_cupti::{Callback, Context, Cupti, CuptiError};
 
 use super::cubins;
 use super::meter::{WINDOWS, at_entry, charge, count_sync, read_gap, timed};
@@ -40,8 +40,8 @@ const PCS_PER_READ: usize = 5000;
 /// `GetData` calls per read at most.
 const MAX_READS: usize = 64;
 
-/// (function name pointer, cubin CRC, PC offset, stall reason index) → samples.
-pub type Agg = HashMap<(usize, u64, u64, u32), u64>;
+/// (function name, cubin CRC, PC offset, stall reason index) → samples.
+pub type Agg = HashMap<(FunctionName, u64, u64, u32), u64>;
 
 /// Sampling enabled on one context.
 pub struct Enabled {
@@ -56,7 +56,7 @@ pub struct Enabled {
 
 /// A context being sampled.
 pub(super) struct Live {
-    pub(super) ctx: usize,
+    pub(super) ctx: Context,
     /// Sampling enabled since then and not yet counted in `State::sampled`.
     pub(super) on_since: Option<Instant>,
     /// None while a window is closed (windows of an enable each).
@@ -73,7 +73,7 @@ pub(super) struct Live {
 pub enum Op {
     Enable {
         device: u32,
-        ctx: usize,
+        ctx: Context,
         cfg: PcConfig,
         wanted: Vec<String>,
         /// Windows mode (None: continuous).
@@ -185,38 +185,30 @@ pub fn pending() -> bool {
 
 /// The subscriber's callback: module loads (cubins), contexts torn down, and synchronization
 /// exits.
-pub extern "C" fn on_callback(
-    _userdata: *mut c_void,
-    domain: sys::CUpti_CallbackDomain,
-    cbid: sys::CUpti_CallbackId,
-    cbdata: *const c_void,
-) {
+pub fn on_callback(cb: &Callback<'_>) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if domain == sys::CUPTI_CB_DOMAIN_RESOURCE {
-            if cbid == sys::CUPTI_CBID_RESOURCE_MODULE_LOADED && cubins::capturing() {
-                // Safety: a MODULE_LOADED resource callback's data; the slice is used only here.
-                if let Some(bytes) = unsafe { module_cubin(cbdata) } {
+        if cb.domain() == ids::CUPTI_CB_DOMAIN_RESOURCE {
+            if cb.cbid() == ids::CUPTI_CBID_RESOURCE_MODULE_LOADED && cubins::capturing() {
+                if let Some(bytes) = cb.module_cubin() {
                     cubins::capture(bytes);
                 }
-            } else if cbid == sys::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING && !cbdata.is_null() {
-                // Safety: a resource callback's data is a CUpti_ResourceData.
-                let ctx = unsafe { (*(cbdata as *const sys::CUpti_ResourceData)).context } as usize;
+            } else if cb.cbid() == ids::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING
+                && let Some(ctx) = cb.resource_context()
+            {
                 context_destroying(ctx);
             }
             return;
         }
-        if cbdata.is_null() || OWN_THREAD.with(|t| t.get()) {
+        // The other domains switched on are the runtime and driver APIs.
+        let Some(ctx) = cb.api_context() else { return };
+        if OWN_THREAD.with(|t| t.get()) {
             return;
         }
-        // Safety: the other domains switched on are the runtime and driver APIs, whose
-        // `cbdata` is a CUpti_CallbackData.
-        let exit = unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) };
-        // Safety: as above.
-        let ctx = unsafe { (*(cbdata as *const sys::CUpti_CallbackData)).context } as usize;
+        let exit = cb.is_api_exit();
         // Costs are measured only while PC sampling has work in the process; the
         // count of synchronizations always (an atomic add per synchronization).
         if !exit {
-            count_sync(ctx);
+            count_sync(ctx.id());
             if ACTIVE.load(Ordering::Relaxed) {
                 timed(false);
             }
@@ -237,15 +229,14 @@ pub extern "C" fn on_callback(
 /// Launches counted at their entries while launch callbacks are on ([`super::window`]).
 pub(super) static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-pub fn on_launch(cbdata: *const c_void) {
-    // Safety: a driver API callback's `cbdata` is a CUpti_CallbackData (checked for null).
-    if !cbdata.is_null() && !unsafe { gpuprof_cupti::activity::is_api_exit(cbdata) } {
+pub fn on_launch(cb: &Callback<'_>) {
+    if cb.is_api_entry() {
         LAUNCHES.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 /// Runs on the thread whose current context is `ctx` (a synchronization just returned).
-fn run(s: &mut State, ctx: usize) {
+fn run(s: &mut State, ctx: Context) {
     let Some(cupti) = CUPTI.get() else { return };
     let ops: Vec<Op> = std::mem::take(&mut s.pending);
     for op in ops {
@@ -286,7 +277,7 @@ fn run(s: &mut State, ctx: usize) {
                         let _ = drain_into(cupti, ctx, on, &mut l.agg, &mut l.totals);
                     }
                     // Safety: `ctx` is current on this thread and sampling is enabled on it.
-                    let _ = unsafe { cupti.pc_disable(ctx as sys::CUcontext) };
+                    let _ = unsafe { cupti.pc_disable(ctx) };
                 }
                 if let Some(on) = &l.on {
                     absorb(&on.at_disable, &mut l.agg, &mut l.totals);
@@ -321,7 +312,7 @@ fn run(s: &mut State, ctx: usize) {
 /// the context still valid): what it sampled is read and sampling disabled now, never on a
 /// context that is gone; operations armed for it are dropped. The device is enabled again
 /// when a new primary context appears.
-fn context_destroying(ctx: usize) {
+fn context_destroying(ctx: Context) {
     let Some(cupti) = CUPTI.get() else { return };
     let mut s = state();
     let mut gone: Vec<u32> = Vec::new();
@@ -378,17 +369,17 @@ fn close(cupti: &Cupti, l: &mut Live) {
         let _ = drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals);
     }
     // Safety: sampling is enabled on the context, which is still valid.
-    let _ = unsafe { cupti.pc_disable(l.ctx as sys::CUcontext) };
+    let _ = unsafe { cupti.pc_disable(l.ctx) };
     if let Some(on) = &l.on {
         absorb(&on.at_disable, &mut l.agg, &mut l.totals);
     }
 }
 
 /// Closes the context's open range, if any (start/stop control), before a read and disable.
-fn stop_range(cupti: &Cupti, ctx: usize, on: &mut Enabled) {
+fn stop_range(cupti: &Cupti, ctx: Context, on: &mut Enabled) {
     if on.ranged && on.running {
         // Safety: `ctx` is current on this thread, enabled with start/stop control, in a range.
-        let _ = unsafe { cupti.pc_stop(ctx as sys::CUcontext) };
+        let _ = unsafe { cupti.pc_stop(ctx) };
         on.running = false;
     }
 }
@@ -397,11 +388,11 @@ fn stop_range(cupti: &Cupti, ctx: usize, on: &mut Enabled) {
 /// ([`PcConfig::start_stop`]) it opens the first range too.
 pub(super) fn enable(
     cupti: &Cupti,
-    ctx: usize,
+    ctx: Context,
     cfg: PcConfig,
     wanted: &[String],
 ) -> Result<(Enabled, StallReasons, Vec<String>), CuptiError> {
-    let c = ctx as sys::CUcontext;
+    let c = ctx;
     let t0 = Instant::now();
     // Safety: `ctx` is the context current on this thread (the one the synchronization used).
     unsafe { cupti.pc_enable(c) }?;
@@ -446,12 +437,11 @@ fn drain(cupti: &Cupti, l: &mut Live) -> Option<(CuptiError, bool)> {
 
 pub(super) fn drain_into(
     cupti: &Cupti,
-    ctx: usize,
+    ctx: Context,
     on: &mut Enabled,
     agg: &mut Agg,
     totals: &mut (u64, u64),
 ) -> Option<(CuptiError, bool)> {
-    let ctx = ctx as sys::CUcontext;
     for _ in 0..MAX_READS {
         // Safety: sampling is enabled on `ctx`, current on this thread.
         let r = unsafe { cupti.pc_get_data(ctx, &mut on.read) };
@@ -468,7 +458,7 @@ pub(super) fn drain_into(
 pub(super) fn absorb(buf: &PcBuffer, agg: &mut Agg, totals: &mut (u64, u64)) {
     for rec in buf.records() {
         for s in rec.stalls {
-            let key = (rec.function_name as usize, rec.cubin_crc, rec.pc_offset, s.pcSamplingStallReasonIndex);
+            let key = (rec.function_name, rec.cubin_crc, rec.pc_offset, s.pcSamplingStallReasonIndex);
             *agg.entry(key).or_default() += u64::from(s.samples);
         }
     }

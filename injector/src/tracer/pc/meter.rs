@@ -155,7 +155,7 @@ pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
     let out: Vec<(u32, bool, u64)> = devices
         .iter()
         .filter_map(|&dev| {
-            let ctx = driver.active_primary_context(dev)?.handle() as usize;
+            let ctx = driver.active_primary_context(dev)?.context().id();
             let n = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
             Some((dev, true, n))
         })

@@ -8,8 +8,6 @@
 //! on CUDA 13.0), with the module-load and synchronization callbacks on; it is given up when the
 //! last lease ends, before a trace's detach. Without it (another CUPTI client holds it) PC
 //! sampling is refused. Modules loaded before the lease are not seen: their PCs carry no line.
-// Safety: function names are C strings CUPTI hands out; the one use is commented.
-#![allow(unsafe_code)]
 
 mod app;
 mod cubins;
@@ -21,13 +19,13 @@ mod window;
 pub use stalls::{STALL_PREFIX, select_stalls};
 
 use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use gpuprof_cupti::device::Driver;
-use gpuprof_cupti::pcsampling::{PcConfig, StallReasons};
-use gpuprof_cupti::sys::cupti as sys;
+use gpuprof_cupti::ids;
+use gpuprof_cupti::pcsampling::{FunctionName, PcConfig, StallReasons};
 use gpuprof_cupti::{Cupti, CuptiError};
 
 use super::hooks::{self, User};
@@ -83,9 +81,9 @@ pub struct PcSampler {
     devs: HashMap<u32, Dev>,
     crc_registered: bool,
     events: Vec<PcEvent>,
-    names: HashMap<usize, (Arc<str>, CString)>,
+    names: HashMap<FunctionName, (Arc<str>, CString)>,
     strs: HashMap<String, Arc<str>>,
-    lines: HashMap<(u64, usize, u64), (Arc<str>, u32)>,
+    lines: HashMap<(u64, FunctionName, u64), (Arc<str>, u32)>,
     no_line: Arc<str>,
     /// Module CRCs already looked for in the mapped files.
     late_tried: std::collections::HashSet<u64>,
@@ -207,7 +205,7 @@ impl PcSampler {
             window: Duration::from_millis(if d.req.window_ms == 0 { 20 } else { u64::from(d.req.window_ms) }),
             budget: f64::from(if d.req.cost_budget_ppm == 0 { 5000 } else { d.req.cost_budget_ppm }) / 1e6,
         });
-        app::arm(Op::Enable { device, ctx: pctx.handle() as usize, cfg, wanted: d.req.stall_reasons.clone(), win });
+        app::arm(Op::Enable { device, ctx: pctx.context(), cfg, wanted: d.req.stall_reasons.clone(), win });
         d.phase = Phase::Enabling;
     }
 
@@ -451,7 +449,7 @@ impl PcSampler {
     fn find_late_cubins(&mut self) {
         let mut asked = false;
         for (dev, d) in &self.devs {
-            let mut want: Vec<(u64, usize)> = Vec::new();
+            let mut want: Vec<(u64, FunctionName)> = Vec::new();
             for (fptr, crc, _, _) in d.agg.keys() {
                 if *crc != 0
                     && !want.iter().any(|w| w.0 == *crc)
@@ -472,12 +470,7 @@ impl PcSampler {
             let named: Vec<(u64, String)> = want
                 .iter()
                 .map(|(crc, fptr)| {
-                    let n = if *fptr == 0 {
-                        String::new()
-                    } else {
-                        // Safety: CUPTI's function-name string for a PC record (see `name`).
-                        unsafe { CStr::from_ptr(*fptr as *const c_char) }.to_string_lossy().into_owned()
-                    };
+                    let n = if fptr.is_null() { String::new() } else { fptr.c_str().to_string_lossy().into_owned() };
                     (*crc, n)
                 })
                 .collect();
@@ -497,17 +490,11 @@ impl PcSampler {
         }
     }
 
-    fn name(&mut self, fptr: usize) -> Arc<str> {
+    fn name(&mut self, fptr: FunctionName) -> Arc<str> {
         if let Some((n, _)) = self.names.get(&fptr) {
             return n.clone();
         }
-        let c = if fptr == 0 {
-            CString::default()
-        } else {
-            // Safety: CUPTI's function-name string for a PC record: NUL-terminated and never
-            // freed by CUPTI (the client owns it; gpuprof keeps it for the process's life).
-            unsafe { CStr::from_ptr(fptr as *const c_char) }.to_owned()
-        };
+        let c = if fptr.is_null() { CString::default() } else { fptr.c_str().to_owned() };
         let n: Arc<str> = Arc::from(c.to_string_lossy().as_ref());
         self.names.insert(fptr, (n.clone(), c));
         n
@@ -524,11 +511,11 @@ impl PcSampler {
 
     /// The source line of a PC, from the captured cubin (cached; `("", 0)` when unknown, or
     /// past the time budget and tried again next time).
-    fn line(&mut self, crc: u64, fptr: usize, pc: u64, deadline: Instant) -> (Arc<str>, u32) {
+    fn line(&mut self, crc: u64, fptr: FunctionName, pc: u64, deadline: Instant) -> (Arc<str>, u32) {
         if let Some((f, l)) = self.lines.get(&(crc, fptr, pc)) {
             return (f.clone(), *l);
         }
-        if crc == 0 || fptr == 0 || Instant::now() >= deadline {
+        if crc == 0 || fptr.is_null() || Instant::now() >= deadline {
             return (self.no_line.clone(), 0);
         }
         let Some(cubin) = cubins::get(crc) else { return (self.no_line.clone(), 0) };
@@ -543,20 +530,11 @@ impl PcSampler {
     }
 }
 
-/// The subscriber's callback for PC sampling (see [`super::hooks`]).
-pub extern "C" fn on_callback(
-    userdata: *mut std::ffi::c_void,
-    domain: sys::CUpti_CallbackDomain,
-    cbid: sys::CUpti_CallbackId,
-    cbdata: *const std::ffi::c_void,
-) {
-    app::on_callback(userdata, domain, cbid, cbdata);
-}
-
-/// The subscriber's callback for a kernel or graph launch (switched on while a window is
-/// open): counted.
-pub fn on_launch(cbdata: *const std::ffi::c_void) {
-    app::on_launch(cbdata);
+/// Registers PC sampling's part of the subscriber's callback ([`hooks`]): module loads,
+/// context teardown and synchronizations; kernel and graph launches (switched on while a window
+/// is open) are counted.
+pub(super) fn register_hooks() {
+    hooks::register(User::Pc, app::on_callback, Some(app::on_launch));
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
@@ -577,11 +555,11 @@ fn merge(d: &mut Dev, agg: Agg, totals: (u64, u64)) {
 /// HARDWARE_BUSY or 999 (what `GetData` returns when an outside client took the monitor)
 /// stands down; anything else fails.
 fn failure_kind(e: CuptiError, full: bool) -> (PcEventKind, String) {
-    if full || e.code == sys::CUPTI_ERROR_OUT_OF_MEMORY {
+    if full || e.code == ids::CUPTI_ERROR_OUT_OF_MEMORY {
         return (PcEventKind::Healed, format!("hardware buffer full ({e}); sampling restarted"));
     }
     log!(Warn, "PC sampling stopped: {e}");
-    if e.is_hardware_busy() || e.code == sys::CUPTI_ERROR_UNKNOWN {
+    if e.is_hardware_busy() || e.code == ids::CUPTI_ERROR_UNKNOWN {
         (PcEventKind::HardwareBusy, e.to_string())
     } else {
         (PcEventKind::Failed, e.to_string())

@@ -21,7 +21,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpuprof_cupti::Cupti;
-use gpuprof_cupti::sys::cupti as sys;
 
 use super::app::{LAUNCHES, Live, absorb, drain_into, enable};
 use super::meter::{EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
@@ -129,7 +128,7 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             let mut t_read = Duration::ZERO;
             let mut kept = false;
             if let Some(on) = l.on.as_mut() {
-                let c = l.ctx as sys::CUcontext;
+                let c = l.ctx;
                 if on.ranged {
                     // Safety: the context is current on this thread, enabled with start/stop
                     // control and in a range.
@@ -205,7 +204,7 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                 Some(on) => {
                     // Safety: the context is current on this thread and enabled with
                     // start/stop control (only a ranged window stays enabled), out of a range.
-                    let r = unsafe { cupti.pc_start(l.ctx as sys::CUcontext) };
+                    let r = unsafe { cupti.pc_start(l.ctx) };
                     on.running = r.is_ok();
                     r
                 }
