@@ -1,5 +1,5 @@
 //! What runs on the application's threads, at a CUDA synchronization: enabling and
-//! configuring PC sampling on a context, reading it (`GetData`, at most every [`READ_GAP`]),
+//! configuring PC sampling on a context, reading it (`GetData`, at most every [`super::meter::READ_GAP`]),
 //! and disabling it; in windows mode, opening and closing windows at the synchronizations
 //! around them ([`super::window`]).
 //! The work runs at the synchronization's entry by default (`GPUPROF_PC_AT=exit`: at its
@@ -15,59 +15,25 @@
 // until disable), which only this bookkeeping knows; each call says why that holds.
 #![allow(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use gpuprof_cupti::ids;
-use gpuprof_cupti::pcsampling::{FunctionName, PcBuffer, PcConfig, StallReasons};
+use gpuprof_cupti::pcsampling::{PcConfig, StallReasons};
 use gpuprof_cupti::{Callback, Context, Cupti, CuptiError};
 
+use super::context::{Agg, Live as Sampled, absorb, drain_into, enable, stop_range};
 use super::cubins;
-use super::meter::{WINDOWS, at_entry, charge, count_sync, read_gap, timed};
 pub use super::meter::{app_cost, app_cost_extra};
-use super::select_stalls;
+use super::meter::{at_entry, charge, count_sync, own_thread, read_gap, timed};
 use super::window::{Win, WinCfg, window};
+
+/// A context being sampled, with its windows' state (windows mode).
+type Live = Sampled<(Win, PcConfig, Vec<String>)>;
 use crate::tracer::PcEventKind;
-
-/// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
-/// overrides it).
-pub const READ_GAP: Duration = Duration::from_millis(100);
-/// PCs read per `GetData` call.
-const PCS_PER_READ: usize = 5000;
-/// `GetData` calls per read at most.
-const MAX_READS: usize = 64;
-
-/// (function name, cubin CRC, PC offset, stall reason index) → samples.
-pub type Agg = HashMap<(FunctionName, u64, u64, u32), u64>;
-
-/// Sampling enabled on one context.
-pub struct Enabled {
-    /// The buffer CUPTI fills at disable; must stay put while enabled.
-    pub(super) at_disable: Box<PcBuffer>,
-    read: PcBuffer,
-    /// Configured with start/stop control (windows are ranges of one enable).
-    pub(super) ranged: bool,
-    /// A range is open (sampling runs).
-    pub(super) running: bool,
-}
-
-/// A context being sampled.
-pub(super) struct Live {
-    pub(super) ctx: Context,
-    /// Sampling enabled since then and not yet counted in `State::sampled`.
-    pub(super) on_since: Option<Instant>,
-    /// None while a window is closed (windows of an enable each).
-    pub(super) on: Option<Enabled>,
-    /// Windows mode (None: continuous), with what enabling needs again.
-    pub(super) win: Option<(Win, PcConfig, Vec<String>)>,
-    pub(super) agg: Agg,
-    pub(super) totals: (u64, u64),
-    last_read: Option<Instant>,
-    pub(super) failure: Option<(CuptiError, bool)>,
-}
 
 /// Operations for the next synchronization on the device's context.
 pub enum Op {
@@ -134,16 +100,6 @@ fn count_on(sampled: &mut BTreeMap<u32, Duration>, device: u32, l: &mut Live, st
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static CUPTI: OnceLock<Arc<Cupti>> = OnceLock::new();
 
-thread_local! {
-    /// Set on the injector's own threads: their synchronizations run nothing here.
-    static OWN_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks the calling thread as the injector's own.
-pub fn mark_own_thread() {
-    OWN_THREAD.with(|t| t.set(true));
-}
-
 fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -201,7 +157,7 @@ pub fn on_callback(cb: &Callback<'_>) {
         }
         // The other domains switched on are the runtime and driver APIs.
         let Some(ctx) = cb.api_context() else { return };
-        if OWN_THREAD.with(|t| t.get()) {
+        if own_thread() {
             return;
         }
         let exit = cb.is_api_exit();
@@ -224,15 +180,6 @@ pub fn on_callback(cb: &Callback<'_>) {
             timed(true);
         }
     }));
-}
-
-/// Launches counted at their entries while launch callbacks are on ([`super::window`]).
-pub(super) static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-pub fn on_launch(cb: &Callback<'_>) {
-    if cb.is_api_entry() {
-        LAUNCHES.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// Runs on the thread whose current context is `ctx` (a synchronization just returned).
@@ -375,93 +322,9 @@ fn close(cupti: &Cupti, l: &mut Live) {
     }
 }
 
-/// Closes the context's open range, if any (start/stop control), before a read and disable.
-fn stop_range(cupti: &Cupti, ctx: Context, on: &mut Enabled) {
-    if on.ranged && on.running {
-        // Safety: `ctx` is current on this thread, enabled with start/stop control, in a range.
-        let _ = unsafe { cupti.pc_stop(ctx) };
-        on.running = false;
-    }
-}
-
-/// Enables sampling on `ctx` and configures it; with start/stop control
-/// ([`PcConfig::start_stop`]) it opens the first range too.
-pub(super) fn enable(
-    cupti: &Cupti,
-    ctx: Context,
-    cfg: PcConfig,
-    wanted: &[String],
-) -> Result<(Enabled, StallReasons, Vec<String>), CuptiError> {
-    let c = ctx;
-    let t0 = Instant::now();
-    // Safety: `ctx` is the context current on this thread (the one the synchronization used).
-    unsafe { cupti.pc_enable(c) }?;
-    let t_enable = t0.elapsed();
-    let undo = |e: CuptiError| {
-        // Safety: undoes the enable above on the same context.
-        let _ = unsafe { cupti.pc_disable(c) };
-        e
-    };
-    // Safety: sampling is enabled on `c`.
-    let reasons = unsafe { cupti.pc_stall_reasons(c) }.map_err(undo)?;
-    let (stall_index, unknown) = select_stalls(&reasons, wanted);
-    let ranged = cfg.start_stop;
-    let cfg = PcConfig { stall_index, ..cfg };
-    let n = reasons.index.len().max(1);
-    let mut at_disable = Box::new(PcBuffer::new(PCS_PER_READ, n));
-    let t_reasons = t0.elapsed();
-    // Safety: `at_disable` is boxed and kept in `Enabled` until disable.
-    unsafe { cupti.pc_configure(c, &cfg, &mut at_disable) }.map_err(undo)?;
-    if WINDOWS.load(Ordering::Relaxed) < 20 {
-        crate::log::log!(
-            Info,
-            "PC sampling enable: cuptiPCSamplingEnable {:.2} ms, stall reasons {:.2} ms, configure {:.2} ms",
-            t_enable.as_secs_f64() * 1e3,
-            (t_reasons - t_enable).as_secs_f64() * 1e3,
-            (t0.elapsed() - t_reasons).as_secs_f64() * 1e3
-        );
-    }
-    if ranged {
-        // Safety: enabled and configured with start/stop control just above.
-        unsafe { cupti.pc_start(c) }.map_err(undo)?;
-    }
-    Ok((Enabled { at_disable, read: PcBuffer::new(PCS_PER_READ, n), ranged, running: ranged }, reasons, unknown))
-}
-
 /// Reads what CUPTI holds until it has nothing left (or the read limit). The error, and
 /// whether the hardware buffer was reported full, when a read failed.
 fn drain(cupti: &Cupti, l: &mut Live) -> Option<(CuptiError, bool)> {
     let on = l.on.as_mut()?;
     drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals)
-}
-
-pub(super) fn drain_into(
-    cupti: &Cupti,
-    ctx: Context,
-    on: &mut Enabled,
-    agg: &mut Agg,
-    totals: &mut (u64, u64),
-) -> Option<(CuptiError, bool)> {
-    for _ in 0..MAX_READS {
-        // Safety: sampling is enabled on `ctx`, current on this thread.
-        let r = unsafe { cupti.pc_get_data(ctx, &mut on.read) };
-        absorb(&on.read, agg, totals);
-        match r {
-            Ok(()) if on.read.remaining_pcs() > 0 => continue,
-            Ok(()) => return None,
-            Err(e) => return Some((e, on.read.hardware_buffer_full())),
-        }
-    }
-    None
-}
-
-pub(super) fn absorb(buf: &PcBuffer, agg: &mut Agg, totals: &mut (u64, u64)) {
-    for rec in buf.records() {
-        for s in rec.stalls {
-            let key = (rec.function_name, rec.cubin_crc, rec.pc_offset, s.pcSamplingStallReasonIndex);
-            *agg.entry(key).or_default() += u64::from(s.samples);
-        }
-    }
-    totals.0 += buf.total_samples();
-    totals.1 += buf.dropped_samples();
 }

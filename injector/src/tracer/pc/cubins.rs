@@ -126,7 +126,7 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
     if g.is_none() {
         let (tx, rx) = std::sync::mpsc::channel::<(Vec<(u64, String)>, u32)>();
         let spawned = std::thread::Builder::new().name("gpuprof-cubins".into()).spawn(move || {
-            super::app::mark_own_thread();
+            super::meter::mark_own_thread();
             while let Ok((wanted, sm)) = rx.recv() {
                 let _ = catch_unwind(AssertUnwindSafe(|| find_mapped(&wanted, sm)));
                 let mut g = late();

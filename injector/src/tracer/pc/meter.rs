@@ -7,8 +7,6 @@ use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::app::READ_GAP;
-
 /// Windows mode: the most of the time a window may be open while what sampling costs inside
 /// windows is not known (CUPTI's enable floor on launch-bound work was 1.18-1.29x on the H100,
 /// so a duty of 1.5 % keeps that part under 0.5 %).
@@ -130,6 +128,10 @@ pub(super) fn window_hw_mib(default: usize) -> usize {
     .unwrap_or(default)
 }
 
+/// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
+/// overrides it).
+pub const READ_GAP: Duration = Duration::from_millis(100);
+
 pub(super) fn read_gap() -> Duration {
     static GAP: OnceLock<Duration> = OnceLock::new();
     *GAP.get_or_init(|| {
@@ -162,4 +164,28 @@ pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
         .collect();
     crate::log::log!(Debug, "synchronizations by context {syncs:x?}; by device {out:?}");
     out
+}
+
+thread_local! {
+    /// Set on the injector's own threads: their synchronizations run nothing here.
+    static OWN_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as the injector's own.
+pub fn mark_own_thread() {
+    OWN_THREAD.with(|t| t.set(true));
+}
+
+/// Whether the calling thread is one of the injector's own.
+pub(super) fn own_thread() -> bool {
+    OWN_THREAD.with(|t| t.get())
+}
+
+/// Launches counted at their entries while launch callbacks are on ([`super::window`]).
+pub(super) static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn on_launch(cb: &gpuprof_cupti::Callback<'_>) {
+    if cb.is_api_entry() {
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    }
 }

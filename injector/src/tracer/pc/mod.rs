@@ -10,6 +10,7 @@
 //! sampling is refused. Modules loaded before the lease are not seen: their PCs carry no line.
 
 mod app;
+mod context;
 mod cubins;
 mod meter;
 pub use meter::device_activity;
@@ -32,7 +33,8 @@ use super::hooks::{self, User};
 
 use super::backend::{PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow};
 use crate::log::log;
-use app::{Agg, Done, Op};
+use app::{Done, Op};
+use context::Agg;
 
 /// The sampling period when the lease names none: 2^15 cycles. On the H100 at 2^10 and 2^13 a
 /// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
@@ -336,7 +338,7 @@ impl PcSampler {
     /// takes what was read, enables devices whose context appeared, resolves lines, and hands
     /// out the batches and events.
     pub fn collect(&mut self, wait: Duration) -> PcOutput {
-        app::mark_own_thread();
+        meter::mark_own_thread();
         self.settle(wait);
         self.take_results();
         let keys: Vec<u32> = self.devs.keys().copied().collect();
@@ -534,7 +536,7 @@ impl PcSampler {
 /// context teardown and synchronizations; kernel and graph launches (switched on while a window
 /// is open) are counted.
 pub(super) fn register_hooks() {
-    hooks::register(User::Pc, app::on_callback, Some(app::on_launch));
+    hooks::register(User::Pc, app::on_callback, Some(meter::on_launch));
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context

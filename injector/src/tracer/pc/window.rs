@@ -22,9 +22,12 @@ use std::time::{Duration, Instant};
 
 use gpuprof_cupti::Cupti;
 
-use super::app::{LAUNCHES, Live, absorb, drain_into, enable};
-use super::meter::{EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
+use super::context::{Live as Sampled, absorb, drain_into, enable};
+use super::meter::{EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
 use crate::tracer::hooks;
+
+/// A context sampled in windows.
+type Live = Sampled<(Win, gpuprof_cupti::pcsampling::PcConfig, Vec<String>)>;
 
 /// The longest gap between windows (the budget decides below it).
 const MAX_GAP: Duration = Duration::from_secs(60);

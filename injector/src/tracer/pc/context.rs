@@ -1,0 +1,136 @@
+//! PC sampling on one context: enabling and configuring it ([`enable`], with the first
+//! range under start/stop control), closing a range, reading what CUPTI holds
+//! ([`drain_into`]) into the aggregate ([`Agg`]), and the state a sampled context keeps
+//! ([`Live`]), for the synchronizations' work (`app.rs`) and the windows (`window.rs`).
+// Safety: the PC-sampling calls need a live context current on the calling thread (and the
+// buffer given at configuration kept until disable), which the callers' bookkeeping knows;
+// each call says why that holds.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use gpuprof_cupti::pcsampling::{FunctionName, PcBuffer, PcConfig, StallReasons};
+use gpuprof_cupti::{Context, Cupti, CuptiError};
+
+use super::meter::WINDOWS;
+use super::stalls::select_stalls;
+
+/// PCs read per `GetData` call.
+const PCS_PER_READ: usize = 5000;
+/// `GetData` calls per read at most.
+const MAX_READS: usize = 64;
+
+/// (function name, cubin CRC, PC offset, stall reason index) → samples.
+pub type Agg = HashMap<(FunctionName, u64, u64, u32), u64>;
+
+/// Sampling enabled on one context.
+pub struct Enabled {
+    /// The buffer CUPTI fills at disable; must stay put while enabled.
+    pub(super) at_disable: Box<PcBuffer>,
+    pub(super) read: PcBuffer,
+    /// Configured with start/stop control (windows are ranges of one enable).
+    pub(super) ranged: bool,
+    /// A range is open (sampling runs).
+    pub(super) running: bool,
+}
+
+/// A context being sampled.
+pub(super) struct Live<W> {
+    pub(super) ctx: Context,
+    /// Sampling enabled since then and not yet counted in `State::sampled`.
+    pub(super) on_since: Option<Instant>,
+    /// None while a window is closed (windows of an enable each).
+    pub(super) on: Option<Enabled>,
+    /// Windows mode (None: continuous): the windows' state, with what enabling needs again.
+    pub(super) win: Option<W>,
+    pub(super) agg: Agg,
+    pub(super) totals: (u64, u64),
+    pub(super) last_read: Option<Instant>,
+    pub(super) failure: Option<(CuptiError, bool)>,
+}
+
+/// Closes the context's open range, if any (start/stop control), before a read and disable.
+pub(super) fn stop_range(cupti: &Cupti, ctx: Context, on: &mut Enabled) {
+    if on.ranged && on.running {
+        // Safety: `ctx` is current on this thread, enabled with start/stop control, in a range.
+        let _ = unsafe { cupti.pc_stop(ctx) };
+        on.running = false;
+    }
+}
+
+/// Enables sampling on `ctx` and configures it; with start/stop control
+/// ([`PcConfig::start_stop`]) it opens the first range too.
+pub(super) fn enable(
+    cupti: &Cupti,
+    ctx: Context,
+    cfg: PcConfig,
+    wanted: &[String],
+) -> Result<(Enabled, StallReasons, Vec<String>), CuptiError> {
+    let c = ctx;
+    let t0 = Instant::now();
+    // Safety: `ctx` is the context current on this thread (the one the synchronization used).
+    unsafe { cupti.pc_enable(c) }?;
+    let t_enable = t0.elapsed();
+    let undo = |e: CuptiError| {
+        // Safety: undoes the enable above on the same context.
+        let _ = unsafe { cupti.pc_disable(c) };
+        e
+    };
+    // Safety: sampling is enabled on `c`.
+    let reasons = unsafe { cupti.pc_stall_reasons(c) }.map_err(undo)?;
+    let (stall_index, unknown) = select_stalls(&reasons, wanted);
+    let ranged = cfg.start_stop;
+    let cfg = PcConfig { stall_index, ..cfg };
+    let n = reasons.index.len().max(1);
+    let mut at_disable = Box::new(PcBuffer::new(PCS_PER_READ, n));
+    let t_reasons = t0.elapsed();
+    // Safety: `at_disable` is boxed and kept in `Enabled` until disable.
+    unsafe { cupti.pc_configure(c, &cfg, &mut at_disable) }.map_err(undo)?;
+    if WINDOWS.load(Ordering::Relaxed) < 20 {
+        crate::log::log!(
+            Info,
+            "PC sampling enable: cuptiPCSamplingEnable {:.2} ms, stall reasons {:.2} ms, configure {:.2} ms",
+            t_enable.as_secs_f64() * 1e3,
+            (t_reasons - t_enable).as_secs_f64() * 1e3,
+            (t0.elapsed() - t_reasons).as_secs_f64() * 1e3
+        );
+    }
+    if ranged {
+        // Safety: enabled and configured with start/stop control just above.
+        unsafe { cupti.pc_start(c) }.map_err(undo)?;
+    }
+    Ok((Enabled { at_disable, read: PcBuffer::new(PCS_PER_READ, n), ranged, running: ranged }, reasons, unknown))
+}
+
+pub(super) fn drain_into(
+    cupti: &Cupti,
+    ctx: Context,
+    on: &mut Enabled,
+    agg: &mut Agg,
+    totals: &mut (u64, u64),
+) -> Option<(CuptiError, bool)> {
+    for _ in 0..MAX_READS {
+        // Safety: sampling is enabled on `ctx`, current on this thread.
+        let r = unsafe { cupti.pc_get_data(ctx, &mut on.read) };
+        absorb(&on.read, agg, totals);
+        match r {
+            Ok(()) if on.read.remaining_pcs() > 0 => continue,
+            Ok(()) => return None,
+            Err(e) => return Some((e, on.read.hardware_buffer_full())),
+        }
+    }
+    None
+}
+
+pub(super) fn absorb(buf: &PcBuffer, agg: &mut Agg, totals: &mut (u64, u64)) {
+    for rec in buf.records() {
+        for s in rec.stalls {
+            let key = (rec.function_name, rec.cubin_crc, rec.pc_offset, s.pcSamplingStallReasonIndex);
+            *agg.entry(key).or_default() += u64::from(s.samples);
+        }
+    }
+    totals.0 += buf.total_samples();
+    totals.1 += buf.dropped_samples();
+}
