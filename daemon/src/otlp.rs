@@ -62,6 +62,9 @@ pub struct ProcSnap {
     pub exe: String,
     pub placement: Placement,
     pub tracing: bool,
+    /// The distributed job it reported (empty id and no rank when none).
+    pub job_id: String,
+    pub rank: Option<u32>,
 }
 
 impl Snapshot {
@@ -90,6 +93,8 @@ impl Snapshot {
                 exe: a.exe.rsplit('/').next().unwrap_or_default().to_string(),
                 placement: a.placement.clone(),
                 tracing: a.trace_state() == "tracing",
+                job_id: a.job.job_id.clone(),
+                rank: a.job.rank,
             })
             .collect();
         let records = crate::catalog::Kind::ALL
@@ -135,6 +140,19 @@ fn s(key: &str, v: &str) -> KeyValue {
 
 fn int(key: &str, v: i64) -> KeyValue {
     kv(key, any_value::Value::IntValue(v))
+}
+
+/// A process's distributed job as attributes: `gpuprof.job.id` and `gpuprof.job.rank`, each
+/// when known.
+pub fn job_attributes(job_id: &str, rank: Option<u32>) -> Vec<KeyValue> {
+    let mut out = Vec::new();
+    if !job_id.is_empty() {
+        out.push(s("gpuprof.job.id", job_id));
+    }
+    if let Some(r) = rank {
+        out.push(int("gpuprof.job.rank", i64::from(r)));
+    }
+    out
 }
 
 fn point(attributes: Vec<KeyValue>, start: u64, time: u64, v: number_data_point::Value) -> NumberDataPoint {
@@ -252,12 +270,9 @@ pub fn request(snap: &Snapshot) -> (ExportMetricsServiceRequest, u64) {
         let points = procs
             .iter()
             .map(|p| {
-                point(
-                    vec![int("process.pid", i64::from(p.pid)), s("process.executable.name", &p.exe)],
-                    0,
-                    now,
-                    AsInt(i64::from(p.tracing)),
-                )
+                let mut attrs = vec![int("process.pid", i64::from(p.pid)), s("process.executable.name", &p.exe)];
+                attrs.extend(job_attributes(&p.job_id, p.rank));
+                point(attrs, 0, now, AsInt(i64::from(p.tracing)))
             })
             .collect();
         out.push(rm(
@@ -391,8 +406,13 @@ async fn export_profiles(d: &Daemon, client: &mut ProfilesServiceClient<Channel>
         .all()
         .into_iter()
         .map(|a| {
-            let info =
-                crate::otlp_profiles::ProcInfo { pid: a.pid, exe: a.exe.clone(), placement: a.placement.clone() };
+            let info = crate::otlp_profiles::ProcInfo {
+                pid: a.pid,
+                exe: a.exe.clone(),
+                placement: a.placement.clone(),
+                job_id: a.job.job_id.clone(),
+                rank: a.job.rank,
+            };
             (a.id, info)
         })
         .collect();
@@ -446,9 +466,30 @@ mod tests {
                 GpuSnap { index: 1, uuid: "GPU-1".into(), ..Default::default() },
             ],
             procs: vec![
-                ProcSnap { pid: 10, exe: "python3".into(), placement: pod.clone(), tracing: true },
-                ProcSnap { pid: 11, exe: "python3".into(), placement: pod, tracing: false },
-                ProcSnap { pid: 12, exe: "bench".into(), placement: Placement::default(), tracing: false },
+                ProcSnap {
+                    pid: 10,
+                    exe: "python3".into(),
+                    placement: pod.clone(),
+                    tracing: true,
+                    job_id: "run-7".into(),
+                    rank: Some(3),
+                },
+                ProcSnap {
+                    pid: 11,
+                    exe: "python3".into(),
+                    placement: pod,
+                    tracing: false,
+                    job_id: String::new(),
+                    rank: None,
+                },
+                ProcSnap {
+                    pid: 12,
+                    exe: "bench".into(),
+                    placement: Placement::default(),
+                    tracing: false,
+                    job_id: String::new(),
+                    rank: None,
+                },
             ],
             records: vec![("kernel", 5, 1)],
             connected_agents: 4,
@@ -496,6 +537,10 @@ mod tests {
         let Some(metric::Data::Gauge(g)) = &pod.scope_metrics[0].metrics[0].data else { panic!() };
         let tracing: Vec<_> = g.data_points.iter().map(|p| p.value).collect();
         assert_eq!(tracing, [Some(number_data_point::Value::AsInt(1)), Some(number_data_point::Value::AsInt(0))]);
+        // The rank's point carries its job; the other has none.
+        let keys = |i: usize| g.data_points[i].attributes.iter().map(|a| a.key.as_str()).collect::<Vec<_>>();
+        assert_eq!(keys(0), ["process.pid", "process.executable.name", "gpuprof.job.id", "gpuprof.job.rank"]);
+        assert_eq!(keys(1), ["process.pid", "process.executable.name"]);
         // 1 PM value + 1 sample count + 1 + 2 process points + 2 record counters + 1 gauge.
         assert_eq!(points, 8);
     }

@@ -108,6 +108,9 @@ pub struct ProcInfo {
     pub pid: u32,
     pub exe: String,
     pub placement: Placement,
+    /// The distributed job it reported (empty id and no rank when none).
+    pub job_id: String,
+    pub rank: Option<u32>,
 }
 
 fn kv(key: &str, v: any_value::Value) -> KeyValue {
@@ -221,6 +224,7 @@ pub fn request(host: &str, taken: &Taken, procs: &HashMap<u64, ProcInfo>, now_ns
                 s("process.executable.name", p.exe.rsplit('/').next().unwrap_or_default()),
                 kv("gpuprof.process.id", any_value::Value::IntValue(proc as i64)),
             ];
+            attributes.extend(crate::otlp::job_attributes(&p.job_id, p.rank));
             let pl = &p.placement;
             for (k, v) in [
                 ("container.id", &pl.container_id),
@@ -282,7 +286,16 @@ mod tests {
         let t = p.take();
         assert_eq!((t.samples(), t.dropped, t.since_ns), (47, 0, 1_000));
         assert_eq!(p.take().samples(), 0, "taken once");
-        let procs = HashMap::from([(7, ProcInfo { pid: 42, exe: "/usr/bin/python3".into(), ..Default::default() })]);
+        let procs = HashMap::from([(
+            7,
+            ProcInfo {
+                pid: 42,
+                exe: "/usr/bin/python3".into(),
+                job_id: "run-7".into(),
+                rank: Some(3),
+                ..Default::default()
+            },
+        )]);
         let req = request("node-1", &t, &procs, 5_000);
         let d = req.dictionary.as_ref().unwrap();
         let st = |i: i32| d.string_table[i as usize].as_str();
@@ -311,6 +324,11 @@ mod tests {
         assert!(
             attrs.iter().any(|kv| kv.key == "process.pid"
                 && kv.value.as_ref().unwrap().value == Some(any_value::Value::IntValue(42)))
+        );
+        assert!(
+            attrs.iter().any(|kv| kv.key == "gpuprof.job.rank"
+                && kv.value.as_ref().unwrap().value == Some(any_value::Value::IntValue(3))),
+            "the rank: {attrs:?}"
         );
     }
 

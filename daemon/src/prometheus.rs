@@ -3,7 +3,9 @@
 //! `modelName` and `Hostname`; one family per metric and unit (`gpuprof_gpu_sm_active_percent`,
 //! `gpuprof_gpu_power_usage_watts`, ...) for the always-on NVML and GPM metrics; CUPTI PM values
 //! split by unit (`gpuprof_pm_percent`, `gpuprof_pm_bytes`, `gpuprof_pm_value` for the rest);
-//! the arbiter's state per GPU; the daemon's counters and `gpuprof_build_info`. Served with
+//! the arbiter's state per GPU; the daemon's counters and `gpuprof_build_info`. Per-process
+//! series carry the process's distributed-job `job_id` and `rank`, and GPU series too where
+//! one rank owns the GPU. Served with
 //! axum (hyper), `GET /metrics` only; every response closes its connection.
 
 use std::fmt::Write as _;
@@ -65,11 +67,28 @@ fn gpu_labels(d: &Daemon, dev: u32, host: &str, agents: &[Arc<crate::registry::A
         esc(g.map_or("", |g| &g.model)),
         esc(host)
     );
-    let on_gpu = agents.iter().filter(|a| uses_gpu(&a.devices, g.map(|_| (uuid, pci)), dev));
-    if let Some((pod, ns, container)) = one_workload(on_gpu.map(|a| &a.placement)) {
+    let on_gpu = || agents.iter().filter(|a| uses_gpu(&a.devices, g.map(|_| (uuid, pci)), dev));
+    if let Some((pod, ns, container)) = one_workload(on_gpu().map(|a| &a.placement)) {
         let _ = write!(l, ",pod=\"{}\",namespace=\"{}\",container=\"{}\"", esc(pod), esc(ns), esc(container));
     }
+    if let Some((job, rank)) = one_rank(on_gpu().map(|a| &a.job)) {
+        let _ = write!(l, ",job_id=\"{}\",rank=\"{rank}\"", esc(job));
+    }
     l
+}
+
+/// The (job id, rank) of the one distributed-job rank among these processes' identities
+/// (processes without a rank, such as a launcher, aside); None when there are none or several.
+/// The label is `job_id`, not `job`: Prometheus keeps `job` for the scrape job.
+fn one_rank<'a>(jobs: impl Iterator<Item = &'a gpuprof_proto::agent::JobIdentity>) -> Option<(&'a str, u32)> {
+    let mut ranks = jobs.filter_map(|j| j.rank.map(|r| (j.job_id.as_str(), r)));
+    let first = ranks.next()?;
+    ranks.all(|r| r == first).then_some(first)
+}
+
+/// A process's `job_id` and `rank` label values (empty when it reported none).
+fn job_labels(j: &gpuprof_proto::agent::JobIdentity) -> (String, String) {
+    (esc(&j.job_id), j.rank.map(|r| r.to_string()).unwrap_or_default())
 }
 
 /// Whether a process that reported `devices` uses the GPU with this UUID and PCI bus id (or,
@@ -277,9 +296,10 @@ fn processes(o: &mut String, d: &Daemon) {
     for a in &agents {
         let p = &a.placement;
         let exe = a.exe.rsplit('/').next().unwrap_or_default();
+        let (job, rank) = job_labels(&a.job);
         let _ = writeln!(
             o,
-            "gpuprof_process_tracing{{process_id=\"{}\",pid=\"{}\",exe=\"{}\",container_id=\"{}\",pod_uid=\"{}\",pod=\"{}\",namespace=\"{}\",container=\"{}\"}} {}",
+            "gpuprof_process_tracing{{process_id=\"{}\",pid=\"{}\",exe=\"{}\",container_id=\"{}\",pod_uid=\"{}\",pod=\"{}\",namespace=\"{}\",container=\"{}\",job_id=\"{job}\",rank=\"{rank}\"}} {}",
             a.id,
             a.pid,
             esc(exe),
@@ -301,9 +321,10 @@ fn processes(o: &mut String, d: &Daemon) {
         let Some(a) = agents.iter().find(|a| a.id == id) else { continue };
         let uuid = a.devices.iter().find(|x| x.id == dev).map_or("", |x| x.uuid.as_str());
         let p = &a.placement;
+        let (job, rank) = job_labels(&a.job);
         let _ = writeln!(
             o,
-            "gpuprof_process_pc_sampling{{process_id=\"{id}\",pid=\"{}\",exe=\"{}\",device=\"{dev}\",UUID=\"{}\",pod=\"{}\",namespace=\"{}\",container=\"{}\"}} {}",
+            "gpuprof_process_pc_sampling{{process_id=\"{id}\",pid=\"{}\",exe=\"{}\",device=\"{dev}\",UUID=\"{}\",pod=\"{}\",namespace=\"{}\",container=\"{}\",job_id=\"{job}\",rank=\"{rank}\"}} {}",
             a.pid,
             esc(a.exe.rsplit('/').next().unwrap_or_default()),
             esc(uuid),
@@ -339,6 +360,23 @@ mod tests {
         assert_eq!(one_workload(sidecar.iter()), None, "two containers: no container label");
         assert_eq!(one_workload([at("", "")].iter()), None, "not in a named pod");
         assert_eq!(one_workload(std::iter::empty()), None, "nobody on the GPU");
+    }
+
+    #[test]
+    fn a_gpu_is_labelled_with_the_one_rank_on_it() {
+        let j = |job: &str, rank: Option<u32>| gpuprof_proto::agent::JobIdentity {
+            job_id: job.into(),
+            rank,
+            ..Default::default()
+        };
+        let (launcher, r0, r1) = (j("run-1", None), j("run-1", Some(0)), j("run-1", Some(1)));
+        assert_eq!(one_rank([&launcher, &r0].into_iter()), Some(("run-1", 0)), "a launcher is no rank");
+        assert_eq!(one_rank([&r0, &r1].into_iter()), None, "two ranks share the GPU");
+        assert_eq!(one_rank([&r0, &j("run-2", Some(0))].into_iter()), None, "rank 0 of two jobs");
+        assert_eq!(one_rank([&r0, &r0.clone()].into_iter()), Some(("run-1", 0)), "a rank restarted");
+        assert_eq!(one_rank([&launcher].into_iter()), None);
+        assert_eq!(job_labels(&r1), ("run-1".to_string(), "1".to_string()));
+        assert_eq!(job_labels(&launcher), ("run-1".to_string(), String::new()));
     }
 
     #[test]

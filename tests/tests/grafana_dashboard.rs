@@ -239,7 +239,8 @@ fn every_metric_the_dashboard_reads_is_served() {
     );
     let d = start_daemon_config(dir.path(), "0", &extra).unwrap();
     // A CUDA process that a session traces and PC-samples on its GPU 0.
-    let a = PcAgent::connect(&d.agent_socket, "/usr/bin/trainer", 1).unwrap();
+    let job = Some(gpuprof_testkit::fake_agent::torchrun_job("run-7", Some(3), 8));
+    let a = PcAgent::connect_job(&d.agent_socket, "/usr/bin/trainer", 1, job).unwrap();
     let id = start_session(&d, &["--exe", "trainer", "--pc-sampling"]);
     wait_pc_state(&d, id, a.process_id, 0, |s| s == "sampling");
 
@@ -254,8 +255,12 @@ fn every_metric_the_dashboard_reads_is_served() {
         |prefix: &str| body.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}: {body}"));
     let tracing = line("gpuprof_process_tracing{");
     assert!(tracing.contains("exe=\"trainer\"") && tracing.ends_with(" 1"), "{tracing}");
+    assert!(tracing.contains("job_id=\"run-7\",rank=\"3\""), "the process's rank: {tracing}");
     let pc = line("gpuprof_process_pc_sampling{");
     assert!(pc.contains("exe=\"trainer\",device=\"0\",UUID=\"GPU-fake") && pc.ends_with(" 1"), "{pc}");
+    // The rank owns GPU 0: its series say so.
+    let power = line("gpuprof_gpu_power_usage_watts{gpu=\"0\"");
+    assert!(power.contains(",job_id=\"run-7\",rank=\"3\""), "one rank on the GPU: {power}");
     let reasons = line("gpuprof_gpu_clocks_event_reasons{");
     assert!(reasons.ends_with(" 4"), "the SW power cap bit the dashboard decodes: {reasons}");
     assert_eq!(d.terminate().unwrap(), 0);
