@@ -301,8 +301,8 @@ async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
 }
 
 /// Why the session's processes are not sampled now, one line per (process, device) that is
-/// not ("pid 4242 GPU 1: not sampled (no CUDA work seen on GPU 1 yet)"); none when the
-/// session cannot be read.
+/// not ("pid 4242 device 1: not sampled (no CUDA work seen on GPU 1 yet)", "pid 4243 (rank 3)
+/// device 1: ...", "pid 4200 (launcher) device 0: ..."); none when the session cannot be read.
 async fn not_sampled(c: &mut Client, session: u64) -> Vec<String> {
     let Ok(s) = c.get_session(pb::GetSessionRequest { session_id: session }).await else { return Vec::new() };
     let s = s.into_inner();
@@ -310,7 +310,12 @@ async fn not_sampled(c: &mut Client, session: u64) -> Vec<String> {
     for p in &s.processes {
         for d in &p.pc_sampling {
             if d.state != "sampling" && !d.state.starts_with("stopped") {
-                out.push(format!("pid {} device {}: {}", p.pid, d.device, d.state));
+                let who = match (p.rank, p.role.as_str()) {
+                    (Some(r), _) => format!(" (rank {r})"),
+                    (None, "launcher") => " (launcher)".to_string(),
+                    _ => String::new(),
+                };
+                out.push(format!("pid {}{who} device {}: {}", p.pid, d.device, d.state));
             }
         }
     }

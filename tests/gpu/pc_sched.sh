@@ -93,7 +93,7 @@ if [[ $PARTS == *" ddp "* ]]; then
   lstate=$(grep -E "^${LPID}:" "$STATE/ddp_samples.txt" | head -1 | cut -d: -f4-)
   pass_if "DDP on $NGPU GPUs: every rank sampled on its own GPU only" "$([ "$ranks" = "$NGPU" ] && [ $ok = 1 ] && echo 1)" "$detail"
   pass_if "DDP: the launcher (pid $LPID) gets no samples" "$([ "$lsamples" = 0 ] && grep -qE "^${LPID}:" "$STATE/ddp_samples.txt" && echo 1)" "$lsamples samples; $lstate"
-  pass_if "DDP: pc top says why the launcher is not sampled" "$(grep -q "pid $LPID device .*not sampled" "$STATE/ddp_top_live.txt" && echo 1)" "$(grep "pid $LPID" "$STATE/ddp_top_live.txt" | head -1)"
+  pass_if "DDP: pc top says why the launcher is not sampled" "$(grep -q "pid $LPID (launcher) device .*not sampled" "$STATE/ddp_top_live.txt" && echo 1)" "$(grep "pid $LPID" "$STATE/ddp_top_live.txt" | head -1)"
 fi
 
 # ---------------------------------------------------------------- ddptrace
