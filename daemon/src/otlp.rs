@@ -142,19 +142,6 @@ fn int(key: &str, v: i64) -> KeyValue {
     kv(key, any_value::Value::IntValue(v))
 }
 
-/// A process's distributed job as attributes: `gpuprof.job.id` and `gpuprof.job.rank`, each
-/// when known.
-pub fn job_attributes(job_id: &str, rank: Option<u32>) -> Vec<KeyValue> {
-    let mut out = Vec::new();
-    if !job_id.is_empty() {
-        out.push(s("gpuprof.job.id", job_id));
-    }
-    if let Some(r) = rank {
-        out.push(int("gpuprof.job.rank", i64::from(r)));
-    }
-    out
-}
-
 fn point(attributes: Vec<KeyValue>, start: u64, time: u64, v: number_data_point::Value) -> NumberDataPoint {
     NumberDataPoint {
         attributes,
@@ -271,7 +258,7 @@ pub fn request(snap: &Snapshot) -> (ExportMetricsServiceRequest, u64) {
             .iter()
             .map(|p| {
                 let mut attrs = vec![int("process.pid", i64::from(p.pid)), s("process.executable.name", &p.exe)];
-                attrs.extend(job_attributes(&p.job_id, p.rank));
+                attrs.extend(crate::otlp_profiles::job_attributes(&p.job_id, p.rank));
                 point(attrs, 0, now, AsInt(i64::from(p.tracing)))
             })
             .collect();

@@ -113,6 +113,19 @@ pub struct ProcInfo {
     pub rank: Option<u32>,
 }
 
+/// A process's distributed job as attributes: `gpuprof.job.id` and `gpuprof.job.rank`, each
+/// when known (for profiles' resources here, and metrics' process points in `otlp`).
+pub fn job_attributes(job_id: &str, rank: Option<u32>) -> Vec<KeyValue> {
+    let mut out = Vec::new();
+    if !job_id.is_empty() {
+        out.push(s("gpuprof.job.id", job_id));
+    }
+    if let Some(r) = rank {
+        out.push(kv("gpuprof.job.rank", any_value::Value::IntValue(i64::from(r))));
+    }
+    out
+}
+
 fn kv(key: &str, v: any_value::Value) -> KeyValue {
     KeyValue { key: key.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
 }
@@ -224,7 +237,7 @@ pub fn request(host: &str, taken: &Taken, procs: &HashMap<u64, ProcInfo>, now_ns
                 s("process.executable.name", p.exe.rsplit('/').next().unwrap_or_default()),
                 kv("gpuprof.process.id", any_value::Value::IntValue(proc as i64)),
             ];
-            attributes.extend(crate::otlp::job_attributes(&p.job_id, p.rank));
+            attributes.extend(job_attributes(&p.job_id, p.rank));
             let pl = &p.placement;
             for (k, v) in [
                 ("container.id", &pl.container_id),
