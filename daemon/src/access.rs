@@ -19,7 +19,6 @@ use std::sync::Arc;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Status};
 
-use crate::Daemon;
 use crate::error::{ApiError, ApiResult};
 
 /// The identity of an API caller.
@@ -273,16 +272,26 @@ pub fn process_uid(pid: u32) -> Option<u32> {
     std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
 }
 
+/// Where a session's owner is found, and who may read every session.
+pub struct SessionOwners<'a> {
+    /// The owner of the session if it is open (the session registry's `live_owner`).
+    pub live: Option<u32>,
+    /// The database, for ended sessions.
+    pub db_path: &'a Path,
+    /// `[api] admin_group`, named when access is denied.
+    pub admin_group: &'a str,
+}
+
 /// Checks that session `id` exists and that the caller may read it: the live owner of an open
 /// session, or the owner stored in the sessions table.
-pub async fn authorize_session(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<()> {
+pub async fn authorize_session(owners: SessionOwners<'_>, caller: &Caller, id: u64) -> ApiResult<()> {
     if id == 0 {
         return Err(ApiError::invalid("session_id", "session ids start at 1"));
     }
-    let owner = match d.sessions.live_owner(id) {
+    let owner = match owners.live {
         Some(o) => o,
         None => {
-            let path = d.db_path.clone();
+            let path = owners.db_path.to_path_buf();
             tokio::task::spawn_blocking(move || -> ApiResult<Option<u32>> {
                 let c = crate::store::open_reader(&path)?;
                 Ok(crate::store::session_owner(&c, id)?)
@@ -296,7 +305,7 @@ pub async fn authorize_session(d: &Daemon, caller: &Caller, id: u64) -> ApiResul
     if caller.may_access(owner) {
         Ok(())
     } else {
-        Err(caller.denied(&format!("session {id}"), owner, &d.config.api.admin_group))
+        Err(caller.denied(&format!("session {id}"), owner, owners.admin_group))
     }
 }
 
@@ -325,6 +334,32 @@ pub fn require_operator(caller: &Caller, what: &str) -> ApiResult<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_session_is_read_by_its_owner_or_an_administrator() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let cfg = crate::config::Config::from_toml("").unwrap();
+        let c = crate::store::open_writer(&db, &cfg.storage).unwrap();
+        c.execute(
+            "INSERT INTO sessions(id, name, state, targets, collect, owner_uid, created_ns, start_at_ns, duration_ms,
+               max_records) VALUES (5, 'ended', 'completed', '[]', '{}', 1000, 1, 1, 0, 0)",
+            [],
+        )
+        .unwrap();
+        let owners = |id: u64| SessionOwners { live: (id == 7).then_some(1001), db_path: &db, admin_group: "gpuprof" };
+        let user = |uid| Caller { uid, gid: uid, pid: None, admin: false, authenticated: true };
+        // An ended session from the database; an open one from the registry.
+        assert!(authorize_session(owners(5), &user(1000), 5).await.is_ok());
+        assert!(authorize_session(owners(7), &user(1001), 7).await.is_ok());
+        assert!(authorize_session(owners(5), &Caller::root(), 5).await.is_ok());
+        let denied = authorize_session(owners(5), &user(1001), 5).await.unwrap_err();
+        assert!(
+            matches!(&denied, ApiError::PermissionDenied(m) if m.contains("uid 1000") && m.contains("\"gpuprof\""))
+        );
+        assert!(matches!(authorize_session(owners(9), &user(1000), 9).await, Err(ApiError::NotFound(_))));
+        assert!(matches!(authorize_session(owners(0), &user(1000), 0).await, Err(ApiError::InvalidArgument { .. })));
+    }
 
     fn fake_etc() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();

@@ -122,6 +122,17 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Checks that session `id` exists and that `caller` may read it
+    /// ([`access::authorize_session`] with this daemon's sessions, database and admin group).
+    pub async fn authorize_session(&self, caller: &access::Caller, id: u64) -> error::ApiResult<()> {
+        let owners = access::SessionOwners {
+            live: self.sessions.live_owner(id),
+            db_path: &self.db_path,
+            admin_group: &self.config.api.admin_group,
+        };
+        access::authorize_session(owners, caller, id).await
+    }
+
     /// The retention settings in force (reloaded by SIGHUP).
     pub fn retention(&self) -> crate::config::RetentionConfig {
         self.retention.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()

@@ -379,7 +379,7 @@ pub async fn pc_stream(
         return Err(ApiError::invalid("kernel", format!("{:?}: {e}", req.kernel)).into());
     }
     let session = req.session_id;
-    crate::access::authorize_session(d, caller, session).await?;
+    d.authorize_session(caller, session).await?;
     // Subscribe first, then look: a session that ends in between closes the ring we hold.
     let rx = d.pc.subscribe(session);
     let open = d.sessions.is_open(session);

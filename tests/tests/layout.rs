@@ -218,6 +218,54 @@ fn cuptis_public_unsafe_functions_are_the_listed_ones() {
     assert_eq!(found, expected, "a new public unsafe fn: make it safe, or list it here with its contract");
 }
 
+/// The modules that still take the whole `Daemon` (`lib.rs`) instead of the configuration and
+/// handles they use; none may be added. `api` and `runtime` keep it; the others are to go.
+const DAEMON_USERS: &[&str] = &[
+    "agent.rs",
+    "api.rs",
+    "arbiter/driver.rs",
+    "devmetrics.rs",
+    "export/mod.rs",
+    "otlp.rs",
+    "pmstream.rs",
+    "prometheus.rs",
+    "query/inventory.rs",
+    "query/job.rs",
+    "query/mod.rs",
+    "query/pc.rs",
+    "reload.rs",
+    "retention/mod.rs",
+    "retention/pass.rs",
+    "retention/pm.rs",
+    "retention/steps.rs",
+    "rollup.rs",
+    "runtime.rs",
+    "sampler/mod.rs",
+    "sessions/api.rs",
+    "sessions/hints.rs",
+    "sessions/node.rs",
+    "sessions/pc.rs",
+    "sessions/pm.rs",
+    "sessions/supervisor.rs",
+];
+
+#[test]
+fn no_more_modules_take_the_whole_daemon() {
+    let src = repo_root().join("daemon/src");
+    let using: Vec<String> = rust_files(&src)
+        .into_iter()
+        .filter(|p| {
+            let code = read(p);
+            let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+            code.contains("crate::Daemon") || code.contains("crate::{Daemon")
+        })
+        .map(|p| p.strip_prefix(&src).unwrap_or(&p).display().to_string())
+        .collect();
+    let new: Vec<&String> = using.iter().filter(|f| !DAEMON_USERS.contains(&f.as_str())).collect();
+    assert!(new.is_empty(), "pass these the configuration and handles they use, not the Daemon: {new:?}");
+    assert!(!using.iter().any(|f| f == "access.rs"), "access takes its session owners, not the Daemon");
+}
+
 /// Long-lived tasks start in `runtime`; the other modules that spawn do so per connection or
 /// per stream, for as long as that connection or stream lives.
 #[test]

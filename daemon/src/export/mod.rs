@@ -97,7 +97,7 @@ pub async fn export(
     };
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
-    crate::access::authorize_session(d, caller, req.session_id).await?;
+    d.authorize_session(caller, req.session_id).await?;
     crate::rollup::catch_up(d).await?;
     let (tx, rx) = mpsc::channel(8);
     let db = d.db_path.clone();

@@ -54,7 +54,7 @@ pub async fn get_summary(d: &Daemon, caller: &Caller, req: pb::GetSummaryRequest
     } as usize;
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
-    crate::access::authorize_session(d, caller, req.session_id).await?;
+    d.authorize_session(caller, req.session_id).await?;
     crate::rollup::catch_up(d).await?;
     let path = d.db_path.clone();
     let id = req.session_id;
@@ -89,7 +89,7 @@ pub async fn query_records(
     }
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
-    crate::access::authorize_session(d, caller, req.session_id).await?;
+    d.authorize_session(caller, req.session_id).await?;
     crate::rollup::catch_up(d).await?;
     let (tx, rx) = mpsc::channel(4);
     let path = d.db_path.clone();

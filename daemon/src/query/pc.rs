@@ -284,7 +284,7 @@ pub async fn query_pc_samples(
     if req.since_ns > 0 || !req.pod.is_empty() || !req.exe.is_empty() {
         return query_node(d, caller, req, by, limit).await;
     }
-    crate::access::authorize_session(d, caller, req.session_id).await?;
+    d.authorize_session(caller, req.session_id).await?;
     let path = d.db_path.clone();
     tokio::task::spawn_blocking(move || -> ApiResult<pb::QueryPcSamplesResponse> {
         let c = crate::store::open_reader(&path)?;
