@@ -12,9 +12,23 @@ use std::sync::atomic::Ordering::Relaxed;
 use gpuprof_proto::agent::{PmSample, PmSampleBatch};
 use tokio_util::sync::CancellationToken;
 
-use crate::Daemon;
-use crate::ingest::WriterMsg;
-use crate::nvml::{Nvml, Reading, Source};
+use crate::config::MetricsConfig;
+use crate::ingest::{WriterHandle, WriterMsg};
+use crate::nvml::{DeviceInfo, Nvml, Reading, Source};
+use crate::stats::Stats;
+
+/// Where readings go live: `StreamPmSamples` subscribers (`Daemon::publish` in gpuprofd).
+pub type Publish = Box<dyn Fn(Source, &PmSampleBatch) + Send + Sync>;
+
+/// What the device metrics use: their configuration, the devices NVML listed at start, the
+/// writer and its counters, and where live readings are published.
+pub struct DevMetrics {
+    pub cfg: MetricsConfig,
+    pub devices: Vec<DeviceInfo>,
+    pub writer: WriterHandle,
+    pub stats: Arc<Stats>,
+    pub publish: Publish,
+}
 
 /// Readings of one device and source being averaged for storage.
 struct Window {
@@ -63,9 +77,9 @@ fn batch(device: u32, names: &[&'static str], start_ns: u64, end_ns: u64, values
 }
 
 /// Reads every GPU NVML lists until `shutdown`.
-pub async fn run(d: Arc<Daemon>, nvml: Box<dyn Nvml>, shutdown: CancellationToken) {
-    let cfg = d.config.metrics.clone();
-    let devices: Vec<u32> = d.nvml.inventory.devices.iter().map(|x| x.index).collect();
+pub async fn run(d: DevMetrics, nvml: Box<dyn Nvml>, shutdown: CancellationToken) {
+    let cfg = d.cfg.clone();
+    let devices: Vec<u32> = d.devices.iter().map(|x| x.index).collect();
     let interval = cfg.interval.0;
     let store_ns = cfg.store_interval.0.as_nanos() as u64;
     tracing::info!(gpus = devices.len(), interval = ?interval, gpm = cfg.gpm, "always-on device metrics (NVML) started");
@@ -100,7 +114,7 @@ pub async fn run(d: Arc<Daemon>, nvml: Box<dyn Nvml>, shutdown: CancellationToke
                 let start = last_end.insert(key, now).unwrap_or(now.saturating_sub(interval.as_nanos() as u64));
                 let names: Vec<&'static str> = r.values.iter().map(|v| v.0).collect();
                 let values: Vec<f64> = r.values.iter().map(|v| v.1).collect();
-                d.publish(0, r.source, &batch(index, &names, start, now, values.clone()));
+                (d.publish)(r.source, &batch(index, &names, start, now, values.clone()));
                 let w = windows.entry(key).or_insert_with(|| Window::new(start, &r));
                 if w.names != names {
                     *w = Window::new(start, &r);
@@ -121,8 +135,8 @@ pub async fn run(d: Arc<Daemon>, nvml: Box<dyn Nvml>, shutdown: CancellationToke
     tracing::debug!("device metrics stopped");
 }
 
-async fn store(d: &Daemon, index: u32, b: PmSampleBatch) {
-    let Some(dev) = d.nvml.device(index) else { return };
+async fn store(d: &DevMetrics, index: u32, b: PmSampleBatch) {
+    let Some(dev) = d.devices.iter().find(|x| x.index == index) else { return };
     let n = (b.samples.len() * b.metrics.len()) as u64;
     d.stats.queued_records.fetch_add(n, Relaxed);
     let msg = WriterMsg::DevicePm {
@@ -133,5 +147,55 @@ async fn store(d: &Daemon, index: u32, b: PmSampleBatch) {
     };
     if d.writer.send(msg).await.is_err() {
         tracing::debug!("writer gone; device metrics not stored");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readings_are_published_and_stored_without_a_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("nvml.json");
+        std::fs::write(
+            &script,
+            r#"{"devices": [{"index": 0, "uuid": "GPU-test", "name": "Test GPU", "pci_bus_id": "0000:1b:00.0",
+                "nvml": [{"gpu_utilization_percent": 10}, {"gpu_utilization_percent": 30}]}]}"#,
+        )
+        .unwrap();
+        let nvml = crate::nvml::fake::Fake::load(&script).unwrap();
+        let toml = "[metrics]\ninterval = \"100ms\"\nstore_interval = \"200ms\"\ngpm = false\n";
+        let cfg = crate::config::Config::from_toml(toml).unwrap();
+        let conn = crate::store::open_writer(&dir.path().join("t.db"), &cfg.storage).unwrap();
+        let stats = Arc::new(Stats::default());
+        let (writer, write) = crate::ingest::writer(conn, &cfg.ingest, stats.clone()).unwrap();
+        let thread = std::thread::spawn(write);
+        let published: Arc<Mutex<Vec<(Source, f64)>>> = Arc::default();
+        let seen = published.clone();
+        let parts = DevMetrics {
+            cfg: cfg.metrics.clone(),
+            devices: nvml.inventory().devices,
+            writer: writer.clone(),
+            stats: stats.clone(),
+            publish: Box::new(move |source, b| seen.lock().unwrap().push((source, b.samples[0].values[0]))),
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(parts, Box::new(nvml), shutdown.clone()));
+        tokio::time::sleep(std::time::Duration::from_millis(750)).await;
+        shutdown.cancel();
+        task.await.unwrap();
+        writer.stop().await.unwrap();
+        drop(writer);
+        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap();
+
+        let published = published.lock().unwrap().clone();
+        assert!(published.len() >= 4, "a reading every 100 ms: {published:?}");
+        assert!(published.iter().all(|(s, _)| *s == Source::Nvml));
+        assert_eq!((published[0].1, published[1].1), (10.0, 30.0), "the script's values, in turn");
+        let c = crate::store::open_reader(&dir.path().join("t.db")).unwrap();
+        let rows: i64 = c.query_row("SELECT count(*) FROM pm_sample", [], |r| r.get(0)).unwrap();
+        assert!(rows >= 1, "averaged windows stored");
     }
 }

@@ -80,7 +80,15 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         && d.config.metrics.enabled
         && !d.nvml.inventory.devices.is_empty()
     {
-        pm_tasks.push(tokio::spawn(devmetrics::run(d.clone(), n, shutdown.clone())));
+        let publisher = d.clone();
+        let parts = devmetrics::DevMetrics {
+            cfg: d.config.metrics.clone(),
+            devices: d.nvml.inventory.devices.clone(),
+            writer: d.writer.clone(),
+            stats: d.stats.clone(),
+            publish: Box::new(move |source, b| publisher.publish(0, source, b)),
+        };
+        pm_tasks.push(tokio::spawn(devmetrics::run(parts, n, shutdown.clone())));
     }
     let sessions_task = tokio::spawn(sessions::supervise(d.clone(), d.registry.subscribe()));
     sessions::start_always_on(&d).await;
