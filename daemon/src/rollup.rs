@@ -15,10 +15,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
+use tokio_util::sync::CancellationToken;
 
-use crate::Daemon;
 use crate::catalog::RECORD_TABLES;
 use crate::error::ApiResult;
+use crate::ingest::WriterHandle;
 
 /// Rows read per table and pass; a larger backlog takes several passes. A row of kernel_data
 /// or api_data holds up to two records: at most a million records a pass, whose kernels' busy
@@ -27,56 +28,62 @@ const CHUNK: i64 = 500_000;
 /// Background pass period while sessions are open.
 pub const PERIOD: Duration = Duration::from_secs(1);
 
-/// Serializes rollup passes.
-#[derive(Default)]
+/// The rollups of one database: passes read on their own connections to `db_path` and write
+/// through the writer, one at a time.
 pub struct Rollup {
     lock: tokio::sync::Mutex<()>,
+    db_path: std::path::PathBuf,
+    writer: WriterHandle,
 }
 
 impl Rollup {
+    pub fn new(db_path: std::path::PathBuf, writer: WriterHandle) -> Rollup {
+        Rollup { lock: tokio::sync::Mutex::new(()), db_path, writer }
+    }
+
     /// Holds rollup passes off. Retention deletes record rows only while it holds this: a
     /// pass reads on its own connection and writes later, and must not write progress or
     /// ranges computed from rows deleted in between.
     pub async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.lock.lock().await
     }
-}
 
-/// Brings the rollups up to the rows committed now.
-pub async fn catch_up(d: &Daemon) -> ApiResult<()> {
-    let _one_at_a_time = d.rollup.lock.lock().await;
-    loop {
-        let path = d.db_path.clone();
-        let delta = tokio::task::spawn_blocking(move || -> anyhow::Result<Delta> {
-            let c = crate::store::open_reader(&path)?;
-            Ok(read_delta(&c, CHUNK)?)
-        })
-        .await??;
-        if delta.progress.is_empty() {
-            return Ok(());
-        }
-        let more = delta.more;
-        d.writer.call(move |c| delta.apply(c)).await??;
-        if !more {
-            return Ok(());
+    /// Brings the rollups up to the rows committed now.
+    pub async fn catch_up(&self) -> ApiResult<()> {
+        let _one_at_a_time = self.lock.lock().await;
+        loop {
+            let path = self.db_path.clone();
+            let delta = tokio::task::spawn_blocking(move || -> anyhow::Result<Delta> {
+                let c = crate::store::open_reader(&path)?;
+                Ok(read_delta(&c, CHUNK)?)
+            })
+            .await??;
+            if delta.progress.is_empty() {
+                return Ok(());
+            }
+            let more = delta.more;
+            self.writer.call(move |c| delta.apply(c)).await??;
+            if !more {
+                return Ok(());
+            }
         }
     }
 }
 
-/// Runs passes every [`PERIOD`] while sessions are open, until shutdown.
-pub async fn run(d: std::sync::Arc<Daemon>) {
+/// Runs passes every [`PERIOD`] while `open()` says sessions are open, until shutdown.
+pub async fn run(r: &Rollup, open: impl Fn() -> bool, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_open = false;
     loop {
         tokio::select! {
-            _ = d.shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let open = d.sessions.open_count() > 0;
+        let open = open();
         // One more pass after the last session ended picks up its final rows.
         if (open || was_open)
-            && let Err(e) = catch_up(&d).await
+            && let Err(e) = r.catch_up().await
         {
             tracing::warn!(error = %e, "rollup pass failed");
         }
@@ -359,6 +366,42 @@ impl Delta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rollup on a database file and its writer, no daemon: rows committed by another
+    /// connection are rolled up by `catch_up`, once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn catch_up_rolls_up_what_was_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let cfg = crate::config::Config::from_toml("").unwrap();
+        let conn = crate::store::open_writer(&db, &cfg.storage).unwrap();
+        let stats = std::sync::Arc::new(crate::stats::Stats::default());
+        let (writer, write) = crate::ingest::writer(conn, &cfg.ingest, stats).unwrap();
+        let thread = std::thread::spawn(write);
+        let other = Connection::open(&db).unwrap();
+        other
+            .execute_batch(
+                "PRAGMA foreign_keys=OFF;
+                 INSERT INTO tracks(session, proc, dev, ctx, stream, tid, base) VALUES (3, 1, 0, 1, 7, 0, 0);
+                 INSERT INTO kernel_shapes VALUES (1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
+                 INSERT INTO kernel_data(track, corr, shape, start, dur, gx) VALUES (1, 1, 1, 100, 40, 1);
+                 INSERT INTO kernel_data(track, corr, shape, start, dur, gx) VALUES (1, 2, 1, 200, 60, 1);",
+            )
+            .unwrap();
+        let r = Rollup::new(db.clone(), writer.clone());
+        r.catch_up().await.unwrap();
+        r.catch_up().await.unwrap();
+        let (n, total): (i64, i64) = other
+            .query_row("SELECT sum(n), sum(total) FROM kernel_rollup WHERE session = 3", [], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .unwrap();
+        assert_eq!((n, total), (2, 100), "each kernel once");
+        drop(r);
+        writer.stop().await.unwrap();
+        drop(writer);
+        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap();
+    }
 
     /// Passes of at most 3 rows over rows of one and two kernels: every kernel counted once,
     /// and the session's rowid range and kernel total as stored.

@@ -59,7 +59,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         shutdown: shutdown.clone(),
         pods: kubelet::Pods::new(&config.kubernetes),
         sessions,
-        rollup: rollup::Rollup::default(),
+        rollup: rollup::Rollup::new(config.database_path(), writer.clone()),
         arbiter,
         gpus,
         pm: pmstream::PmHub::default(),
@@ -92,7 +92,10 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     }
     let sessions_task = tokio::spawn(sessions::supervise(d.clone(), d.registry.subscribe()));
     sessions::start_always_on(&d).await;
-    let rollup_task = tokio::spawn(rollup::run(d.clone()));
+    let rollup_task = {
+        let d = d.clone();
+        tokio::spawn(async move { rollup::run(&d.rollup, || d.sessions.open_count() > 0, d.shutdown.clone()).await })
+    };
     let retention_task = tokio::spawn(retention::run(d.clone(), shutdown.clone()));
 
     let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));

@@ -237,7 +237,6 @@ const DAEMON_USERS: &[&str] = &[
     "retention/pass.rs",
     "retention/pm.rs",
     "retention/steps.rs",
-    "rollup.rs",
     "runtime.rs",
     "sampler/mod.rs",
     "sessions/api.rs",

@@ -98,7 +98,7 @@ pub async fn export(
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
     d.authorize_session(caller, req.session_id).await?;
-    crate::rollup::catch_up(d).await?;
+    d.rollup.catch_up().await?;
     let (tx, rx) = mpsc::channel(8);
     let db = d.db_path.clone();
     let session = req.session_id;

@@ -17,7 +17,7 @@ use crate::error::{ApiError, ApiResult};
 pub async fn get_job_summary(d: &Daemon, caller: &Caller, req: pb::GetJobSummaryRequest) -> ApiResult<pb::JobSummary> {
     crate::job::check_job_id(&req.job_id).map_err(|e| ApiError::invalid("job_id", e))?;
     d.authorize_session(caller, req.session_id).await?;
-    crate::rollup::catch_up(d).await?;
+    d.rollup.catch_up().await?;
     let path = d.db_path.clone();
     tokio::task::spawn_blocking(move || {
         let c = crate::store::open_reader(&path)?;

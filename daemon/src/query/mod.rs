@@ -55,7 +55,7 @@ pub async fn get_summary(d: &Daemon, caller: &Caller, req: pb::GetSummaryRequest
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
     d.authorize_session(caller, req.session_id).await?;
-    crate::rollup::catch_up(d).await?;
+    d.rollup.catch_up().await?;
     let path = d.db_path.clone();
     let id = req.session_id;
     tokio::task::spawn_blocking(move || {
@@ -90,7 +90,7 @@ pub async fn query_records(
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
     d.authorize_session(caller, req.session_id).await?;
-    crate::rollup::catch_up(d).await?;
+    d.rollup.catch_up().await?;
     let (tx, rx) = mpsc::channel(4);
     let path = d.db_path.clone();
     let session = req.session_id;

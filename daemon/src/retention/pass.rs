@@ -70,7 +70,7 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut 
     if !max_age.is_zero() || max_size > 0 {
         // Every committed row in `session_rows` first: a session's ranges must be complete
         // before its rows are deleted, and session 0's entries are how old records are found.
-        crate::rollup::catch_up(d).await.map_err(|e| Halt::Failed(format!("rollup pass: {e}")))?;
+        d.rollup.catch_up().await.map_err(|e| Halt::Failed(format!("rollup pass: {e}")))?;
     }
     if shutdown.is_cancelled() {
         return Err(Halt::Stopped);

@@ -247,7 +247,7 @@ async fn fill_counts(d: &Daemon, s: pb::Session) -> pb::Session {
 
 /// Adds record and drop counts to sessions after one rollup pass, on one read connection.
 async fn fill_counts_all(d: &Daemon, sessions: Vec<pb::Session>) -> Vec<pb::Session> {
-    if let Err(e) = crate::rollup::catch_up(d).await {
+    if let Err(e) = d.rollup.catch_up().await {
         tracing::warn!(error = %e, "rollup pass failed");
     }
     let path = d.db_path.clone();
