@@ -157,7 +157,21 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
             d.arbiter.manage_device(dev);
         }
     }
-    let mut tasks = vec![tokio::spawn(arbiter::run(d.clone(), agents, shutdown.clone()))];
+    let driver = {
+        let (d, shutdown) = (d.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let parts = arbiter::Driver {
+                arbiter: &d.arbiter,
+                registry: &d.registry,
+                gpus: &*d.gpus,
+                pc: &d.pc,
+                writer: &d.writer,
+                sampler: &d.config.sampler,
+            };
+            arbiter::run(parts, agents, shutdown).await
+        })
+    };
+    let mut tasks = vec![driver];
     tasks.extend(
         sampler::spawned_devices(d)
             .into_iter()

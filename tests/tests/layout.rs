@@ -223,7 +223,6 @@ fn cuptis_public_unsafe_functions_are_the_listed_ones() {
 const DAEMON_USERS: &[&str] = &[
     "agent.rs",
     "api.rs",
-    "arbiter/driver.rs",
     "export/mod.rs",
     "otlp.rs",
     "pmstream.rs",

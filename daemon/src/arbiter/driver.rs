@@ -3,7 +3,6 @@
 //! follows agent connections and sampler states.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use gpuprof_proto::agent::{self as wire, DaemonMessage, daemon_message};
@@ -13,8 +12,29 @@ use tokio_util::sync::CancellationToken;
 
 use super::core::{Event, Holder, Lease, Nanos};
 use super::{Arbiter, paused_marker, persist};
-use crate::Daemon;
-use crate::registry::AgentEvent;
+use crate::config::SamplerConfig;
+use crate::ingest::WriterHandle;
+use crate::pcsamp::PcHub;
+use crate::registry::{AgentEvent, Registry};
+
+/// Where the driver records what the GPUs' samplers report (the sampler module's `Gpus`).
+pub trait SamplerStates: Sync {
+    fn set_state(&self, device: u32, state: &str, detail: &str);
+    fn set_connected(&self, device: u32, connected: bool);
+    /// The sampler's connection closed (`reason`).
+    fn set_disconnected(&self, device: u32, reason: &str);
+}
+
+/// What the driver uses: the arbiter it drives, the agents it commands, the samplers' states,
+/// PC sampling's leases, the writer for audit rows, and `[sampler]`.
+pub struct Driver<'a> {
+    pub arbiter: &'a Arbiter,
+    pub registry: &'a Registry,
+    pub gpus: &'a dyn SamplerStates,
+    pub pc: &'a PcHub,
+    pub writer: &'a WriterHandle,
+    pub sampler: &'a SamplerConfig,
+}
 
 /// What the driver last told each device's sampler.
 #[derive(Default)]
@@ -31,8 +51,8 @@ struct SamplerLink {
 
 /// The arbiter's driver: applies events (commands to agents, audit rows, markers), expires
 /// leases on time, and follows agent connections and sampler states. Runs until `shutdown`.
-pub async fn run(d: Arc<Daemon>, mut agents: broadcast::Receiver<AgentEvent>, shutdown: CancellationToken) {
-    let arb = d.arbiter.clone();
+pub async fn run(d: Driver<'_>, mut agents: broadcast::Receiver<AgentEvent>, shutdown: CancellationToken) {
+    let arb = d.arbiter;
     let Some(mut events) = arb.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         tracing::error!("arbiter driver started twice");
         return;
@@ -40,27 +60,26 @@ pub async fn run(d: Arc<Daemon>, mut agents: broadcast::Receiver<AgentEvent>, sh
     // Rows are written by a persister running beside the driver, in order, so a busy writer
     // never delays a command.
     let (db_tx, db_rx) = mpsc::unbounded_channel::<(Vec<Event>, Nanos)>();
-    let persister = persist_task(d.clone(), db_rx);
-    let driver = drive(&d, &arb, &mut events, &mut agents, db_tx, &shutdown);
+    let persister = persist_task(d.writer, db_rx);
+    let driver = drive(&d, arb, &mut events, &mut agents, db_tx, &shutdown);
     tokio::join!(driver, persister);
 }
 
 async fn drive(
-    d: &Arc<Daemon>,
+    d: &Driver<'_>,
     arb: &Arbiter,
     events: &mut mpsc::UnboundedReceiver<Vec<Event>>,
     agents: &mut broadcast::Receiver<AgentEvent>,
     db_tx: mpsc::UnboundedSender<(Vec<Event>, Nanos)>,
     shutdown: &CancellationToken,
 ) {
-    let d = d.clone();
     let mut links: BTreeMap<u32, SamplerLink> = BTreeMap::new();
     for a in d.registry.all() {
         if a.kind == "sampler" {
             links.entry(a.sampler_device).or_default().conn = Some(a.id);
         }
     }
-    sync_all(&d, &mut links);
+    sync_all(d, &mut links);
     loop {
         let sleep_for = arb
             .next_deadline()
@@ -70,19 +89,19 @@ async fn drive(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             Some(batch) = events.recv() => {
-                handle(&d, &mut links, &batch);
+                handle(d, &mut links, &batch);
                 let _ = db_tx.send((batch, arb.now()));
             }
             ev = agents.recv() => match ev {
-                Ok(ev) => on_agent_event(&d, &mut links, ev),
+                Ok(ev) => on_agent_event(d, &mut links, ev),
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "arbiter missed agent events; resynchronizing");
-                    resync(&d, &mut links);
+                    resync(d, &mut links);
                 }
                 Err(broadcast::error::RecvError::Closed) => break,
             },
             // A sampler user came or went (its rate may change what the sampler should do).
-            _ = arb.wake.notified() => sync_all(&d, &mut links),
+            _ = arb.wake.notified() => sync_all(d, &mut links),
             _ = tokio::time::sleep(sleep_for) => arb.tick(),
         }
     }
@@ -93,9 +112,9 @@ async fn drive(
     drop(db_tx);
 }
 
-async fn persist_task(d: Arc<Daemon>, mut rx: mpsc::UnboundedReceiver<(Vec<Event>, Nanos)>) {
+async fn persist_task(writer: &WriterHandle, mut rx: mpsc::UnboundedReceiver<(Vec<Event>, Nanos)>) {
     while let Some((batch, now)) = rx.recv().await {
-        match d.writer.call(move |c| persist::apply(c, &batch, now)).await {
+        match writer.call(move |c| persist::apply(c, &batch, now)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!(error = %e, "cannot write arbiter audit rows"),
             Err(_) => {
@@ -106,7 +125,7 @@ async fn persist_task(d: Arc<Daemon>, mut rx: mpsc::UnboundedReceiver<(Vec<Event
     }
 }
 
-fn resync(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
+fn resync(d: &Driver<'_>, links: &mut BTreeMap<u32, SamplerLink>) {
     for l in links.values_mut() {
         l.conn = None;
         l.sent = None;
@@ -119,13 +138,13 @@ fn resync(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
     sync_all(d, links);
 }
 
-fn on_agent_event(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentEvent) {
+fn on_agent_event(d: &Driver<'_>, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentEvent) {
     match ev {
         AgentEvent::Connected(a) if a.kind == "sampler" => {
             let device = a.sampler_device;
             if !d.arbiter.lock().is_managed(device) {
                 tracing::info!(device, "sampler connected for a GPU not yet managed; managing it");
-                if d.config.sampler.always_on {
+                if d.sampler.always_on {
                     d.arbiter.add_device(device);
                 } else {
                     d.arbiter.manage_device(device);
@@ -180,7 +199,7 @@ fn on_agent_event(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, ev: AgentE
     }
 }
 
-fn sync_all(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
+fn sync_all(d: &Driver<'_>, links: &mut BTreeMap<u32, SamplerLink>) {
     for device in d.arbiter.devices() {
         let link = links.entry(device).or_default();
         sync(d, device, link);
@@ -188,7 +207,7 @@ fn sync_all(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>) {
 }
 
 /// Brings a device's sampler and stream marker in line with the arbiter's state.
-fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
+fn sync(d: &Driver<'_>, device: u32, link: &mut SamplerLink) {
     let (want, free, marker) = {
         let core = d.arbiter.lock();
         let Some(s) = core.device(device) else {
@@ -234,15 +253,15 @@ fn sync(d: &Daemon, device: u32, link: &mut SamplerLink) {
 }
 
 /// The interval a device's sampler samples at: its on-demand users' fastest, else the config's.
-fn sampler_interval(d: &Daemon, device: u32) -> u64 {
-    d.arbiter.sampler_interval(device).unwrap_or(d.config.sampler.interval.0.as_nanos() as u64)
+fn sampler_interval(d: &Driver<'_>, device: u32) -> u64 {
+    d.arbiter.sampler_interval(device).unwrap_or(d.sampler.interval.0.as_nanos() as u64)
 }
 
-fn send_sampler(d: &Daemon, conn: u64, start: bool, interval_ns: u64, why: &str) -> bool {
+fn send_sampler(d: &Driver<'_>, conn: u64, start: bool, interval_ns: u64, why: &str) -> bool {
     let Some(agent) = d.registry.get(conn) else {
         return false;
     };
-    let cfg = &d.config.sampler;
+    let cfg = &d.sampler;
     let msg = if start {
         daemon_message::Msg::StartPmSampling(wire::StartPmSampling { metrics: cfg.metrics.clone(), interval_ns })
     } else {
@@ -255,7 +274,7 @@ fn send_sampler(d: &Daemon, conn: u64, start: bool, interval_ns: u64, why: &str)
     ok
 }
 
-fn send_pc(d: &Daemon, l: &Lease, start: bool, reason: &str) {
+fn send_pc(d: &Driver<'_>, l: &Lease, start: bool, reason: &str) {
     let Holder::PcSampling { session, proc, agent_device, period_log2, .. } = l.holder else {
         return;
     };
@@ -289,12 +308,12 @@ fn who(l: &Lease) -> String {
 }
 
 /// The holder of `device` now, described by [`who`].
-fn holder_now(d: &Daemon, device: u32) -> String {
+fn holder_now(d: &Driver<'_>, device: u32) -> String {
     d.arbiter.holder_of(device).map(|l| who(&l)).unwrap_or_else(|| "nobody".into())
 }
 
 /// Applies one batch of events: commands to PC-sampling holders, sampler sync, markers.
-fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
+fn handle(d: &Driver<'_>, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
     let mut touched: HashMap<u32, ()> = HashMap::new();
     for e in batch {
         match e {
@@ -364,5 +383,54 @@ fn handle(d: &Daemon, links: &mut BTreeMap<u32, SamplerLink>, batch: &[Event]) {
     for device in touched.into_keys() {
         let link = links.entry(device).or_default();
         sync(d, device, link);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver built from its parts, no daemon: a sampler lease granted while no sampler
+    /// is connected is written to the lease table.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_is_written_without_a_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let cfg = crate::config::Config::from_toml("").unwrap();
+        let conn = crate::store::open_writer(&db, &cfg.storage).unwrap();
+        let arbiter = super::super::open(&conn, &cfg).unwrap();
+        let stats = std::sync::Arc::new(crate::stats::Stats::default());
+        let (writer, write) = crate::ingest::writer(conn, &cfg.ingest, stats).unwrap();
+        let thread = std::thread::spawn(write);
+        let (registry, gpus) = (Registry::default(), crate::sampler::Gpus::from_config_in(&cfg, dir.path()));
+        let pc = PcHub::new(16, crate::pcsamp::sched::SchedConfig::from_config(&cfg.pc));
+        arbiter.manage_device(0);
+        let shutdown = CancellationToken::new();
+        let parts = Driver {
+            arbiter: &arbiter,
+            registry: &registry,
+            gpus: &gpus,
+            pc: &pc,
+            writer: &writer,
+            sampler: &cfg.sampler,
+        };
+        let agents = registry.subscribe();
+        let stop = shutdown.clone();
+        let granted = async {
+            let lease = arbiter.acquire_sampler(0, 1_000_000, Duration::from_secs(30), "test: PM sampling").unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop.cancel();
+            lease
+        };
+        let (_, lease) = tokio::join!(run(parts, agents, shutdown.clone()), granted);
+        drop(lease);
+        writer.stop().await.unwrap();
+        drop(writer);
+        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap();
+        let c = crate::store::open_reader(&db).unwrap();
+        let (leases, reason): (i64, String) = c
+            .query_row("SELECT count(*), max(reason) FROM leases WHERE device = 0", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        assert_eq!((leases, reason.as_str()), (1, "test: PM sampling"));
     }
 }

@@ -18,7 +18,7 @@ mod driver;
 mod ondemand;
 pub mod persist;
 
-pub use driver::run;
+pub use driver::{Driver, SamplerStates, run};
 pub use ondemand::SamplerUse;
 
 use std::sync::{Arc, Mutex, MutexGuard};

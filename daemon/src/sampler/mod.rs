@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::Daemon;
+use crate::arbiter::SamplerStates;
 use crate::config::Config;
 
 /// A GPU as the NVIDIA kernel driver lists it.
@@ -144,28 +145,6 @@ impl Gpus {
         self.lock().keys().copied().collect()
     }
 
-    pub fn set_state(&self, device: u32, state: &str, detail: &str) {
-        let mut m = self.lock();
-        let s = m.entry(device).or_default();
-        s.state = state.to_string();
-        s.detail = detail.to_string();
-    }
-
-    pub fn set_connected(&self, device: u32, connected: bool) {
-        self.lock().entry(device).or_default().connected = connected;
-    }
-
-    /// The sampler's connection closed; a failure it reported stays the reason.
-    pub fn set_disconnected(&self, device: u32, reason: &str) {
-        let mut m = self.lock();
-        let s = m.entry(device).or_default();
-        s.connected = false;
-        if s.state != "failed" {
-            s.state = "disconnected".into();
-            s.detail = reason.to_string();
-        }
-    }
-
     /// The child exited: keep its last failure as the reason.
     fn exited(&self, device: u32, status: &str) {
         let mut m = self.lock();
@@ -210,6 +189,31 @@ impl Gpus {
             })
             .collect();
         (devices.len() as u32, parts.join("; "))
+    }
+}
+
+/// The states the arbiter's driver records as samplers report them.
+impl SamplerStates for Gpus {
+    fn set_state(&self, device: u32, state: &str, detail: &str) {
+        let mut m = self.lock();
+        let s = m.entry(device).or_default();
+        s.state = state.to_string();
+        s.detail = detail.to_string();
+    }
+
+    fn set_connected(&self, device: u32, connected: bool) {
+        self.lock().entry(device).or_default().connected = connected;
+    }
+
+    /// The sampler's connection closed; a failure it reported stays the reason.
+    fn set_disconnected(&self, device: u32, reason: &str) {
+        let mut m = self.lock();
+        let s = m.entry(device).or_default();
+        s.connected = false;
+        if s.state != "failed" {
+            s.state = "disconnected".into();
+            s.detail = reason.to_string();
+        }
     }
 }
 
