@@ -172,11 +172,14 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
         })
     };
     let mut tasks = vec![driver];
-    tasks.extend(
-        sampler::spawned_devices(d)
-            .into_iter()
-            .map(|dev| tokio::spawn(sampler::supervise(d.clone(), dev, shutdown.clone()))),
-    );
+    tasks.extend(sampler::spawned_devices(&d.config.sampler, &d.gpus).into_iter().map(|dev| {
+        let parts = sampler::Supervised {
+            sampler: d.config.sampler.clone(),
+            agent_socket: d.config.agent_socket.clone(),
+            gpus: d.gpus.clone(),
+        };
+        tokio::spawn(sampler::supervise(parts, dev, shutdown.clone()))
+    }));
     let prometheus = prometheus::bind(d).await?;
     let otlp = if d.config.otlp.endpoint.is_empty() { None } else { Some(otlp::channel(&d.config.otlp)?) };
     if prometheus.is_some() || otlp.is_some() {

@@ -237,7 +237,6 @@ const DAEMON_USERS: &[&str] = &[
     "retention/pm.rs",
     "retention/steps.rs",
     "runtime.rs",
-    "sampler/mod.rs",
     "sessions/api.rs",
     "sessions/hints.rs",
     "sessions/node.rs",

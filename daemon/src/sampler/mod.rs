@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::Daemon;
 use crate::arbiter::SamplerStates;
-use crate::config::Config;
+use crate::config::{Config, SamplerConfig};
 
 /// A GPU as the NVIDIA kernel driver lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,50 +218,58 @@ impl SamplerStates for Gpus {
 
 /// The GPUs whose sampler gpuprofd spawns and supervises (none unless `[sampler] enabled`
 /// and `spawn` are set); [`supervise`] runs once per device.
-pub fn spawned_devices(d: &Daemon) -> Vec<u32> {
-    if !d.config.sampler.enabled || !d.config.sampler.spawn {
+pub fn spawned_devices(cfg: &SamplerConfig, gpus: &Gpus) -> Vec<u32> {
+    if !cfg.enabled || !cfg.spawn {
         return Vec::new();
     }
-    d.gpus.managed()
+    gpus.managed()
 }
 
 /// The sampler binary: `sampler.program`, or `gpuprof-sampler` next to the running gpuprofd.
-pub fn program(cfg: &Config) -> std::io::Result<std::path::PathBuf> {
-    if !cfg.sampler.program.is_empty() {
-        return Ok(cfg.sampler.program.clone().into());
+pub fn program(cfg: &SamplerConfig) -> std::io::Result<std::path::PathBuf> {
+    if !cfg.program.is_empty() {
+        return Ok(cfg.program.clone().into());
     }
     let exe = std::env::current_exe()?;
     Ok(exe.with_file_name("gpuprof-sampler"))
 }
 
+/// What a sampler's supervisor uses: `[sampler]`, the agent socket the child connects to,
+/// and the GPUs' sampler states.
+pub struct Supervised {
+    pub sampler: SamplerConfig,
+    pub agent_socket: std::path::PathBuf,
+    pub gpus: Arc<Gpus>,
+}
+
 /// Keeps `gpuprof-sampler --device N` running: restarts it with exponential backoff (1 s
 /// doubling up to `sampler.restart_backoff_max`; reset after a minute of good running).
-pub async fn supervise(d: Arc<Daemon>, device: u32, shutdown: CancellationToken) {
-    let exe = match program(&d.config) {
+pub async fn supervise(d: Supervised, device: u32, shutdown: CancellationToken) {
+    let exe = match program(&d.sampler) {
         Ok(p) => p,
         Err(e) => {
             d.gpus.set_state(device, "failed", &format!("cannot find the gpuprof-sampler program: {e}"));
             return;
         }
     };
-    let max = d.config.sampler.restart_backoff_max.0;
+    let max = d.sampler.restart_backoff_max.0;
     let mut backoff = Duration::from_secs(1);
     loop {
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.arg("--device")
             .arg(device.to_string())
             .arg("--socket")
-            .arg(&d.config.agent_socket)
+            .arg(&d.agent_socket)
             .arg("--hardware-buffer-mib")
-            .arg(d.config.sampler.hardware_buffer_mib.to_string())
+            .arg(d.sampler.hardware_buffer_mib.to_string())
             .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             .env_remove("CUDA_VISIBLE_DEVICES")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
-        if !d.config.sampler.cupti_library.is_empty() {
-            cmd.arg("--cupti").arg(&d.config.sampler.cupti_library);
+        if !d.sampler.cupti_library.is_empty() {
+            cmd.arg("--cupti").arg(&d.sampler.cupti_library);
         }
         let started = Instant::now();
         match cmd.spawn() {
@@ -308,7 +315,7 @@ pub fn check_metrics(cfg: &Config) -> anyhow::Result<String> {
     if devices.is_empty() {
         return Ok(format!("PM metrics not checked on hardware: {}", gpus.note));
     }
-    let exe = program(cfg)?;
+    let exe = program(&cfg.sampler)?;
     let mut notes = Vec::new();
     for dev in devices {
         let mut cmd = std::process::Command::new(&exe);
@@ -336,6 +343,28 @@ pub fn check_metrics(cfg: &Config) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A supervisor built from its parts, no daemon: a sampler program that cannot start
+    /// leaves the GPU's state failed, naming the program; shutdown ends the supervisor.
+    #[tokio::test]
+    async fn a_sampler_that_cannot_start_is_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::from_toml("[sampler]\nprogram = \"/nonexistent/gpuprof-sampler\"\n").unwrap();
+        let gpus = Arc::new(Gpus::from_config_in(&cfg, dir.path()));
+        let parts = Supervised {
+            sampler: cfg.sampler.clone(),
+            agent_socket: dir.path().join("agent.sock"),
+            gpus: gpus.clone(),
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(supervise(parts, 3, shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        let s = gpus.snapshot().remove(&3).unwrap();
+        assert_eq!(s.state, "failed");
+        assert!(s.detail.contains("cannot start /nonexistent/gpuprof-sampler"), "{}", s.detail);
+    }
 
     #[test]
     fn discovers_gpus_in_pci_order() {
