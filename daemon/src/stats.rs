@@ -19,7 +19,7 @@ pub struct KindCounters {
 /// All daemon counters.
 pub struct Stats {
     pub started: Instant,
-    pub kinds: [KindCounters; 14],
+    pub kinds: [KindCounters; Kind::COUNT],
     pub connected_agents: AtomicU64,
     pub protocol_errors: AtomicU64,
     /// Records CUPTI dropped inside agents (no kind known), sum of their cumulative reports.

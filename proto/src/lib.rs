@@ -2,7 +2,8 @@
 //!
 //! - [`agent`]: `gpuprof.agent.v1`, what the injector and the samplers exchange with
 //!   `gpuprofd` over the agent socket, plus the length-prefixed [`frame`] codec, and the
-//!   new-process [`hint`] file the daemon keeps next to that socket.
+//!   new-process [`hint`] file the daemon keeps next to that socket, and the record
+//!   [`kinds`] it carries.
 //! - [`api`]: `gpuprof.v1`, the public gRPC API (feature `api`).
 //! - [`perfetto`]: the part of Perfetto's trace format that gpuprofd's exports write.
 //! - [`pprof`]: the pprof `Profile` that gpuprofd's PC-sampling export writes.
@@ -11,6 +12,7 @@
 pub mod frame;
 pub mod glob;
 pub mod hint;
+pub mod kinds;
 
 /// The agent protocol, `gpuprof.agent.v1`.
 pub mod agent {

@@ -20,21 +20,10 @@ pub type Sent = BTreeMap<&'static str, u64>;
 
 /// Adds a batch's record counts to `sent`.
 pub fn count(sent: &mut Sent, b: &RecordBatch) {
-    for (k, n) in [
-        ("kernel", b.kernels.len()),
-        ("memcpy", b.memcpys.len()),
-        ("memset", b.memsets.len()),
-        ("api", b.api_calls.len()),
-        ("sync", b.syncs.len()),
-        ("overhead", b.overheads.len()),
-        ("marker", b.markers.len()),
-        ("external_correlation", b.external_correlations.len()),
-        ("context", b.contexts.len()),
-        ("stream", b.streams.len()),
-        ("graph", b.graphs.len()),
-    ] {
-        if n > 0 {
-            *sent.entry(k).or_default() += n as u64;
+    for (k, n) in gpuprof_proto::kinds::batch_counts(b) {
+        // Device rows belong to no session: not records of a table.
+        if n > 0 && k != wire::RecordKind::Device {
+            *sent.entry(gpuprof_proto::kinds::name(k)).or_default() += n as u64;
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod fake_agent;
+pub mod kinds;
 pub mod layout;
 pub mod pc_agent;
 pub mod python;

@@ -11,6 +11,7 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+use gpuprof_testkit::kinds::mix_tables;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,11 +20,9 @@ use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
 use rusqlite::{Connection, OpenFlags};
 
-const TABLES: &[&str] = &["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"];
-
 /// The highest rowid of each record table: rows after it are newer.
 fn max_rowids(db: &Connection) -> Vec<i64> {
-    TABLES
+    mix_tables()
         .iter()
         .map(|t| db.query_row(&format!("SELECT coalesce(max(rowid), 0) FROM {t}"), [], |r| r.get(0)).unwrap())
         .collect()
@@ -31,7 +30,7 @@ fn max_rowids(db: &Connection) -> Vec<i64> {
 
 /// Committed rows of `session` after rowids `after` (one per table), over all record tables.
 fn session_rows(db: &Connection, session: u64, after: &[i64]) -> u64 {
-    TABLES
+    mix_tables()
         .iter()
         .zip(after)
         .map(|(t, a)| {
@@ -48,7 +47,7 @@ fn session_rows(db: &Connection, session: u64, after: &[i64]) -> u64 {
 /// Committed rows per session, over all record tables (one scan of each).
 fn rows_by_session(db: &Connection) -> BTreeMap<u64, u64> {
     let mut out = BTreeMap::new();
-    for t in TABLES {
+    for t in mix_tables() {
         let mut st = db.prepare(&format!("SELECT session, count(*) FROM {t} GROUP BY session")).unwrap();
         let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))).unwrap();
         for r in rows {

@@ -6,6 +6,7 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+use gpuprof_testkit::kinds::EVENT_TABLES;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 
@@ -14,8 +15,6 @@ use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::traced_agent::{recorded_session, stored_rows};
 use gpuprofctl::pb;
 use prost::Message;
-
-const EVENT_TABLES: &[&str] = &["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead"];
 
 fn export(d: &TestDaemon, args: &[&str]) -> std::process::Output {
     let out = d.ctl(&[&["export"], args].concat());

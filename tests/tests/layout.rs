@@ -349,3 +349,79 @@ fn the_paths_architecture_md_names_exist() {
     assert!(checked > 80, "the check found the paths ({checked})");
     assert!(missing.is_empty(), "ARCHITECTURE.md names paths that are not in the tree: {missing:?}");
 }
+
+/// Whether a source file is a test (an integration test, a `tests.rs` or a `tests/` module).
+fn is_test(rel: &str) -> bool {
+    rel.starts_with("tests/tests/") || rel.contains("/tests/") || rel.ends_with("/tests.rs")
+}
+
+/// The record kinds are defined once, in the daemon's catalogue (`daemon/src/catalog.rs`) on top
+/// of the protocol's `proto/src/kinds.rs`: other code takes its lists of kinds from there. A
+/// kind's name stays only where the code does something of that kind's own (its SQL columns,
+/// labels, a CLI's rows), in the files below; a new place that needs a list of the kinds imports
+/// it instead.
+#[test]
+fn record_kinds_are_listed_only_in_the_catalogue() {
+    let allowed: BTreeSet<&str> = [
+        "proto/src/kinds.rs",
+        // Per-kind SQL, labels and Parquet columns.
+        "daemon/src/export/chrome.rs",
+        "daemon/src/export/flows.rs",
+        "daemon/src/export/parquet_files.rs",
+        "daemon/src/export/perfetto.rs",
+        "daemon/src/export/scan.rs",
+        "daemon/src/query/filter.rs",
+        "daemon/src/query/records.rs",
+        "daemon/src/query/summary.rs",
+        "daemon/src/rollup.rs",
+        // The CLI's rows of each kind; the tracer's config names the CUPTI kinds it enables.
+        "client/src/records.rs",
+        "injector/src/tracer/trace_config.rs",
+    ]
+    .into();
+    let mut naming = BTreeSet::new();
+    for p in rust_files(&repo_root()) {
+        let r = rel(&p);
+        if is_test(&r) {
+            continue;
+        }
+        let t = read(&p);
+        // Kinds named nowhere else than in kind-specific code.
+        if ["memset", "overhead", "external_correlation"].iter().any(|k| t.contains(&format!("\"{k}\""))) {
+            naming.insert(r);
+        }
+    }
+    let extra: Vec<&String> = naming.iter().filter(|r| !allowed.contains(r.as_str())).collect();
+    assert!(
+        extra.is_empty(),
+        "these files name record kinds: take the lists from gpuprofd::catalog or gpuprof_proto::kinds \
+         (or, for code of one kind's own, add the file here): {extra:?}"
+    );
+    assert!(naming.contains("proto/src/kinds.rs"), "the check finds the names: {naming:?}");
+}
+
+/// Per-kind arrays (stats, counters, buffers) are sized by `Kind::COUNT` or
+/// `gpuprof_proto::kinds::SLOTS`, never by a number that goes stale when a kind is added.
+#[test]
+fn per_kind_arrays_are_not_sized_by_a_number() {
+    let count = gpuprof_testkit::kinds::COUNT;
+    let mut magic = Vec::new();
+    for dir in ["daemon/src", "proto/src", "injector/src/convert", "tests/src"] {
+        for p in rust_files(&repo_root().join(dir)) {
+            let r = rel(&p);
+            if is_test(&r) {
+                continue;
+            }
+            for (i, line) in read(&p).lines().enumerate() {
+                for part in line.split('[').skip(1) {
+                    let Some((ty, n)) = part.split(']').next().and_then(|a| a.split_once("; ")) else { continue };
+                    let counter = ["u64", "AtomicU64", "KindCounters", "0", "0u64"].contains(&ty.trim());
+                    if counter && n.parse::<usize>().is_ok_and(|n| (count..=count + 2).contains(&n)) {
+                        magic.push(format!("{r}:{}: {}", i + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(magic.is_empty(), "size these by Kind::COUNT or gpuprof_proto::kinds::SLOTS: {magic:#?}");
+}

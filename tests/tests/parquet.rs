@@ -9,28 +9,13 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+use gpuprof_testkit::kinds::{PARQUET_KINDS as KINDS, mix_tables};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::traced_agent::{recorded_session, stored_rows};
 use serde_json::Value;
-
-/// The record kinds of the export, each a file when the session has rows of it.
-const KINDS: &[&str] = &[
-    "kernel",
-    "memcpy",
-    "memset",
-    "graph",
-    "api",
-    "sync",
-    "marker",
-    "overhead",
-    "external_correlation",
-    "context",
-    "stream",
-    "pc_sample",
-];
 
 fn python_with_duckdb() -> (String, PathBuf) {
     gpuprof_testkit::python::with_packages(
@@ -92,7 +77,7 @@ fn parquet_files_read_back_with_duckdb_match_the_daemon() {
     let c = rusqlite::Connection::open(d.db_path()).unwrap();
     let expected: Vec<(String, u64)> =
         KINDS.iter().map(|k| (format!("{k}.parquet"), stored_rows(&c, k, id))).filter(|(_, n)| *n > 0).collect();
-    for kind in ["kernel", "api", "memcpy", "memset", "sync", "marker", "overhead", "external_correlation"] {
+    for kind in mix_tables() {
         assert!(expected.iter().any(|(f, _)| *f == format!("{kind}.parquet")), "the session has no {kind} rows");
     }
     assert_eq!(files, expected, "gpuprofctl's files and rows");

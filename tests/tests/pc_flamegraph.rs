@@ -35,7 +35,8 @@ fn titles(svg: &str) -> Vec<String> {
             }
             quick_xml::events::Event::GeneralRef(g) if in_title => {
                 // Entities (&lt; &gt; &amp;) come between the text's parts.
-                let s = match g.as_ref() {
+                let name: &[u8] = g.as_ref();
+                let s = match name {
                     b"lt" => "<",
                     b"gt" => ">",
                     b"amp" => "&",

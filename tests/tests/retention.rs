@@ -4,6 +4,7 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+use gpuprof_testkit::kinds::RECORD_TABLES;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -15,20 +16,6 @@ use rusqlite::{Connection, OpenFlags};
 use tonic::transport::Channel;
 
 type Client = GpuprofClient<Channel>;
-
-const RECORD_TABLES: &[&str] = &[
-    "kernel",
-    "memcpy",
-    "memset",
-    "api",
-    "sync",
-    "overhead",
-    "marker",
-    "external_correlation",
-    "context",
-    "stream",
-    "graph",
-];
 
 /// Every table with a `session` column besides the record tables.
 const SESSION_TABLES: &[&str] = &[

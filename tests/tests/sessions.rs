@@ -4,6 +4,7 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+use gpuprof_testkit::kinds::mix_tables;
 use std::time::{Duration, Instant};
 
 use gpuprof_proto::api::gpuprof_client::GpuprofClient;
@@ -50,7 +51,7 @@ async fn wait_state(c: &mut Client, id: u64, want: pb::SessionState, timeout: Du
 fn db_rows(d: &TestDaemon, session: u64) -> std::collections::BTreeMap<u64, u64> {
     let c = rusqlite::Connection::open(d.db_path()).unwrap();
     let mut out = std::collections::BTreeMap::new();
-    for t in ["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"] {
+    for t in mix_tables() {
         let mut st = c.prepare(&format!("SELECT proc, count(*) FROM {t} WHERE session = ?1 GROUP BY proc")).unwrap();
         let rows =
             st.query_map([session as i64], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))).unwrap();

@@ -4,6 +4,7 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+use gpuprof_testkit::kinds::mix_tables;
 use std::time::{Duration, Instant};
 
 use gpuprof_proto::api::gpuprof_client::GpuprofClient;
@@ -70,7 +71,7 @@ fn restart_leaves_interrupted(kill: bool) {
         assert!(s.stopped_at_ns > 0);
         assert!(s.records >= 2_000, "{}", s.records);
         let db = rusqlite::Connection::open(d.db_path()).unwrap();
-        let stored: i64 = ["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"]
+        let stored: i64 = mix_tables()
             .iter()
             .map(|t| {
                 db.query_row(&format!("SELECT count(*) FROM {t} WHERE session = ?1"), [id as i64], |r| {

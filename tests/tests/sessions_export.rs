@@ -5,13 +5,12 @@
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+use gpuprof_testkit::kinds::{EVENT_TABLES, mix_tables};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
-
-const EVENT_TABLES: &[&str] = &["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead"];
 
 fn count(c: &rusqlite::Connection, table: &str, session: u64) -> u64 {
     c.query_row(&format!("SELECT count(*) FROM {table} WHERE session = ?1"), [session as i64], |r| r.get::<_, i64>(0))
@@ -179,7 +178,7 @@ fn sqlite_export_holds_the_session() {
         .unwrap();
     assert_eq!(job_cols, 3);
     let mut total = 0;
-    for t in ["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"] {
+    for t in mix_tables() {
         let n = count(&ex, t, id);
         assert_eq!(n, count(&db, t, id), "{t}");
         assert_eq!(count(&ex, t, other), 0);

@@ -82,172 +82,123 @@ const TIMES: &[Col] = &[
 ];
 
 /// The record kinds (tables) that become files, in file order.
-pub(super) const KINDS: &[&str] = &[
-    "kernel",
-    "memcpy",
-    "memset",
-    "graph",
-    "api",
-    "sync",
-    "marker",
-    "overhead",
-    "external_correlation",
-    "context",
-    "stream",
-    "pc_sample",
-];
+pub(super) const KINDS: &[&str] = crate::catalog::PARQUET_KINDS;
 
-/// The columns of a kind after [`COMMON`] (and whether [`TIMES`] follow them).
-fn columns(kind: &str) -> (&'static [Col], bool) {
+/// The columns of a kind after [`COMMON`] (and [`TIMES`] if the catalogue says it is timed).
+fn columns(kind: &str) -> &'static [Col] {
     match kind {
-        "kernel" => (
-            &[
-                ("device_id", "t.dev", Conv::Int),
-                ("context_id", "t.ctx", Conv::Int),
-                ("stream_id", "t.stream", Conv::Int),
-                ("correlation_id", "t.corr", Conv::Int),
-                ("name", "t.name", Conv::Name),
-                ("mangled_name", "t.name", Conv::Stored),
-                ("grid_x", "t.gx", Conv::Int),
-                ("grid_y", "t.gy", Conv::Int),
-                ("grid_z", "t.gz", Conv::Int),
-                ("block_x", "t.bx", Conv::Int),
-                ("block_y", "t.by", Conv::Int),
-                ("block_z", "t.bz", Conv::Int),
-                ("registers_per_thread", "t.regs", Conv::Int),
-                ("static_shared_bytes", "t.ssmem", Conv::Int),
-                ("dynamic_shared_bytes", "t.dsmem", Conv::Int),
-                ("graph_node_id", "t.graph_node", Conv::Int),
-            ],
-            true,
-        ),
-        "memcpy" => (
-            &[
-                ("device_id", "t.dev", Conv::Int),
-                ("context_id", "t.ctx", Conv::Int),
-                ("stream_id", "t.stream", Conv::Int),
-                ("correlation_id", "t.corr", Conv::Int),
-                ("bytes", "t.bytes", Conv::Int),
-                ("direction", "t.kind", Conv::CopyKind),
-                ("copy_kind", "t.kind", Conv::Int),
-                ("src_memory_kind", "t.src_kind", Conv::Int),
-                ("dst_memory_kind", "t.dst_kind", Conv::Int),
-                ("src_device_id", "t.src_dev", Conv::Int),
-                ("dst_device_id", "t.dst_dev", Conv::Int),
-                ("is_async", "t.async", Conv::Bool),
-                ("graph_node_id", "t.graph_node", Conv::Int),
-            ],
-            true,
-        ),
-        "memset" => (
-            &[
-                ("device_id", "t.dev", Conv::Int),
-                ("context_id", "t.ctx", Conv::Int),
-                ("stream_id", "t.stream", Conv::Int),
-                ("correlation_id", "t.corr", Conv::Int),
-                ("bytes", "t.bytes", Conv::Int),
-                ("value", "t.value", Conv::Int),
-                ("memory_kind", "t.mem_kind", Conv::Int),
-                ("graph_node_id", "t.graph_node", Conv::Int),
-            ],
-            true,
-        ),
-        "graph" => (
-            &[
-                ("device_id", "t.dev", Conv::Int),
-                ("context_id", "t.ctx", Conv::Int),
-                ("stream_id", "t.stream", Conv::Int),
-                ("correlation_id", "t.corr", Conv::Int),
-                ("graph_id", "t.graph_id", Conv::Int),
-            ],
-            true,
-        ),
-        "api" => (
-            &[
-                ("thread_id", "t.tid", Conv::Int),
-                ("correlation_id", "t.corr", Conv::Int),
-                ("domain", "t.domain", Conv::ApiDomain),
-                ("name", "(t.domain << 32) | t.cbid", Conv::ApiName),
-                ("cbid", "t.cbid", Conv::Int),
-                ("return_code", "t.ret", Conv::Int),
-            ],
-            true,
-        ),
-        "sync" => (
-            &[
-                ("sync_type", "t.type", Conv::SyncType),
-                ("context_id", "t.ctx", Conv::Int),
-                ("stream_id", "t.stream", Conv::Int),
-                ("event_id", "t.event", Conv::Int),
-                ("correlation_id", "t.corr", Conv::Int),
-            ],
-            true,
-        ),
-        "marker" => (
-            &[
-                ("thread_id", "t.tid", Conv::Int),
-                ("marker_id", "t.id", Conv::Int),
-                ("name", "t.name", Conv::Name),
-                ("domain", "t.domain", Conv::Name),
-                ("is_mark", "t.is_mark", Conv::Bool),
-            ],
-            true,
-        ),
-        "overhead" => (
-            &[
-                ("overhead_kind", "t.kind", Conv::Int),
-                ("object_kind", "t.obj_kind", Conv::Int),
-                ("object_id", "t.obj_id", Conv::Int),
-            ],
-            true,
-        ),
-        "external_correlation" => (
-            &[
-                ("external_kind", "t.ext_kind", Conv::Int),
-                ("external_id", "t.ext_id", Conv::Int),
-                ("correlation_id", "t.corr", Conv::Int),
-            ],
-            false,
-        ),
-        "context" => (
-            &[
-                ("context_id", "t.ctx", Conv::Int),
-                ("device_id", "t.dev", Conv::Int),
-                ("null_stream_id", "t.null_stream", Conv::Int),
-            ],
-            false,
-        ),
-        "stream" => (
-            &[
-                ("stream_id", "t.stream", Conv::Int),
-                ("context_id", "t.ctx", Conv::Int),
-                ("priority", "t.priority", Conv::Int),
-                ("flags", "t.flags", Conv::Int),
-            ],
-            false,
-        ),
+        "kernel" => &[
+            ("device_id", "t.dev", Conv::Int),
+            ("context_id", "t.ctx", Conv::Int),
+            ("stream_id", "t.stream", Conv::Int),
+            ("correlation_id", "t.corr", Conv::Int),
+            ("name", "t.name", Conv::Name),
+            ("mangled_name", "t.name", Conv::Stored),
+            ("grid_x", "t.gx", Conv::Int),
+            ("grid_y", "t.gy", Conv::Int),
+            ("grid_z", "t.gz", Conv::Int),
+            ("block_x", "t.bx", Conv::Int),
+            ("block_y", "t.by", Conv::Int),
+            ("block_z", "t.bz", Conv::Int),
+            ("registers_per_thread", "t.regs", Conv::Int),
+            ("static_shared_bytes", "t.ssmem", Conv::Int),
+            ("dynamic_shared_bytes", "t.dsmem", Conv::Int),
+            ("graph_node_id", "t.graph_node", Conv::Int),
+        ],
+        "memcpy" => &[
+            ("device_id", "t.dev", Conv::Int),
+            ("context_id", "t.ctx", Conv::Int),
+            ("stream_id", "t.stream", Conv::Int),
+            ("correlation_id", "t.corr", Conv::Int),
+            ("bytes", "t.bytes", Conv::Int),
+            ("direction", "t.kind", Conv::CopyKind),
+            ("copy_kind", "t.kind", Conv::Int),
+            ("src_memory_kind", "t.src_kind", Conv::Int),
+            ("dst_memory_kind", "t.dst_kind", Conv::Int),
+            ("src_device_id", "t.src_dev", Conv::Int),
+            ("dst_device_id", "t.dst_dev", Conv::Int),
+            ("is_async", "t.async", Conv::Bool),
+            ("graph_node_id", "t.graph_node", Conv::Int),
+        ],
+        "memset" => &[
+            ("device_id", "t.dev", Conv::Int),
+            ("context_id", "t.ctx", Conv::Int),
+            ("stream_id", "t.stream", Conv::Int),
+            ("correlation_id", "t.corr", Conv::Int),
+            ("bytes", "t.bytes", Conv::Int),
+            ("value", "t.value", Conv::Int),
+            ("memory_kind", "t.mem_kind", Conv::Int),
+            ("graph_node_id", "t.graph_node", Conv::Int),
+        ],
+        "graph" => &[
+            ("device_id", "t.dev", Conv::Int),
+            ("context_id", "t.ctx", Conv::Int),
+            ("stream_id", "t.stream", Conv::Int),
+            ("correlation_id", "t.corr", Conv::Int),
+            ("graph_id", "t.graph_id", Conv::Int),
+        ],
+        "api" => &[
+            ("thread_id", "t.tid", Conv::Int),
+            ("correlation_id", "t.corr", Conv::Int),
+            ("domain", "t.domain", Conv::ApiDomain),
+            ("name", "(t.domain << 32) | t.cbid", Conv::ApiName),
+            ("cbid", "t.cbid", Conv::Int),
+            ("return_code", "t.ret", Conv::Int),
+        ],
+        "sync" => &[
+            ("sync_type", "t.type", Conv::SyncType),
+            ("context_id", "t.ctx", Conv::Int),
+            ("stream_id", "t.stream", Conv::Int),
+            ("event_id", "t.event", Conv::Int),
+            ("correlation_id", "t.corr", Conv::Int),
+        ],
+        "marker" => &[
+            ("thread_id", "t.tid", Conv::Int),
+            ("marker_id", "t.id", Conv::Int),
+            ("name", "t.name", Conv::Name),
+            ("domain", "t.domain", Conv::Name),
+            ("is_mark", "t.is_mark", Conv::Bool),
+        ],
+        "overhead" => &[
+            ("overhead_kind", "t.kind", Conv::Int),
+            ("object_kind", "t.obj_kind", Conv::Int),
+            ("object_id", "t.obj_id", Conv::Int),
+        ],
+        "external_correlation" => &[
+            ("external_kind", "t.ext_kind", Conv::Int),
+            ("external_id", "t.ext_id", Conv::Int),
+            ("correlation_id", "t.corr", Conv::Int),
+        ],
+        "context" => &[
+            ("context_id", "t.ctx", Conv::Int),
+            ("device_id", "t.dev", Conv::Int),
+            ("null_stream_id", "t.null_stream", Conv::Int),
+        ],
+        "stream" => &[
+            ("stream_id", "t.stream", Conv::Int),
+            ("context_id", "t.ctx", Conv::Int),
+            ("priority", "t.priority", Conv::Int),
+            ("flags", "t.flags", Conv::Int),
+        ],
         // pc_sample: samples per (process, function, PC, stall reason), summed over the session.
-        _ => (
-            &[
-                ("function", "t.function", Conv::Name),
-                ("mangled_function", "t.function", Conv::Stored),
-                ("pc_offset", "t.pc", Conv::Int),
-                ("stall_reason", "t.stall", Conv::Stored),
-                ("module", "t.module", Conv::Stored),
-                ("source_file", "t.file", Conv::Stored),
-                ("line", "t.line", Conv::Int),
-                ("samples", "t.count", Conv::Int),
-            ],
-            false,
-        ),
+        _ => &[
+            ("function", "t.function", Conv::Name),
+            ("mangled_function", "t.function", Conv::Stored),
+            ("pc_offset", "t.pc", Conv::Int),
+            ("stall_reason", "t.stall", Conv::Stored),
+            ("module", "t.module", Conv::Stored),
+            ("source_file", "t.file", Conv::Stored),
+            ("line", "t.line", Conv::Int),
+            ("samples", "t.count", Conv::Int),
+        ],
     }
 }
 
 /// All columns of a kind, in file order.
 fn all_columns(kind: &str) -> Vec<Col> {
-    let (own, timed) = columns(kind);
+    let own = columns(kind);
     let mut v = COMMON.to_vec();
-    if timed {
+    if crate::catalog::timed(kind) {
         // Times right after the common columns, before the kind's own.
         v.extend_from_slice(TIMES);
     }

@@ -12,8 +12,7 @@ use super::out::Stop;
 use super::scan::{Dims, scan};
 use super::sort::Sorter;
 
-/// Tables whose rows become trace events.
-pub const EVENT_TABLES: &[&str] = &["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead"];
+pub use crate::catalog::EVENT_TABLES;
 
 /// One record from any table, as the merge sees it.
 #[derive(Clone)]

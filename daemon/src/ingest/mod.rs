@@ -9,8 +9,9 @@
 //!
 //! Where things are: `msg` holds what connections send to the writer, `writer` the thread
 //! itself (transactions, commits, string interning, process registration), `rows` the
-//! tables and how a batch becomes rows.
+//! tables and their INSERTs, `fill` how each kind of a batch becomes rows.
 
+mod fill;
 mod ids;
 mod msg;
 mod rows;

@@ -4,11 +4,10 @@
 //! and launch shapes and call kinds to theirs (through the caches of `ids.rs`); kernels and API
 //! calls two of a track to a row (migration 0012).
 
-use gpuprof_proto::agent::{self as wire, RecordBatch};
+use gpuprof_proto::agent as wire;
 use rusqlite::{Connection, params};
 
-use super::ids::Tracks;
-use crate::catalog::{API_PAIR, KERNEL_PAIR, Second};
+use crate::catalog::{Kind, Second};
 use crate::fasthash::FastMap;
 
 /// What rows of one connection are written with.
@@ -21,8 +20,8 @@ pub(super) struct ProcCtx {
 const MULTI_ROWS: usize = 256;
 
 pub(super) struct Table {
-    name: &'static str,
-    /// Index of its buffer in [`RowBufs`] (record tables only).
+    pub(super) name: &'static str,
+    /// Index of its buffer in [`RowBufs`]: the kind's index.
     slot: usize,
     cols: usize,
     /// Appended to the INSERT (an upsert clause), or "".
@@ -45,37 +44,48 @@ const NULL: i64 = i64::MIN;
 /// Marks a field the injector could not know (a context or stream created before the trace).
 pub const UNKNOWN: i64 = u32::MAX as i64;
 
-const KERNEL: Table = paired("kernel_data", 0, KERNEL_PAIR);
-const MEMCPY: Table = Table { name: "memcpy_data", slot: 1, cols: 6, on_conflict: "", pair: &[] };
-const MEMSET: Table = Table { name: "memset_data", slot: 2, cols: 8, on_conflict: "", pair: &[] };
-const API: Table = paired("api_data", 3, API_PAIR);
-const SYNC: Table = Table { name: "sync_data", slot: 4, cols: 6, on_conflict: "", pair: &[] };
-const OVERHEAD: Table = Table { name: "overhead_data", slot: 5, cols: 6, on_conflict: "", pair: &[] };
-const MARKER: Table = Table { name: "marker_data", slot: 6, cols: 7, on_conflict: "", pair: &[] };
-const EXTCORR: Table = Table { name: "external_correlation_data", slot: 7, cols: 4, on_conflict: "", pair: &[] };
-// A context or stream row CUPTI reported replaces one derived from activity (see migration 0004).
-pub(super) const CONTEXT: Table = Table {
-    name: "context",
-    slot: usize::MAX,
-    cols: 5,
-    on_conflict: " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
-                  WHERE excluded.null_stream != 4294967295",
-    pair: &[],
-};
-pub(super) const STREAM: Table = Table {
-    name: "stream",
-    slot: usize::MAX,
-    cols: 6,
-    on_conflict: " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
-                  flags = excluded.flags WHERE excluded.flags != 4294967295",
-    pair: &[],
-};
-const GRAPH: Table = Table { name: "graph_data", slot: 8, cols: 5, on_conflict: "", pair: &[] };
+/// Appended to a table's INSERT: a context or stream row CUPTI reported replaces one derived
+/// from activity (see migration 0004).
+const fn on_conflict(k: Kind) -> &'static str {
+    match k {
+        Kind::Context => {
+            " ON CONFLICT(session, proc, ctx) DO UPDATE SET dev = excluded.dev, null_stream = excluded.null_stream \
+             WHERE excluded.null_stream != 4294967295"
+        }
+        Kind::Stream => {
+            " ON CONFLICT(session, proc, ctx, stream) DO UPDATE SET priority = excluded.priority, \
+             flags = excluded.flags WHERE excluded.flags != 4294967295"
+        }
+        _ => "",
+    }
+}
 
-/// A table whose rows hold up to two records of a track: the track, the first record's `pair`
-/// columns, then the second's.
-const fn paired(name: &'static str, slot: usize, pair: &'static [(&'static str, Second)]) -> Table {
-    Table { name, slot, cols: 1 + 2 * pair.len(), on_conflict: "", pair }
+/// Most values a record takes in a row (its first half in a paired table).
+const MAX_VALUES: usize = 8;
+
+/// The writer's table of each kind, from the catalogue (those with no `cols` are not written
+/// from a batch's rows).
+static TABLES: [Table; Kind::COUNT] = {
+    const NONE: Table = Table { name: "", slot: 0, cols: 0, on_conflict: "", pair: &[] };
+    let mut t = [NONE; Kind::COUNT];
+    let mut i = 0;
+    while i < Kind::COUNT {
+        let k = Kind::ALL[i];
+        let s = k.spec();
+        let name = match s.data {
+            Some(d) => d,
+            None => k.name(),
+        };
+        t[i] = Table { name, slot: i, cols: s.cols, on_conflict: on_conflict(k), pair: s.pair };
+        assert!(t[i].single() <= MAX_VALUES, "a record's values fit MAX_VALUES");
+        i += 1;
+    }
+    t
+};
+
+/// The table the records of kind `k` are written to.
+pub(super) fn table(k: Kind) -> &'static Table {
+    &TABLES[k.index()]
 }
 
 fn insert_sql(t: &Table, rows: usize) -> String {
@@ -106,17 +116,15 @@ fn exec_rows(conn: &Connection, t: &Table, vals: &[i64]) -> rusqlite::Result<()>
 /// `waiting` for the next of its track, and one still waiting at commit is stored alone.
 #[derive(Default)]
 pub(super) struct RowBufs {
-    vals: [Vec<i64>; 9],
+    vals: [Vec<i64>; Kind::COUNT],
     /// Per table slot: track → (arrival number, the record's values).
-    waiting: [FastMap<i64, (u64, [i64; 8])>; 9],
+    waiting: [FastMap<i64, (u64, [i64; MAX_VALUES])>; Kind::COUNT],
     arrivals: u64,
 }
 
-const BUFFERED: [&Table; 9] = [&KERNEL, &MEMCPY, &MEMSET, &API, &SYNC, &OVERHEAD, &MARKER, &EXTCORR, &GRAPH];
-
 impl RowBufs {
     /// Appends `rows` to `t`'s buffer, inserting each full chunk.
-    fn push<T>(
+    pub(super) fn push<T>(
         &mut self,
         conn: &Connection,
         t: &Table,
@@ -126,7 +134,7 @@ impl RowBufs {
         let buf = &mut self.vals[t.slot];
         let waiting = &mut self.waiting[t.slot];
         let chunk = MULTI_ROWS * t.cols;
-        let mut one = [0i64; 8];
+        let mut one = [0i64; MAX_VALUES];
         for r in rows {
             fill(r, &mut one[..t.single()])?;
             if t.pair.is_empty() {
@@ -154,7 +162,8 @@ impl RowBufs {
     /// Inserts what is buffered, records still waiting for a second alone, in statements of
     /// power-of-two row counts.
     pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
-        for t in BUFFERED {
+        // The tables stored in `_data` tables are the buffered ones, flushed in kind order.
+        for t in Kind::ALL.into_iter().filter(|k| k.spec().data.is_some()).map(table) {
             let mut alone: Vec<_> = self.waiting[t.slot].drain().map(|(_, w)| w).collect();
             alone.sort_unstable_by_key(|w| w.0);
             for (_, one) in alone {
@@ -223,145 +232,6 @@ pub(super) fn insert_rows<T>(
                 stmt.raw_bind_parameter(i + 1, *v)?;
             }
             stmt.raw_execute()?;
-        }
-    }
-    Ok(())
-}
-
-/// Inserts the records of `b` from process `proc`.
-pub(super) fn insert_batch(
-    c: &Connection,
-    bufs: &mut RowBufs,
-    tracks: &mut Tracks,
-    proc: u64,
-    p: &ProcCtx,
-    b: &RecordBatch,
-) -> rusqlite::Result<()> {
-    let s = b.session_id as i64;
-    let pr = proc as i64;
-    let base = p.base_ns;
-    let st = |id: u32| p.strings.get(id as usize).copied().unwrap_or(0);
-    let rel = |t: u64| t as i64 - base;
-    let dur = |a: u64, e: u64| e.saturating_sub(a) as i64;
-    // A record's stream key: its (device, context, stream, thread), 0 where the kind has none.
-    let key = |dev: u32, ctx: u32, stream: u32, tid: u32| [s, pr, dev.into(), ctx.into(), stream.into(), tid.into()];
-    bufs.push(c, &KERNEL, &b.kernels, |k, v| {
-        let shape = tracks.shape(
-            c,
-            [
-                st(k.name_id),
-                k.grid_y.into(),
-                k.grid_z.into(),
-                k.block_x.into(),
-                k.block_y.into(),
-                k.block_z.into(),
-                k.registers_per_thread.into(),
-                k.static_shared_bytes.into(),
-                k.dynamic_shared_bytes.into(),
-                k.graph_node_id as i64,
-            ],
-        )?;
-        let (track, start) = tracks.at(c, key(k.device_id, k.context_id, k.stream_id, 0), rel(k.start_ns))?;
-        v.copy_from_slice(&[track, k.correlation_id.into(), shape, start, dur(k.start_ns, k.end_ns), k.grid_x.into()]);
-        Ok(())
-    })?;
-    bufs.push(c, &API, &b.api_calls, |a, v| {
-        let kind = tracks.api_kind(c, [a.domain.into(), a.cbid.into(), a.return_value.into()])?;
-        let (track, start) = tracks.at(c, key(0, 0, 0, a.thread_id), rel(a.start_ns))?;
-        v.copy_from_slice(&[track, a.correlation_id.into(), kind, start, dur(a.start_ns, a.end_ns)]);
-        Ok(())
-    })?;
-    bufs.push(c, &MEMCPY, &b.memcpys, |m, v| {
-        let shape = tracks.memcpy_shape(
-            c,
-            [
-                m.copy_kind.into(),
-                m.src_kind.into(),
-                m.dst_kind.into(),
-                m.src_device_id.into(),
-                m.dst_device_id.into(),
-                m.is_async.into(),
-                m.graph_node_id as i64,
-            ],
-        )?;
-        let (track, start) = tracks.at(c, key(m.device_id, m.context_id, m.stream_id, 0), rel(m.start_ns))?;
-        v.copy_from_slice(&[track, m.correlation_id.into(), start, dur(m.start_ns, m.end_ns), m.bytes as i64, shape]);
-        Ok(())
-    })?;
-    bufs.push(c, &MEMSET, &b.memsets, |m, v| {
-        let (track, start) = tracks.at(c, key(m.device_id, m.context_id, m.stream_id, 0), rel(m.start_ns))?;
-        v.copy_from_slice(&[
-            track,
-            m.correlation_id.into(),
-            start,
-            dur(m.start_ns, m.end_ns),
-            m.bytes as i64,
-            m.value.into(),
-            m.memory_kind.into(),
-            m.graph_node_id as i64,
-        ]);
-        Ok(())
-    })?;
-    bufs.push(c, &SYNC, &b.syncs, |y, v| {
-        let (track, start) = tracks.at(c, key(0, y.context_id, y.stream_id, 0), rel(y.start_ns))?;
-        v.copy_from_slice(&[
-            track,
-            y.sync_type.into(),
-            y.event_id.into(),
-            y.correlation_id.into(),
-            start,
-            dur(y.start_ns, y.end_ns),
-        ]);
-        Ok(())
-    })?;
-    bufs.push(c, &OVERHEAD, &b.overheads, |o, v| {
-        let (track, start) = tracks.at(c, key(0, 0, 0, 0), rel(o.start_ns))?;
-        v.copy_from_slice(&[
-            track,
-            o.overhead_kind.into(),
-            o.object_kind.into(),
-            o.object_id as i64,
-            start,
-            dur(o.start_ns, o.end_ns),
-        ]);
-        Ok(())
-    })?;
-    bufs.push(c, &MARKER, &b.markers, |m, v| {
-        let (track, start) = tracks.at(c, key(0, 0, 0, m.thread_id), rel(m.start_ns))?;
-        v.copy_from_slice(&[
-            track,
-            m.id as i64,
-            st(m.name_id),
-            st(m.domain_id),
-            start,
-            dur(m.start_ns, m.end_ns),
-            m.is_mark.into(),
-        ]);
-        Ok(())
-    })?;
-    bufs.push(c, &EXTCORR, &b.external_correlations, |x, v| {
-        // No start: the track of the process's first epoch.
-        let (track, _) = tracks.at(c, key(0, 0, 0, 0), 0)?;
-        v.copy_from_slice(&[track, x.external_kind.into(), x.external_id as i64, x.correlation_id.into()]);
-        Ok(())
-    })?;
-    insert_rows(c, &CONTEXT, &b.contexts, |x, v| {
-        v.copy_from_slice(&[s, pr, x.context_id.into(), x.device_id.into(), x.null_stream_id.into()]);
-        Ok(())
-    })?;
-    insert_rows(c, &STREAM, &b.streams, |x, v| {
-        v.copy_from_slice(&[s, pr, x.stream_id.into(), x.context_id.into(), x.priority.into(), x.flags.into()]);
-        Ok(())
-    })?;
-    bufs.push(c, &GRAPH, &b.graphs, |g, v| {
-        let (track, start) = tracks.at(c, key(g.device_id, g.context_id, g.stream_id, 0), rel(g.start_ns))?;
-        v.copy_from_slice(&[track, g.correlation_id.into(), g.graph_id.into(), start, dur(g.start_ns, g.end_ns)]);
-        Ok(())
-    })?;
-    if !b.devices.is_empty() {
-        let now = now_ns();
-        for d in &b.devices {
-            upsert_device(c, proc, d, now)?;
         }
     }
     Ok(())

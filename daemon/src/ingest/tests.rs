@@ -2,8 +2,10 @@ use rusqlite::Connection;
 
 use gpuprof_proto::agent::RecordBatch;
 
+use super::fill::insert_batch;
 use super::ids::Tracks;
-use super::rows::{CONTEXT, ProcCtx, RowBufs, STREAM, UNKNOWN, insert_batch, insert_rows};
+use super::rows::{ProcCtx, RowBufs, UNKNOWN, insert_rows, table};
+use crate::catalog::Kind;
 
 /// A context/stream row CUPTI reported replaces a derived one (unknown fields), never
 /// the other way round; one row per key, also within one multi-row statement.
@@ -19,23 +21,23 @@ fn topology_rows_upsert_reported_over_derived() {
     let c = crate::store::open_writer(&dir.path().join("t.db"), &cfg).unwrap();
     let ctx = |ctx: i64, null_stream: i64| [7, 1, ctx, 0, null_stream];
     // Derived first, then reported: the reported values win.
-    insert_rows(&c, &CONTEXT, &[ctx(1, UNKNOWN)], |x, v| {
+    insert_rows(&c, table(Kind::Context), &[ctx(1, UNKNOWN)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
     })
     .unwrap();
-    insert_rows(&c, &CONTEXT, &[ctx(1, 7)], |x, v| {
+    insert_rows(&c, table(Kind::Context), &[ctx(1, 7)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
     })
     .unwrap();
     // Reported first, then derived: the reported values stay.
-    insert_rows(&c, &CONTEXT, &[ctx(2, 9)], |x, v| {
+    insert_rows(&c, table(Kind::Context), &[ctx(2, 9)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
     })
     .unwrap();
-    insert_rows(&c, &CONTEXT, &[ctx(2, UNKNOWN)], |x, v| {
+    insert_rows(&c, table(Kind::Context), &[ctx(2, UNKNOWN)], |x, v| {
         v.copy_from_slice(x);
         Ok(())
     })
@@ -46,7 +48,7 @@ fn topology_rows_upsert_reported_over_derived() {
     // reported mixed: one row per key, reported flags where any was reported.
     let streams: Vec<[i64; 6]> =
         (0..70).map(|i| [7, 1, i % 10, 1, 0, if i % 10 < 5 && i >= 35 { 1 } else { UNKNOWN }]).collect();
-    insert_rows(&c, &STREAM, &streams, |x, v| {
+    insert_rows(&c, table(Kind::Stream), &streams, |x, v| {
         v.copy_from_slice(x);
         Ok(())
     })

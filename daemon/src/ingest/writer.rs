@@ -38,7 +38,7 @@ pub(super) struct Writer {
     txn_metrics: Vec<String>,
     in_txn: bool,
     failed: Option<String>,
-    pending: [u64; 14],
+    pending: [u64; Kind::COUNT],
     pending_total: u64,
     checkpointer: Option<Checkpointer>,
 }
@@ -126,7 +126,7 @@ impl Writer {
             txn_metrics: Vec::new(),
             in_txn: false,
             failed: None,
-            pending: [0; 14],
+            pending: [0; Kind::COUNT],
             pending_total: 0,
             checkpointer: None,
         })
@@ -439,7 +439,7 @@ impl Writer {
         let Some(p) = self.procs.get(&proc) else {
             return Err(rusqlite::Error::InvalidParameterName(format!("records from unregistered process {proc}")));
         };
-        rows::insert_batch(&self.conn, &mut self.bufs, &mut self.tracks, proc, p, b)
+        super::fill::insert_batch(&self.conn, &mut self.bufs, &mut self.tracks, proc, p, b)
     }
 
     fn metric_id(&mut self, name: &str) -> rusqlite::Result<i64> {

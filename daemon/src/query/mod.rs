@@ -42,8 +42,7 @@ pub fn session_record_counts(c: &Connection, session: u64) -> rusqlite::Result<H
 
 /// Largest `top` accepted by GetSummary.
 const MAX_TOP: u32 = 1000;
-/// Record kinds QueryRecords serves.
-pub const QUERY_KINDS: &[&str] = &["kernel", "memcpy", "memset", "api", "sync", "marker"];
+pub use crate::catalog::QUERY_KINDS;
 
 /// GetSummary.
 pub async fn get_summary(d: &Daemon, caller: &Caller, req: pb::GetSummaryRequest) -> ApiResult<pb::GetSummaryResponse> {

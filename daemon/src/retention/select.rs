@@ -3,12 +3,7 @@
 
 use rusqlite::{Connection, OptionalExtension};
 
-use crate::catalog::RECORD_TABLES;
-
-/// Whether a record table has `start` and `dur` (times relative to `processes.base_ns`).
-fn timed(table: &str) -> bool {
-    !matches!(table, "external_correlation" | "context" | "stream")
-}
+use crate::catalog::{RECORD_TABLES, timed};
 
 /// The `&'static` name of a record table stored as text (in `session_rows.tbl`).
 fn record_table(name: &str) -> Option<&'static str> {

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use gpuprof_proto::agent as pb;
+use gpuprof_proto::kinds;
 
 use super::interner::Interner;
 use super::kinds::{kind_of, kind_of_activity};
@@ -36,9 +37,9 @@ pub struct Converter {
     /// The (context, stream) `place` saw last: consecutive records mostly share it.
     last_placed: Option<(u32, u32)>,
     /// Records sent per kind (index = RecordKind as i32).
-    pub sent: [u64; 16],
+    pub sent: [u64; kinds::SLOTS],
     /// Records dropped by the injector per kind (could not be queued or were incomplete).
-    pub dropped: [u64; 16],
+    pub dropped: [u64; kinds::SLOTS],
     /// Device/context/stream records seen, replayed when a trace starts on a new connection.
     pub devices: HashMap<u32, pb::Device>,
     pub contexts: HashMap<u32, pb::ContextRecord>,
@@ -95,21 +96,7 @@ impl Converter {
 
     /// Counts every record of a batch that could not be sent as dropped.
     pub fn count_batch_dropped(&mut self, b: &pb::RecordBatch) {
-        use pb::RecordKind as K;
-        for (k, n) in [
-            (K::Kernel, b.kernels.len()),
-            (K::Memcpy, b.memcpys.len()),
-            (K::Memset, b.memsets.len()),
-            (K::Api, b.api_calls.len()),
-            (K::Sync, b.syncs.len()),
-            (K::Overhead, b.overheads.len()),
-            (K::Marker, b.markers.len()),
-            (K::ExternalCorrelation, b.external_correlations.len()),
-            (K::Device, b.devices.len()),
-            (K::Context, b.contexts.len()),
-            (K::Stream, b.streams.len()),
-            (K::Graph, b.graphs.len()),
-        ] {
+        for (k, n) in kinds::batch_counts(b) {
             self.count_drop(k, n as u64);
         }
     }
@@ -382,7 +369,7 @@ impl Converter {
 
     /// Cumulative drop counters for the kinds that have any.
     pub fn drop_report(&self, cupti_dropped: u64) -> pb::DropReport {
-        let counts: Vec<pb::DropCount> = (1..16)
+        let counts: Vec<pb::DropCount> = (1..kinds::SLOTS)
             .filter(|&i| self.dropped[i] > 0)
             .filter_map(|i| {
                 pb::RecordKind::try_from(i as i32)

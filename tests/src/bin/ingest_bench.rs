@@ -12,6 +12,7 @@
 //!      [--process-age-secs S: the agents' processes S seconds old, as an always-on node's are]
 //!      cargo run --release -p gpuprof-testkit --bin gpuprof-ingest-bench -- --retention-secs 180
 
+use gpuprof_testkit::kinds::mix_tables;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -64,8 +65,6 @@ struct Args {
     retention_interval_secs: u64,
 }
 
-const TABLES: &[&str] = &["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"];
-
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.retention_secs > 0 {
@@ -92,7 +91,7 @@ fn main() -> Result<()> {
         // no view shows it); the daemon's rows follow it.
         let c = Connection::open(d.db_path())?;
         c.busy_timeout(Duration::from_secs(5))?;
-        for t in TABLES {
+        for t in mix_tables() {
             let cols: Vec<String> = c
                 .prepare(&format!("SELECT name FROM pragma_table_info('{t}_data')"))?
                 .query_map([], |r| r.get(0))?
@@ -198,7 +197,7 @@ fn encode_batches(g: &mut RecordGen, per: u64, batch: usize) -> Vec<Vec<u8>> {
 /// The records in the record views.
 fn records(db: &Connection) -> Result<u64> {
     let mut n = 0u64;
-    for t in TABLES {
+    for t in mix_tables() {
         n += db.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get::<_, i64>(0))? as u64;
     }
     Ok(n)

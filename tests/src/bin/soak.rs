@@ -201,7 +201,7 @@ fn main() -> Result<()> {
     let (mut stored, mut dropped);
     loop {
         let st = d.status()?;
-        let tables = ["kernel", "memcpy", "memset", "api", "sync", "overhead", "marker", "external_correlation"];
+        let tables = gpuprof_testkit::kinds::mix_tables();
         let of = |field: &str| -> u64 { tables.iter().map(|t| st["records"][t][field].as_u64().unwrap_or(0)).sum() };
         (stored, dropped) = (of("ingested"), of("dropped"));
         if stored + dropped >= sent || Instant::now() > deadline {
