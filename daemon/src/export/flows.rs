@@ -1,7 +1,7 @@
 //! Flow arrows from each launch/copy API call to the device activities with the same
 //! correlation id.
 
-use super::records::{EVENT_TABLES, Rec};
+use super::rec::{EVENT_TABLES, Rec};
 
 /// Flow key: process and correlation id.
 pub(super) fn key(proc: i64, corr: i64) -> u64 {

@@ -35,6 +35,7 @@ mod parquet_rows;
 mod perfetto;
 mod perfetto_wire;
 pub mod pprof;
+mod rec;
 mod records;
 mod scan;
 mod sort;

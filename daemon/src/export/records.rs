@@ -12,17 +12,8 @@ use super::out::Stop;
 use super::scan::{Dims, scan};
 use super::sort::Sorter;
 
-pub use crate::catalog::EVENT_TABLES;
-
-/// One record from any table, as the merge sees it.
-#[derive(Clone)]
-pub(super) struct Rec {
-    pub(super) proc: i64,
-    pub(super) start: i64,
-    pub(super) table: usize,
-    /// Columns after proc/start, as in `select_cols`.
-    pub(super) v: [i64; 8],
-}
+pub use super::rec::EVENT_TABLES;
+pub(super) use super::rec::Rec;
 
 /// Records (and their durations) per batch handed from a reading thread to the merging one.
 const BATCH: usize = 2048;

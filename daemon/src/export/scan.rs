@@ -13,7 +13,7 @@ use gpuprof_proto::api as pb;
 use rusqlite::types::Value;
 use rusqlite::{Connection, params_from_iter};
 
-use super::records::{EVENT_TABLES, Rec};
+use super::rec::{EVENT_TABLES, Rec};
 use crate::catalog::Second;
 use crate::fasthash::FastMap;
 use crate::query::{NAME_GLOB, cols, rollups};

@@ -14,7 +14,7 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::records::Rec;
+use super::rec::Rec;
 
 /// Records sorted in memory at a time (3 MiB of them).
 pub(super) const RUN: usize = 32 * 1024;
