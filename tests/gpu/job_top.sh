@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# GPU check of distributed jobs, on a machine with 2 or more NVIDIA GPUs, CUDA 13 and PyTorch:
+# a torchrun DDP job over every GPU (ddp_pc.py) with one rank made slow on purpose (an extra
+# 8192^3 matmul each step, SLOW_RANK, default 1), traced whole by `session start --all`.
+# Prints and checks:
+#   - every rank labelled with its rank in `procs` and `session show`, the launcher marked;
+#   - the Perfetto export names each rank's process "rank N · python3";
+#   - NCCL kernels on every rank, as many on each (one all-reduce per bucket and step, the
+#     same number of steps on every rank);
+#   - `job top` names the slow rank the straggler, and the others wait in collectives;
+#   - what tracing the job costs: the step time traced / untraced (medians of REPS, default 3,
+#     alternating runs of SECS, default 12, seconds).
+# Also writes what NCCL's NVTX ranges look like under the injector (marker names and domains,
+# from the daemon's database) to $OUT/nccl_markers.txt: which way collectives can become
+# records. Binaries: release builds in .gpu/ (or GPUPROF_BIN).
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+NAME=jobtop
+# shellcheck source=pc_common.sh
+. "$HERE/pc_common.sh"
+export PATH="/usr/local/cuda/bin:$PATH"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+start_gpuprofd 'log_level = "info"'
+NGPU=$(nvidia-smi -L | grep -c '^GPU')
+SLOW=${SLOW_RANK:-1}
+SECS=${SECS:-12}
+REPS=${REPS:-3}
+[ "$NGPU" -ge 2 ] || { check "GPUs" FAIL "$NGPU GPU: a job needs 2 or more"; exit 1; }
+
+ddp() { # traced|off, output file
+  local env=()
+  [ "$1" = traced ] && env=(CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG_FILE="$STATE/logs/ddp_$1.log")
+  env "${env[@]}" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" "$SECS" "$SLOW" >"$2" 2>&1
+}
+step_ms() { grep -oE "DDP rank=$2 .*step_ms=[0-9.]+" "$1" | grep -oE 'step_ms=[0-9.]+' | cut -d= -f2; }
+
+# ---------------------------------------------------------------- the traced job
+S=$(session_start --all --name job)
+ddp traced "$STATE/job.txt" &
+JOB=$!
+sleep $((SECS / 2 + 4))
+"${CTL[@]}" procs >"$STATE/procs_live.txt" 2>&1
+"${CTL[@]}" --json procs >"$STATE/procs_live.json" 2>&1
+wait $JOB
+"${CTL[@]}" session stop "$S" >/dev/null
+sleep 2
+"${CTL[@]}" session show "$S" >"$STATE/show.txt" 2>&1
+"${CTL[@]}" --json session show "$S" >"$STATE/show.json" 2>&1
+"${CTL[@]}" job top "$S" >"$STATE/jobtop.txt" 2>&1
+"${CTL[@]}" --json job top "$S" >"$STATE/jobtop.json" 2>&1
+"${CTL[@]}" export "$S" -o "$STATE/job.pftrace" >/dev/null 2>&1
+echo "--- procs (while the job ran)"; cat "$STATE/procs_live.txt"
+echo "--- job top"; cat "$STATE/jobtop.txt"
+grep -E '^DDP|Error' "$STATE/job.txt" | head -8
+
+labelled=$("$PY" - "$STATE/procs_live.json" "$NGPU" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+procs = d.get("processes", d) if isinstance(d, dict) else d
+ranks = sorted(p["rank"] for p in procs if p.get("rank") is not None)
+launchers = [p for p in procs if p.get("role") == "launcher"]
+print(f"{ranks == list(range(int(sys.argv[2])))} ranks={ranks} launchers={len(launchers)}")
+PY
+)
+pass_if "procs: every rank labelled, the launcher marked" "$(grep -q '^True .*launchers=1$' <<<"$labelled" && echo 1)" "$labelled"
+shown=$("$PY" - "$STATE/show.json" "$NGPU" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ranks = sorted(p["rank"] for p in d["processes"] if p.get("rank") is not None)
+roles = sorted(p.get("role", "") for p in d["processes"])
+print(f"{ranks == list(range(int(sys.argv[2])))} ranks={ranks} roles={roles}")
+PY
+)
+pass_if "session show gives every member's rank, the launcher's role" "$(grep -q "^True .*'launcher'" <<<"$shown" && echo 1)" "$shown"
+names=$("$PY" - "$STATE/job.pftrace" <<'PY'
+import sys
+data = open(sys.argv[1], "rb").read()
+import re
+print(" ".join(sorted(set(m.decode() for m in re.findall(rb"rank [0-9]+ \xc2\xb7 [a-z0-9.]+", data)))))
+PY
+)
+pass_if "Perfetto: each rank's process named by its rank" "$(for r in $(seq 0 $((NGPU - 1))); do grep -q "rank $r · " <<<"$names" || exit; done && echo 1)" "$names"
+
+res=$("$PY" - "$STATE/jobtop.json" "$SLOW" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+slow = int(sys.argv[2])
+ranks = {r["rank"]: r for r in d["ranks"] if r.get("rank") is not None}
+nccl = [ranks[k]["nccl_count"] for k in sorted(ranks)]
+waits = {k: ranks[k]["wait_ns"] / 1e6 for k in sorted(ranks)}
+st = d.get("straggler") or {}
+print(f"straggler={st.get('rank')} nccl={nccl} equal={len(set(nccl)) == 1 and nccl[0] > 0} "
+      f"others_wait_ms={sum(w for k, w in waits.items() if k != slow):.1f} slow_wait_ms={waits.get(slow, 0):.1f} "
+      f"collectives={d.get('collectives')} evidence={st.get('evidence', d.get('no_straggler'))!r}")
+PY
+)
+echo "$res"
+pass_if "NCCL kernels on every rank, as many on each" "$(grep -q 'equal=True' <<<"$res" && echo 1)" "$(grep -oE 'nccl=\[[0-9, ]*\]' <<<"$res")"
+pass_if "job top names rank $SLOW the straggler" "$(grep -q "^straggler=$SLOW " <<<"$res" && echo 1)" "$res"
+pass_if "the other ranks wait in collectives more than the slow one" \
+  "$("$PY" -c "import re,sys; s=sys.argv[1]; o=float(re.search(r'others_wait_ms=([0-9.]+)',s)[1]); w=float(re.search(r'slow_wait_ms=([0-9.]+)',s)[1]); print(1 if o > w else 0)" "$res")" \
+  "$(grep -oE 'others_wait_ms=[0-9.]+ slow_wait_ms=[0-9.]+' <<<"$res")"
+
+# What NCCL's NVTX ranges look like here (for collectives as records).
+"$PY" - "$STATE/gpuprof.db" "$S" >"$STATE/nccl_markers.txt" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+cols = [r[1] for r in db.execute("PRAGMA table_info(marker)")]
+print("marker columns:", cols)
+for row in db.execute("SELECT * FROM marker WHERE session = ? LIMIT 20", (int(sys.argv[2]),)):
+    print(row)
+names = db.execute("""SELECT s.value, count(*) FROM marker m JOIN strings s ON s.id = m.name
+                      WHERE m.session = ? GROUP BY s.value ORDER BY 2 DESC LIMIT 30""", (int(sys.argv[2]),)).fetchall()
+print("names:", names)
+PY
+echo "--- NCCL markers (first lines)"; head -5 "$STATE/nccl_markers.txt"
+
+# ---------------------------------------------------------------- cost
+declare -A T
+for r in $(seq "$REPS"); do
+  for mode in off traced; do
+    s=; [ "$mode" = traced ] && s=$(session_start --all --name "cost-$r")
+    ddp "$mode" "$STATE/cost_${mode}_$r.txt"
+    [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null
+    T[$mode]="${T[$mode]:-} $(step_ms "$STATE/cost_${mode}_$r.txt" 0)"
+  done
+  echo "rep $r: untraced ${T[off]} traced ${T[traced]} (rank 0 step ms)"
+done
+off=$(echo "${T[off]}" | median); on=$(echo "${T[traced]}" | median)
+figure "DDP on $NGPU GPUs, rank $SLOW slowed, rank 0 step ms medians of $REPS: untraced $off, traced $on ($(calc "($on / $off - 1) * 100") %)"
+
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  cp "$STATE/nccl_markers.txt" "$STATE/jobtop.txt" "$STATE/jobtop.json" "$STATE/procs_live.txt" "$OUT/" 2>/dev/null
+fi
