@@ -20,7 +20,7 @@ use gpuprof_proto::agent::{
 };
 use gpuprof_proto::frame::encode_frame;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -118,41 +118,21 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// long command line), so a peer that has not said who it is cannot announce a full-size frame.
 pub const MAX_HELLO_BYTES: u32 = 1 << 20;
 
-/// Reads one frame's payload into `buf`; sets `started` once the first byte has arrived.
-///
-/// The body is read as it arrives rather than into a buffer of the announced length, so a
-/// peer that announces a large frame and then stalls holds only the bytes it really sent.
+/// Reads one frame's payload into `buf` (`gpuprof_proto::frame::read_frame_async`: the body as
+/// it arrives); sets `started` once the first byte has arrived.
 async fn read_frame(
     r: &mut BufReader<OwnedReadHalf>,
     buf: &mut Vec<u8>,
     max: u32,
     started: &mut bool,
 ) -> Result<(), ConnError> {
-    let mut len = [0u8; 4];
-    if r.read(&mut len[..1]).await? == 0 {
-        return Err(ConnError::Closed);
-    }
-    *started = true;
-    r.read_exact(&mut len[1..]).await.map_err(|e| truncated(e, "frame length"))?;
-    let n = u32::from_le_bytes(len);
-    if n > max {
-        return Err(proto_err(format!("frame of {n} bytes exceeds the maximum of {max} bytes")));
-    }
-    buf.clear();
-    buf.reserve((n as usize).min(64 * 1024));
-    let got = (&mut *r).take(u64::from(n)).read_to_end(buf).await?;
-    if got < n as usize {
-        return Err(truncated(io::ErrorKind::UnexpectedEof.into(), "frame body"));
-    }
-    Ok(())
-}
-
-fn truncated(e: io::Error, what: &str) -> ConnError {
-    if e.kind() == io::ErrorKind::UnexpectedEof {
-        proto_err(format!("truncated frame: connection ended inside the {what}"))
-    } else {
-        ConnError::Io(e)
-    }
+    use gpuprof_proto::frame::FrameError;
+    gpuprof_proto::frame::read_frame_async(r, buf, max, started).await.map_err(|e| match e {
+        FrameError::Closed => ConnError::Closed,
+        FrameError::Io(e) => ConnError::Io(e),
+        FrameError::Truncated { part, .. } => proto_err(format!("truncated frame: connection ended inside the {part}")),
+        e => proto_err(e.to_string()),
+    })
 }
 
 /// A frame begun but not finished within the timeout (a stalled or trickling peer).

@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(before, 0, "Closed only at the end of the bytes");
                 break;
             }
-            Err(FrameError::Truncated { expected, got }) => {
+            Err(FrameError::Truncated { expected, got, .. }) => {
                 assert!(got < expected, "truncated: got {got} of {expected}");
                 break;
             }

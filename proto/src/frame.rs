@@ -15,8 +15,9 @@ pub const DEFAULT_MAX_FRAME_BYTES: u32 = 4 << 20;
 pub enum FrameError {
     /// The peer closed the connection cleanly between frames.
     Closed,
-    /// The peer closed the connection in the middle of a frame.
-    Truncated { expected: usize, got: usize },
+    /// The peer closed the connection in the middle of a frame: inside its length (`part`
+    /// "frame length") or its body ("frame body").
+    Truncated { part: &'static str, expected: usize, got: usize },
     /// The announced length is larger than allowed.
     Oversized { len: u32, max: u32 },
     /// The bytes are not a valid message.
@@ -29,8 +30,8 @@ impl fmt::Display for FrameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FrameError::Closed => write!(f, "connection closed"),
-            FrameError::Truncated { expected, got } => {
-                write!(f, "truncated frame: expected {expected} bytes, got {got} before end of stream")
+            FrameError::Truncated { part, expected, got } => {
+                write!(f, "truncated frame: connection ended inside the {part} ({got} of {expected} bytes)")
             }
             FrameError::Oversized { len, max } => {
                 write!(f, "frame of {len} bytes exceeds the maximum of {max} bytes")
@@ -65,25 +66,72 @@ pub fn write_frame<M: Message, W: Write>(w: &mut W, msg: &M) -> io::Result<()> {
     w.write_all(&buf)
 }
 
-/// Reads a whole frame's payload into `buf` (blocking). `Closed` means a clean end of stream.
+/// The length a frame's prefix announces, if at most `max`.
+fn frame_len(prefix: [u8; 4], max: u32) -> Result<u32, FrameError> {
+    let len = u32::from_le_bytes(prefix);
+    if len > max {
+        return Err(FrameError::Oversized { len, max });
+    }
+    Ok(len)
+}
+
+/// Up to this much of a frame's body is reserved before it arrives: a peer that announces a
+/// large frame and then stalls holds only the bytes it really sent.
+const RESERVE: usize = 64 << 10;
+
+fn body_truncated(len: u32, got: usize) -> FrameError {
+    FrameError::Truncated { part: "frame body", expected: len as usize, got }
+}
+
+/// Reads a whole frame's payload into `buf` (blocking), the body as it arrives. `Closed`
+/// means a clean end of stream.
 pub fn read_frame_into<R: Read>(r: &mut R, buf: &mut Vec<u8>, max: u32) -> Result<(), FrameError> {
-    let mut len_bytes = [0u8; 4];
-    let n = read_full(r, &mut len_bytes)?;
+    let mut prefix = [0u8; 4];
+    let n = read_full(r, &mut prefix)?;
     if n == 0 {
         return Err(FrameError::Closed);
     }
     if n < 4 {
-        return Err(FrameError::Truncated { expected: 4, got: n });
+        return Err(FrameError::Truncated { part: "frame length", expected: 4, got: n });
     }
-    let len = u32::from_le_bytes(len_bytes);
-    if len > max {
-        return Err(FrameError::Oversized { len, max });
-    }
+    let len = frame_len(prefix, max)?;
     buf.clear();
-    buf.resize(len as usize, 0);
-    let got = read_full(r, buf)?;
+    buf.reserve((len as usize).min(RESERVE));
+    let got = r.take(u64::from(len)).read_to_end(buf)?;
     if got < len as usize {
-        return Err(FrameError::Truncated { expected: len as usize, got });
+        return Err(body_truncated(len, got));
+    }
+    Ok(())
+}
+
+/// [`read_frame_into`] for the daemon's async connections; `started` is set once the frame's
+/// first byte has arrived (a peer stalled inside a frame is told apart from a silent one).
+#[cfg(feature = "async")]
+pub async fn read_frame_async<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: u32,
+    started: &mut bool,
+) -> Result<(), FrameError> {
+    use tokio::io::AsyncReadExt;
+    let mut prefix = [0u8; 4];
+    if r.read(&mut prefix[..1]).await? == 0 {
+        return Err(FrameError::Closed);
+    }
+    *started = true;
+    let mut got = 1;
+    while got < 4 {
+        match r.read(&mut prefix[got..]).await? {
+            0 => return Err(FrameError::Truncated { part: "frame length", expected: 4, got }),
+            n => got += n,
+        }
+    }
+    let len = frame_len(prefix, max)?;
+    buf.clear();
+    buf.reserve((len as usize).min(RESERVE));
+    let got = (&mut *r).take(u64::from(len)).read_to_end(buf).await?;
+    if got < len as usize {
+        return Err(body_truncated(len, got));
     }
     Ok(())
 }
@@ -137,9 +185,13 @@ mod tests {
         let err = read_message::<AgentMessage, _>(&mut buf.as_slice(), 4).unwrap_err();
         assert!(matches!(err, FrameError::Oversized { max: 4, .. }), "{err}");
         let err = read_message::<AgentMessage, _>(&mut &buf[..buf.len() - 1], 1024).unwrap_err();
-        assert!(matches!(err, FrameError::Truncated { .. }), "{err}");
+        let body = buf.len() - 4;
+        assert!(
+            matches!(err, FrameError::Truncated { part: "frame body", expected, got } if expected == body && got == body - 1),
+            "{err}"
+        );
         let err = read_message::<AgentMessage, _>(&mut &buf[..2], 1024).unwrap_err();
-        assert!(matches!(err, FrameError::Truncated { expected: 4, got: 2 }), "{err}");
+        assert!(matches!(err, FrameError::Truncated { part: "frame length", expected: 4, got: 2 }), "{err}");
         let garbage = [5u8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff];
         let err = read_message::<AgentMessage, _>(&mut &garbage[..], 1024).unwrap_err();
         assert!(matches!(err, FrameError::Decode(_)), "{err}");
