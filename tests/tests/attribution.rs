@@ -194,11 +194,11 @@ fn pods_and_containers_of_real_cgroups() {
     }
     let text = scrape(port);
     let labels = format!(
-        "container_id=\"{CID_A}\",pod_uid=\"{POD_UID}\",pod=\"trainer-0\",namespace=\"ml\",container=\"pytorch\"}} 1"
+        "container_id=\"{CID_A}\",pod_uid=\"{POD_UID}\",pod=\"trainer-0\",namespace=\"ml\",container=\"pytorch\",job_id=\"\",rank=\"\"}} 1"
     );
     assert!(text.contains(&labels), "{text}");
     assert!(text.contains(&format!(
-        "container_id=\"{CID_B}\",pod_uid=\"{other_uid}\",pod=\"\",namespace=\"\",container=\"\"}} 1"
+        "container_id=\"{CID_B}\",pod_uid=\"{other_uid}\",pod=\"\",namespace=\"\",container=\"\",job_id=\"\",rank=\"\"}} 1"
     )));
     for s in [&s1, &s2] {
         json(&d.ctl(&["session", "stop", &s["id"].as_u64().unwrap().to_string(), "--json"]));
