@@ -169,16 +169,14 @@ mod tests {
         let toml = "[metrics]\ninterval = \"100ms\"\nstore_interval = \"200ms\"\ngpm = false\n";
         let cfg = crate::config::Config::from_toml(toml).unwrap();
         let conn = crate::store::open_writer(&dir.path().join("t.db"), &cfg.storage).unwrap();
-        let stats = Arc::new(Stats::default());
-        let (writer, write) = crate::ingest::writer(conn, &cfg.ingest, stats.clone()).unwrap();
-        let thread = std::thread::spawn(write);
+        let writer = crate::ingest::TestWriter::start(conn, &cfg.ingest);
         let published: Arc<Mutex<Vec<(Source, f64)>>> = Arc::default();
         let seen = published.clone();
         let parts = DevMetrics {
             cfg: cfg.metrics.clone(),
             devices: nvml.inventory().devices,
-            writer: writer.clone(),
-            stats: stats.clone(),
+            writer: writer.handle.clone(),
+            stats: Arc::new(Stats::default()),
             publish: Box::new(move |source, b| seen.lock().unwrap().push((source, b.samples[0].values[0]))),
         };
         let shutdown = CancellationToken::new();
@@ -186,9 +184,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(750)).await;
         shutdown.cancel();
         task.await.unwrap();
-        writer.stop().await.unwrap();
-        drop(writer);
-        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap();
+        writer.stop().await;
 
         let published = published.lock().unwrap().clone();
         assert!(published.len() >= 4, "a reading every 100 ms: {published:?}");

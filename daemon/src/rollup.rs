@@ -375,9 +375,7 @@ mod tests {
         let db = dir.path().join("t.db");
         let cfg = crate::config::Config::from_toml("").unwrap();
         let conn = crate::store::open_writer(&db, &cfg.storage).unwrap();
-        let stats = std::sync::Arc::new(crate::stats::Stats::default());
-        let (writer, write) = crate::ingest::writer(conn, &cfg.ingest, stats).unwrap();
-        let thread = std::thread::spawn(write);
+        let writer = crate::ingest::TestWriter::start(conn, &cfg.ingest);
         let other = Connection::open(&db).unwrap();
         other
             .execute_batch(
@@ -388,7 +386,7 @@ mod tests {
                  INSERT INTO kernel_data(track, corr, shape, start, dur, gx) VALUES (1, 2, 1, 200, 60, 1);",
             )
             .unwrap();
-        let r = Rollup::new(db.clone(), writer.clone());
+        let r = Rollup::new(db.clone(), writer.handle.clone());
         r.catch_up().await.unwrap();
         r.catch_up().await.unwrap();
         let (n, total): (i64, i64) = other
@@ -398,9 +396,7 @@ mod tests {
             .unwrap();
         assert_eq!((n, total), (2, 100), "each kernel once");
         drop(r);
-        writer.stop().await.unwrap();
-        drop(writer);
-        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap();
+        writer.stop().await;
     }
 
     /// Passes of at most 3 rows over rows of one and two kernels: every kernel counted once,

@@ -399,9 +399,7 @@ mod tests {
         let cfg = crate::config::Config::from_toml("").unwrap();
         let conn = crate::store::open_writer(&db, &cfg.storage).unwrap();
         let arbiter = super::super::open(&conn, &cfg).unwrap();
-        let stats = std::sync::Arc::new(crate::stats::Stats::default());
-        let (writer, write) = crate::ingest::writer(conn, &cfg.ingest, stats).unwrap();
-        let thread = std::thread::spawn(write);
+        let writer = crate::ingest::TestWriter::start(conn, &cfg.ingest);
         let (registry, gpus) = (Registry::default(), crate::sampler::Gpus::from_config_in(&cfg, dir.path()));
         let pc = PcHub::new(16, crate::pcsamp::sched::SchedConfig::from_config(&cfg.pc));
         arbiter.manage_device(0);
@@ -411,7 +409,7 @@ mod tests {
             registry: &registry,
             gpus: &gpus,
             pc: &pc,
-            writer: &writer,
+            writer: &writer.handle,
             sampler: &cfg.sampler,
         };
         let agents = registry.subscribe();
@@ -424,9 +422,7 @@ mod tests {
         };
         let (_, lease) = tokio::join!(run(parts, agents, shutdown.clone()), granted);
         drop(lease);
-        writer.stop().await.unwrap();
-        drop(writer);
-        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap();
+        writer.stop().await;
         let c = crate::store::open_reader(&db).unwrap();
         let (leases, reason): (i64, String) = c
             .query_row("SELECT count(*), max(reason) FROM leases WHERE device = 0", [], |r| Ok((r.get(0)?, r.get(1)?)))

@@ -100,3 +100,27 @@ pub fn writer(
     let records_max = u32::try_from(cfg.queue_records).unwrap_or(u32::MAX).min(Semaphore::MAX_PERMITS as u32);
     Ok((WriterHandle { tx, records: Arc::new(Semaphore::new(records_max as usize)), records_max }, move || w.run(rx)))
 }
+
+/// A writer on its own thread for unit tests of the components that write through it.
+#[cfg(test)]
+pub(crate) struct TestWriter {
+    pub handle: WriterHandle,
+    thread: std::thread::JoinHandle<()>,
+}
+
+#[cfg(test)]
+impl TestWriter {
+    /// The writer on `conn` (from `store::open_writer`), its thread started.
+    pub(crate) fn start(conn: Connection, cfg: &IngestConfig) -> TestWriter {
+        let (handle, write) = writer(conn, cfg, Arc::new(Stats::default())).unwrap();
+        TestWriter { handle, thread: std::thread::spawn(write) }
+    }
+
+    /// Commits what was queued and joins the thread (clones of the handle may remain).
+    pub(crate) async fn stop(self) {
+        self.handle.stop().await.unwrap();
+        drop(self.handle);
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap();
+    }
+}
