@@ -19,7 +19,7 @@ if ! command -v buildah >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah mmdebstrap >/dev/null
 fi
-agent=target/debug/gpuprof-traced-agent
+agent="${GPUPROF_CHECK_AGENT:-target/debug/gpuprof-traced-agent}"
 [ -x "$agent" ] || cargo build --locked -q -p gpuprof-testkit --bin gpuprof-traced-agent
 t_tools=$SECONDS
 
