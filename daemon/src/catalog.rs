@@ -25,6 +25,7 @@ pub enum Kind {
     Graph,
     PmSample,
     PcSample,
+    Collective,
 }
 
 impl Kind {
@@ -150,6 +151,8 @@ pub const SPECS: [Spec; Kind::COUNT] = [
     other(Kind::PmSample),
     // pc_sample: samples per (process, function, PC, stall reason), summed over the session.
     Spec { parquet: Some(11), ..other(Kind::PcSample) },
+    // NCCL collectives: enqueue on the host (start, dur) and execution in the kernel.
+    Spec { query: true, event: Some(8), parquet: Some(12), ..data(Kind::Collective, "collective_data", 17) },
 ];
 
 /// The lists of kinds the catalogue makes.

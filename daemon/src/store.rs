@@ -27,6 +27,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0013_cxxfilt_names.sql", include_str!("../../migrations/0013_cxxfilt_names.sql")),
     ("0014_pc_rollup.sql", include_str!("../../migrations/0014_pc_rollup.sql")),
     ("0015_job_identity.sql", include_str!("../../migrations/0015_job_identity.sql")),
+    ("0016_collectives.sql", include_str!("../../migrations/0016_collectives.sql")),
 ];
 
 /// How long a connection waits for a lock another connection holds.

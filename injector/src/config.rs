@@ -54,6 +54,9 @@ pub struct Config {
     pub api_hook: Option<bool>,
     /// `GPUPROF_DETACH`: how a trace leaves CUPTI when it stops (see [`DetachMode`]).
     pub detach: DetachMode,
+    /// `GPUPROF_NCCL_KERNEL_TIMES` (0/1, default 1): while a trace runs, ask NCCL (through the
+    /// profiler plugin) for each collective's start and end in its kernel, not only its enqueue.
+    pub nccl_kernel_times: bool,
 }
 
 /// How a stopped trace leaves the process's CUPTI.
@@ -122,6 +125,7 @@ impl Default for Config {
             api_at_init: None,
             api_hook: None,
             detach: DetachMode::Finalize,
+            nccl_kernel_times: true,
         }
     }
 }
@@ -160,6 +164,7 @@ impl Config {
         }
         c.api_at_init = flag("GPUPROF_API_AT_INIT");
         c.api_hook = flag("GPUPROF_API_HOOK");
+        c.nccl_kernel_times = flag("GPUPROF_NCCL_KERNEL_TIMES").unwrap_or(true);
         if let Some(mb) = get("GPUPROF_CUPTI_DEVICE_BUFFER_MB").and_then(|s| s.parse::<usize>().ok()) {
             c.cupti_device_buffer = Some(mb.clamp(1, 1024) << 20);
         }

@@ -83,3 +83,166 @@ fn own_path() -> Option<String> {
     let p = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
     std::fs::canonicalize(&p).ok().map(|p| p.display().to_string()).or(Some(p))
 }
+
+// ------------------------------------------------------------------ NCCL profiler plugin
+//
+// NCCL (2.26 and later) loads the library `NCCL_PROFILER_PLUGIN` names and looks up
+// `ncclProfiler_v5`, then `ncclProfiler_v4`. Pointing it at this library (already loaded by the
+// driver, so the same instance) makes NCCL report each collective to `crate::nccl`. Every entry
+// point returns ncclSuccess except `init` without a running agent (NCCL then disables the
+// plugin); nothing panics into NCCL, and handles are opaque numbers, never dereferenced.
+
+use crate::nccl::{self, abi};
+
+/// Safety: the table is immutable and its name points at a 'static C string.
+unsafe impl<I> Sync for abi::Profiler<I> {}
+
+const PLUGIN_NAME: &CStr = c"gpuprof";
+
+#[unsafe(no_mangle)]
+pub static ncclProfiler_v5: abi::Profiler<abi::InitV5> = abi::Profiler {
+    name: PLUGIN_NAME.as_ptr(),
+    init: nccl_init_v5,
+    start_event: nccl_start_event_v5,
+    stop_event: nccl_stop_event,
+    record_event_state: nccl_record_event_state,
+    finalize: nccl_finalize,
+};
+
+#[unsafe(no_mangle)]
+pub static ncclProfiler_v4: abi::Profiler<abi::InitV4> = abi::Profiler {
+    name: PLUGIN_NAME.as_ptr(),
+    init: nccl_init_v4,
+    start_event: nccl_start_event_v4,
+    stop_event: nccl_stop_event,
+    record_event_state: nccl_record_event_state,
+    finalize: nccl_finalize,
+};
+
+/// A C string NCCL passed, copied (empty for NULL).
+fn c_text(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // Safety: NCCL passes NUL-terminated strings (names from its static tables) that live for
+    // the call.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn nccl_init(context: *mut *mut c_void, mask: *mut c_int, comm: nccl::Comm) -> c_int {
+    catch_unwind(|| {
+        if context.is_null() || mask.is_null() || !mask.is_aligned() {
+            return abi::NCCL_INTERNAL_ERROR;
+        }
+        // Safety: NCCL's activation mask is a process-wide `int` it reads atomically on every
+        // API call and keeps for the life of the process; the plugin may change it at any time
+        // (NCCL's example plugin does the same).
+        let mask: &'static std::sync::atomic::AtomicI32 = unsafe { std::sync::atomic::AtomicI32::from_ptr(mask) };
+        let Some(id) = nccl::global().init(comm, mask) else { return abi::NCCL_INTERNAL_ERROR };
+        // Safety: `context` is NCCL's out pointer for this communicator's context.
+        unsafe { *context = id as *mut c_void };
+        abi::NCCL_SUCCESS
+    })
+    .unwrap_or(abi::NCCL_INTERNAL_ERROR)
+}
+
+extern "C" fn nccl_init_v5(
+    context: *mut *mut c_void,
+    comm_id: u64,
+    mask: *mut c_int,
+    _name: *const std::ffi::c_char,
+    _nodes: c_int,
+    nranks: c_int,
+    _rank: c_int,
+    _log: abi::Logger,
+) -> c_int {
+    nccl_init(context, mask, nccl::Comm { hash: comm_id, nranks: nranks.max(0) as u32 })
+}
+
+extern "C" fn nccl_init_v4(
+    context: *mut *mut c_void,
+    mask: *mut c_int,
+    _name: *const std::ffi::c_char,
+    comm_hash: u64,
+    _nodes: c_int,
+    nranks: c_int,
+    _rank: c_int,
+    _log: abi::Logger,
+) -> c_int {
+    nccl_init(context, mask, nccl::Comm { hash: comm_hash, nranks: nranks.max(0) as u32 })
+}
+
+/// startEvent: `wide_type` for v5 (a 64-bit `type`), else v4's 8-bit one.
+fn nccl_start_event(context: *mut c_void, handle: *mut *mut c_void, descr: *mut c_void, wide_type: bool) -> c_int {
+    let _ = catch_unwind(|| {
+        if handle.is_null() {
+            return;
+        }
+        // Safety: `handle` is NCCL's out pointer for the event's handle.
+        unsafe { *handle = std::ptr::null_mut() };
+        if descr.is_null() {
+            return;
+        }
+        // Safety: NCCL's descriptor starts with the head `abi::Head` describes; in v4 only the
+        // type's low byte is the type (little-endian), the rest padding.
+        let head = unsafe { &*(descr as *const abi::Head) };
+        let ty = if wide_type { head.ty } else { head.ty & 0xff };
+        let h = if ty == abi::PROFILE_COLL {
+            // Safety: a Coll event's descriptor holds the `coll` member of the union.
+            let d = unsafe { &*(descr as *const abi::Descr<abi::Coll>) };
+            let start = nccl::CollStart {
+                seq: d.u.seq,
+                func: c_text(d.u.func),
+                datatype: c_text(d.u.datatype),
+                algo: c_text(d.u.algo),
+                proto: c_text(d.u.proto),
+                count: d.u.count as u64,
+                root: d.u.root,
+                rank: d.head.rank,
+                channels: u32::from(d.u.n_channels),
+            };
+            // Safety: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() } as u32;
+            nccl::global().coll_start(context as usize, start, tid)
+        } else if ty == abi::PROFILE_KERNEL_CH {
+            // Safety: a KernelCh event's descriptor holds the `kernelCh` member.
+            let d = unsafe { &*(descr as *const abi::Descr<abi::KernelCh>) };
+            nccl::global().channel_start(d.head.parent as usize, d.u.p_timer)
+        } else {
+            0
+        };
+        // Safety: as above.
+        unsafe { *handle = h as *mut c_void };
+    });
+    abi::NCCL_SUCCESS
+}
+
+extern "C" fn nccl_start_event_v5(context: *mut c_void, handle: *mut *mut c_void, descr: *mut c_void) -> c_int {
+    nccl_start_event(context, handle, descr, true)
+}
+
+extern "C" fn nccl_start_event_v4(context: *mut c_void, handle: *mut *mut c_void, descr: *mut c_void) -> c_int {
+    nccl_start_event(context, handle, descr, false)
+}
+
+extern "C" fn nccl_stop_event(handle: *mut c_void) -> c_int {
+    let _ = catch_unwind(|| nccl::global().stop(handle as usize));
+    abi::NCCL_SUCCESS
+}
+
+extern "C" fn nccl_record_event_state(handle: *mut c_void, state: c_int, args: *mut c_void) -> c_int {
+    let _ = catch_unwind(|| {
+        if state == abi::KERNEL_CH_STOP && !args.is_null() {
+            // Safety: the KernelChStop state comes with the `kernelCh` member of the state
+            // arguments' union.
+            let a = unsafe { &*(args as *const abi::StateArgsKernelCh) };
+            nccl::global().channel_end_time(handle as usize, a.p_timer);
+        }
+    });
+    abi::NCCL_SUCCESS
+}
+
+extern "C" fn nccl_finalize(context: *mut c_void) -> c_int {
+    let _ = catch_unwind(|| nccl::global().finalize(context as usize));
+    abi::NCCL_SUCCESS
+}

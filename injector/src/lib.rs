@@ -23,6 +23,7 @@ pub mod exports;
 pub mod fatbin;
 pub mod lifecycle;
 pub mod log;
+pub mod nccl;
 pub mod pool;
 pub mod records;
 pub mod socket_fd;

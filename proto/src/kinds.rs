@@ -6,7 +6,7 @@
 use crate::agent::{RecordBatch, RecordKind};
 
 /// Record kinds, not counting `RECORD_KIND_UNSPECIFIED`.
-pub const COUNT: usize = 14;
+pub const COUNT: usize = 15;
 
 /// Length of an array indexed by `RecordKind as usize` (slot 0 is UNSPECIFIED's).
 pub const SLOTS: usize = COUNT + 1;
@@ -27,6 +27,7 @@ pub const ALL: [RecordKind; COUNT] = [
     RecordKind::Graph,
     RecordKind::PmSample,
     RecordKind::PcSample,
+    RecordKind::Collective,
 ];
 
 /// The name of the kind ("" for UNSPECIFIED).
@@ -47,6 +48,7 @@ pub const fn name(k: RecordKind) -> &'static str {
         RecordKind::Graph => "graph",
         RecordKind::PmSample => "pm_sample",
         RecordKind::PcSample => "pc_sample",
+        RecordKind::Collective => "collective",
     }
 }
 
@@ -56,7 +58,7 @@ pub fn by_name(name: &str) -> Option<RecordKind> {
 }
 
 /// The kinds a [`RecordBatch`] carries, in the order of its fields.
-pub const IN_BATCH: usize = 12;
+pub const IN_BATCH: usize = 13;
 
 /// How many records of each kind a batch carries (zeros included), in field order.
 pub fn batch_counts(b: &RecordBatch) -> [(RecordKind, usize); IN_BATCH] {
@@ -73,6 +75,7 @@ pub fn batch_counts(b: &RecordBatch) -> [(RecordKind, usize); IN_BATCH] {
         (RecordKind::Context, b.contexts.len()),
         (RecordKind::Stream, b.streams.len()),
         (RecordKind::Graph, b.graphs.len()),
+        (RecordKind::Collective, b.collectives.len()),
     ]
 }
 

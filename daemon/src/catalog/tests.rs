@@ -28,11 +28,15 @@ fn the_lists_are_what_they_were() {
             "external_correlation",
             "context",
             "stream",
-            "graph"
+            "graph",
+            "collective"
         ]
     );
-    assert_eq!(QUERY_KINDS, ["kernel", "memcpy", "memset", "api", "sync", "marker"]);
-    assert_eq!(EVENT_TABLES, ["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead"]);
+    assert_eq!(QUERY_KINDS, ["kernel", "memcpy", "memset", "api", "sync", "marker", "collective"]);
+    assert_eq!(
+        EVENT_TABLES,
+        ["kernel", "memcpy", "memset", "graph", "api", "marker", "sync", "overhead", "collective"]
+    );
     assert_eq!(
         PARQUET_KINDS,
         [
@@ -47,7 +51,8 @@ fn the_lists_are_what_they_were() {
             "external_correlation",
             "context",
             "stream",
-            "pc_sample"
+            "pc_sample",
+            "collective"
         ]
     );
     for t in RECORD_TABLES {
@@ -94,11 +99,13 @@ fn batch_counts_cover_every_field() {
         contexts: vec![Default::default(); 10],
         streams: vec![Default::default(); 11],
         graphs: vec![Default::default(); 12],
+        collectives: vec![Default::default(); 13],
         ..Default::default()
     };
     let got: Vec<(Kind, u64)> = batch_counts(&b).collect();
-    assert_eq!(got.len(), 12);
+    assert_eq!(got.len(), 13);
     assert_eq!(got[2], (Kind::Memset, 3));
     assert_eq!(got[11], (Kind::Graph, 12));
-    assert_eq!(batch_len(&b), 78);
+    assert_eq!(got[12], (Kind::Collective, 13));
+    assert_eq!(batch_len(&b), 91);
 }

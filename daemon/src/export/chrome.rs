@@ -166,6 +166,7 @@ impl<'a> Trace<'a> {
             "api" => self.api_call(rec, dur),
             "marker" => self.marker(rec, dur)?,
             "sync" => self.sync(rec, dur),
+            "collective" => self.collective(rec, dur)?,
             _ => self.overhead(rec, dur),
         }
         self.out.written += 1;
@@ -271,6 +272,24 @@ impl<'a> Trace<'a> {
             head(&mut w, &mut self.first, "X", name, "nvtx", at, Some(dur));
         }
         w.s(",\"args\":{\"domain\":").s(domain).s("}}");
+        Ok(())
+    }
+
+    /// An NCCL collective's enqueue on the thread that called it (its run is the NCCL kernel on
+    /// the stream's track).
+    fn collective(&mut self, rec: &Rec, dur: i64) -> rusqlite::Result<()> {
+        let v = &rec.v;
+        let tid = v[0] as u64;
+        self.host_threads.insert((rec.proc, tid));
+        self.cache_name(v[1])?;
+        let at = self.place(rec, host_pid(rec.proc), tid);
+        let name = &self.names[&v[1]];
+        let mut w = W(&mut self.out.buf);
+        head(&mut w, &mut self.first, "X", name, "nccl", at, Some(dur));
+        w.s(",\"args\":{\"seq\":").i(v[2]).s(",\"communicator\":\"");
+        let _ = write!(Buf(&mut self.out.buf), "{:016x}", v[3] as u64);
+        let mut w = W(&mut self.out.buf);
+        w.s("\",\"bytes\":").i(v[4]).s("}}");
         Ok(())
     }
 

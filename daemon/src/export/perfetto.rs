@@ -101,10 +101,11 @@ enum Cat {
     Nvtx,
     Sync,
     Overhead,
+    Nccl,
 }
 
 impl Cat {
-    const ALL: [Cat; 9] = [
+    const ALL: [Cat; 10] = [
         Cat::Kernel,
         Cat::Memcpy,
         Cat::Memset,
@@ -114,6 +115,7 @@ impl Cat {
         Cat::Nvtx,
         Cat::Sync,
         Cat::Overhead,
+        Cat::Nccl,
     ];
 
     fn name(self) -> &'static str {
@@ -127,6 +129,7 @@ impl Cat {
             Cat::Nvtx => "nvtx",
             Cat::Sync => "sync",
             Cat::Overhead => "overhead",
+            Cat::Nccl => "nccl",
         }
     }
 }
@@ -150,10 +153,12 @@ enum Arg {
     Event,
     ObjectKind,
     ObjectId,
+    Seq,
+    Communicator,
 }
 
 impl Arg {
-    const ALL: [Arg; 16] = [
+    const ALL: [Arg; 18] = [
         Arg::Correlation,
         Arg::Grid,
         Arg::Block,
@@ -170,6 +175,8 @@ impl Arg {
         Arg::Event,
         Arg::ObjectKind,
         Arg::ObjectId,
+        Arg::Seq,
+        Arg::Communicator,
     ];
 
     fn name(self) -> &'static str {
@@ -190,6 +197,8 @@ impl Arg {
             Arg::Event => "event",
             Arg::ObjectKind => "object_kind",
             Arg::ObjectId => "object_id",
+            Arg::Seq => "seq",
+            Arg::Communicator => "communicator",
         }
     }
 }
@@ -302,6 +311,14 @@ impl Writer<'_> {
                 let domain = if v[2] != 0 { self.strings.get(self.c, v[2])? } else { String::new() };
                 args.push((Arg::Domain as u64, Val::Text(domain)));
                 (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Str(v[1]), cat: Cat::Nvtx }, v[3] != 0)
+            }
+            "collective" => {
+                args.extend([
+                    uint(Arg::Seq, v[2]),
+                    (Arg::Communicator as u64, Val::Text(format!("{:016x}", v[3] as u64))),
+                    uint(Arg::Bytes, v[4]),
+                ]);
+                (Slice { track: Track::Thread(p, v[0] as u32), name: Name::Str(v[1]), cat: Cat::Nccl }, false)
             }
             "sync" => {
                 args.extend([corr_arg(v[1]), int(Arg::Stream, v[0]), int(Arg::Event, v[3])]);

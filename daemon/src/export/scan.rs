@@ -201,6 +201,7 @@ fn data_cols(table: &str) -> &'static str {
         "api" => "corr, kind, 0, 0",
         "marker" => "name, domain, is_mark, id",
         "sync" => "corr, type, event, 0",
+        "collective" => "name, seq, comm, bytes",
         _ => "kind, obj_kind, obj_id, 0",
     }
 }
@@ -224,6 +225,7 @@ fn values(table: &str, t: &Track, c: [i64; 4], d: &Dims) -> [i64; 8] {
         }
         "marker" => [t.tid, c[0], c[1], c[2], c[3], 0, 0, 0],
         "sync" => [t.stream, c[0], c[1], c[2], 0, 0, 0, 0],
+        "collective" => [t.tid, c[0], c[1], c[2], c[3], 0, 0, 0],
         _ => [c[0], c[1], c[2], 0, 0, 0, 0, 0],
     }
 }

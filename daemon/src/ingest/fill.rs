@@ -65,6 +65,7 @@ const FILLS: [(Kind, FillFn); gpuprof_proto::kinds::IN_BATCH] = [
     (Kind::Context, contexts),
     (Kind::Stream, streams),
     (Kind::Graph, graphs),
+    (Kind::Collective, collectives),
     (Kind::Device, devices),
 ];
 
@@ -245,6 +246,38 @@ fn graphs(f: &mut Fill<'_>, b: &RecordBatch) -> rusqlite::Result<()> {
     f.bufs.push(c, table(Kind::Graph), &b.graphs, |g, v| {
         let (track, start) = f.tracks.at(c, at.key(g.device_id, g.context_id, g.stream_id, 0), at.rel(g.start_ns))?;
         v.copy_from_slice(&[track, g.correlation_id.into(), g.graph_id.into(), start, dur(g.start_ns, g.end_ns)]);
+        Ok(())
+    })
+}
+
+fn collectives(f: &mut Fill<'_>, b: &RecordBatch) -> rusqlite::Result<()> {
+    let (c, at) = (f.c, f.at);
+    f.bufs.push(c, table(Kind::Collective), &b.collectives, |x, v| {
+        let (track, start) = f.tracks.at(c, at.key(0, 0, 0, x.thread_id), at.rel(x.start_ns))?;
+        let (gpu_off, gpu_dur) = if x.gpu_start_ns != 0 && x.gpu_end_ns >= x.gpu_start_ns {
+            (x.gpu_start_ns as i64 - x.start_ns as i64, dur(x.gpu_start_ns, x.gpu_end_ns))
+        } else {
+            (0, -1)
+        };
+        v.copy_from_slice(&[
+            track,
+            at.st(x.name_id),
+            start,
+            dur(x.start_ns, x.end_ns),
+            gpu_off,
+            gpu_dur,
+            x.seq as i64,
+            x.comm_hash as i64,
+            x.count as i64,
+            x.bytes as i64,
+            at.st(x.datatype_id),
+            at.st(x.algo_id),
+            at.st(x.proto_id),
+            x.root.into(),
+            x.rank.into(),
+            x.nranks.into(),
+            x.channels.into(),
+        ]);
         Ok(())
     })
 }

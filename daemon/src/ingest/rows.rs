@@ -61,7 +61,7 @@ const fn on_conflict(k: Kind) -> &'static str {
 }
 
 /// Most values a record takes in a row (its first half in a paired table).
-const MAX_VALUES: usize = 8;
+const MAX_VALUES: usize = 17;
 
 /// The writer's table of each kind, from the catalogue (those with no `cols` are not written
 /// from a batch's rows).

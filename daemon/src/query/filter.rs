@@ -47,6 +47,7 @@ pub fn cols(table: &str) -> Cols {
         "memcpy" | "memset" | "graph" => Cols { dev: true, stream: true, name: false, time: true },
         "sync" => Cols { dev: false, stream: true, name: false, time: true },
         "api" | "marker" | "overhead" => Cols { dev: false, stream: false, name: false, time: true },
+        "collective" => Cols { dev: false, stream: false, name: true, time: true },
         _ => Cols { dev: false, stream: false, name: false, time: false },
     }
 }

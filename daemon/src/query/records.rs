@@ -2,6 +2,8 @@
 
 use super::{Strings, copy_kind_name, sync_type_name, where_for};
 use gpuprof_proto::api as pb;
+use std::collections::HashMap;
+
 use rusqlite::{Connection, params_from_iter};
 use tokio::sync::mpsc;
 
@@ -17,6 +19,7 @@ pub(super) fn stream_records(
     tx: &mpsc::Sender<Result<pb::QueryRecordsResponse, tonic::Status>>,
 ) -> rusqlite::Result<()> {
     let mut strings = Strings::default();
+    let mut nccl = NcclKernels::default();
     let mut left = limit;
     let mut msg = pb::QueryRecordsResponse::default();
     let mut in_msg = 0usize;
@@ -39,6 +42,10 @@ pub(super) fn stream_records(
             "memset" => "t.dev, t.stream, t.corr, t.bytes, 0, 0, 0, 0, 0, 0, 0, 0, 0",
             "api" => "t.tid, t.corr, t.domain, t.cbid, 0, 0, 0, 0, 0, 0, 0, 0, 0",
             "sync" => "t.stream, t.corr, t.type, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0",
+            "collective" => {
+                "t.tid, t.name, t.seq, t.comm, t.rank, t.nranks, t.count, t.bytes, t.dtype, t.root, t.algo, t.proto, \
+                 t.channels, t.gpu_off, t.gpu_dur"
+            }
             _ => "t.tid, t.name, t.domain, t.is_mark, 0, 0, 0, 0, 0, 0, 0, 0, 0",
         };
         let mut stmt = c.prepare(&format!(
@@ -113,6 +120,38 @@ pub(super) fn stream_records(
                     correlation_id: u(1)?,
                     sync_type: sync_type_name(v(2)?).into(),
                 }),
+                "collective" => {
+                    let (gpu_off, gpu_dur) = (v(13)?, v(14)?);
+                    let (gpu_start_ns, gpu_end_ns) = if gpu_dur < 0 {
+                        (0, 0)
+                    } else {
+                        let s = (start as i64 + gpu_off).max(0) as u64;
+                        (s, s + gpu_dur as u64)
+                    };
+                    let kernel = nccl.ran(c, session, proc, start, gpu_start_ns)?;
+                    msg.collectives.push(pb::CollectiveRow {
+                        process_id: proc,
+                        start_ns: start,
+                        end_ns: end,
+                        thread_id: u(0)?,
+                        name: strings.get(c, v(1)?)?,
+                        seq: v(2)? as u64,
+                        communicator: format!("{:016x}", v(3)? as u64),
+                        rank: v(4)? as i32,
+                        nranks: u(5)?,
+                        count: v(6)? as u64,
+                        bytes: v(7)? as u64,
+                        datatype: strings.get(c, v(8)?)?,
+                        root: v(9)? as i32,
+                        algorithm: strings.get(c, v(10)?)?,
+                        protocol: strings.get(c, v(11)?)?,
+                        channels: u(12)?,
+                        gpu_start_ns,
+                        gpu_end_ns,
+                        kernel_correlation_id: kernel.map_or(0, |k| k.corr),
+                        device_id: kernel.map_or(0, |k| k.dev),
+                    })
+                }
                 _ => msg.markers.push(pb::MarkerRow {
                     process_id: proc,
                     start_ns: start,
@@ -135,4 +174,74 @@ pub(super) fn stream_records(
     }
     flush(&mut msg, &mut in_msg, true);
     Ok(())
+}
+
+/// An NCCL kernel of a process: start and end (ns since the Unix epoch), correlation id and
+/// device.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NcclKernel {
+    start: u64,
+    end: u64,
+    corr: u32,
+    dev: u32,
+}
+
+/// The NCCL kernels of the processes asked about, read once per process.
+#[derive(Default)]
+pub(super) struct NcclKernels {
+    by_proc: HashMap<u64, Vec<NcclKernel>>,
+    names: Strings,
+}
+
+impl NcclKernels {
+    /// The NCCL kernel that ran a collective of `proc` enqueued at `enqueued`: the one whose
+    /// run holds `gpu_start` where NCCL reported the execution's start (0: not reported), else
+    /// the first to start after the enqueue.
+    pub(super) fn ran(
+        &mut self,
+        c: &Connection,
+        session: u64,
+        proc: u64,
+        enqueued: u64,
+        gpu_start: u64,
+    ) -> rusqlite::Result<Option<NcclKernel>> {
+        if !self.by_proc.contains_key(&proc) {
+            let list = self.read(c, session, proc)?;
+            self.by_proc.insert(proc, list);
+        }
+        let ks = &self.by_proc[&proc];
+        if gpu_start != 0 {
+            let i = ks.partition_point(|k| k.start <= gpu_start);
+            if let Some(k) = i.checked_sub(1).map(|i| ks[i])
+                && k.end >= gpu_start
+            {
+                return Ok(Some(k));
+            }
+        }
+        let i = ks.partition_point(|k| k.start < enqueued);
+        Ok(ks.get(i).copied())
+    }
+
+    fn read(&mut self, c: &Connection, session: u64, proc: u64) -> rusqlite::Result<Vec<NcclKernel>> {
+        let mut st = c.prepare(
+            "SELECT t.start + p.base_ns AS s, max(t.dur, 0), t.corr, t.dev, t.name FROM kernel t
+             JOIN processes p ON p.id = t.proc WHERE t.session = ?1 AND t.proc = ?2 ORDER BY s",
+        )?;
+        let mut rows = st.query([session as i64, proc as i64])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            let (shown, reported) = self.names.both(c, r.get(4)?)?;
+            if !super::collectives::is_nccl(&shown, &reported) {
+                continue;
+            }
+            let start = r.get::<_, i64>(0)?.max(0) as u64;
+            out.push(NcclKernel {
+                start,
+                end: start + r.get::<_, i64>(1)? as u64,
+                corr: r.get::<_, i64>(2)? as u32,
+                dev: r.get::<_, i64>(3)? as u32,
+            });
+        }
+        Ok(out)
+    }
 }

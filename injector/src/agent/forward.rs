@@ -24,6 +24,13 @@ impl<B: Backend> Agent<B> {
                 self.send_records();
             }
         }
+        if self.status == Status::Tracing || self.status == Status::Displaced {
+            let conv = &mut self.conv;
+            crate::nccl::global().drain(|c| conv.push_collective(c));
+            if self.conv.full() {
+                self.send_records();
+            }
+        }
     }
 
     pub(super) fn send_records(&mut self) {
@@ -42,6 +49,10 @@ impl<B: Backend> Agent<B> {
     pub(super) fn send_drops(&mut self) {
         let (queue, cupti) = self.backend.external_drops();
         let mut report = self.conv.drop_report(cupti);
+        let mut queue = queue.to_vec();
+        if let Some(n) = queue.get_mut(pb::RecordKind::Collective as usize) {
+            *n += crate::nccl::global().dropped();
+        }
         for (i, &n) in queue.iter().enumerate() {
             if n == 0 {
                 continue;

@@ -118,6 +118,8 @@ impl<B: Backend> Agent<B> {
 
     /// Runs until the process exits (or `control` asks for exit).
     pub fn run(&mut self) {
+        crate::nccl::global().set_kernel_times(self.cfg.nccl_kernel_times);
+        crate::nccl::global().set_ready();
         loop {
             if self.control.exiting() {
                 self.on_exit();
@@ -152,6 +154,7 @@ impl<B: Backend> Agent<B> {
                 self.displaced(detail);
             }
             self.next_flush = Instant::now() + self.flush_every;
+            crate::nccl::global().flush_older_than(crate::nccl::STALE.as_nanos() as u64);
             self.send_activity();
             self.drain_queue();
             self.check_api();

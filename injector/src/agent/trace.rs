@@ -29,6 +29,7 @@ impl<B: Backend> Agent<B> {
         match self.backend.start(&cfg) {
             StartOutcome::Tracing => {
                 self.status = Status::Tracing;
+                crate::nccl::global().set_active(true);
                 self.api_watch = (cfg.runtime_api || cfg.driver_api).then(|| ApiWatch {
                     kernels: self.conv.sent[pb::RecordKind::Kernel as usize],
                     api: self.conv.sent[pb::RecordKind::Api as usize],
@@ -60,6 +61,7 @@ impl<B: Backend> Agent<B> {
         let mut detail = String::new();
         // PC sampling ends first: it holds the subscriber a detach needs.
         self.stop_all_pc("trace stopped");
+        crate::nccl::global().set_active(false);
         if self.status == Status::Tracing {
             self.backend.stop();
             self.drain_queue();
@@ -77,6 +79,7 @@ impl<B: Backend> Agent<B> {
 
     pub(super) fn displaced(&mut self, detail: String) {
         log!(Warn, "{detail}");
+        crate::nccl::global().set_active(false);
         self.drain_queue();
         self.send_records();
         self.status = Status::Displaced;

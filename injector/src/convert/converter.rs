@@ -122,6 +122,36 @@ impl Converter {
         }
     }
 
+    /// Adds one NCCL collective.
+    pub fn push_collective(&mut self, c: crate::nccl::Collective) {
+        let intern = |i: &mut Interner, s: &str| if s.is_empty() { 0 } else { i.intern(s) };
+        let rec = pb::CollectiveRecord {
+            start_ns: c.start_ns,
+            end_ns: c.end_ns,
+            gpu_start_ns: c.gpu_start_ns,
+            gpu_end_ns: c.gpu_end_ns,
+            name_id: intern(&mut self.interner, &c.name),
+            datatype_id: intern(&mut self.interner, &c.datatype),
+            algo_id: intern(&mut self.interner, &c.algo),
+            proto_id: intern(&mut self.interner, &c.proto),
+            seq: c.seq,
+            comm_hash: c.comm_hash,
+            count: c.count,
+            bytes: c.bytes(),
+            root: c.root,
+            rank: c.rank,
+            nranks: c.nranks,
+            channels: c.channels,
+            thread_id: c.thread_id,
+        };
+        self.batch.collectives.push(rec);
+        self.sent[pb::RecordKind::Collective as usize] += 1;
+        self.count += 1;
+        if self.count >= BATCH_RECORDS {
+            self.seal();
+        }
+    }
+
     /// Adds one decoded record.
     pub fn push(&mut self, r: Record, strings: StrReader<'_>) {
         let kind = kind_of(&r);
