@@ -58,6 +58,8 @@ fn rank_json(r: &pb::RankSummary) -> Value {
         "step_ns": r.step_ns, "step_source": r.step_source, "step_name": r.step_name, "steps": r.steps,
         "busy_ns": r.busy_ns, "busy_share": r.busy_share, "nccl_count": r.nccl_count, "nccl_ns": r.nccl_ns,
         "wait_ns": r.wait_ns, "last_count": r.last_count,
+        "collectives": r.collectives.iter().map(|c| json!({"name": c.name, "count": c.count, "bytes": c.bytes}))
+            .collect::<Vec<_>>(),
     })
 }
 
@@ -67,6 +69,7 @@ pub fn summary_json(s: &pb::JobSummary) -> Value {
         "job_id": s.job_id,
         "ranks": s.ranks.iter().map(rank_json).collect::<Vec<_>>(),
         "collectives": s.collectives,
+        "matched_by": s.matched_by,
         "straggler": s.straggler.as_ref().map(|v| json!({
             "rank": v.rank, "process_id": v.process_id, "last_count": v.last_count, "collectives": v.collectives,
             "others_wait_ns": v.others_wait_ns, "median_wait_ns": v.median_wait_ns, "evidence": v.evidence,
@@ -83,7 +86,9 @@ fn pct(part: u64, whole: u64) -> String {
 
 fn print(s: &pb::JobSummary) {
     let job = if s.job_id.is_empty() { "(no job id)" } else { s.job_id.as_str() };
-    println!("session {}  job {job}  {} collectives compared", s.session_id, s.collectives);
+    let by = if s.matched_by.is_empty() { String::new() } else { format!(" (matched by {})", s.matched_by) };
+    println!("session {}  job {job}  {} collectives compared{by}", s.session_id, s.collectives);
+    let reported = s.ranks.iter().any(|r| !r.collectives.is_empty());
     let rows: Vec<Vec<String>> = s
         .ranks
         .iter()
@@ -102,13 +107,19 @@ fn print(s: &pb::JobSummary) {
                 pct(r.nccl_ns, span),
                 if r.rank.is_some() { human_ns(r.wait_ns) } else { "-".into() },
                 if r.rank.is_some() { r.last_count.to_string() } else { "-".into() },
+                r.collectives.iter().map(|c| c.count).sum::<u64>().to_string(),
             ]
         })
         .collect();
-    table(
-        &[">RANK", ">PROC", ">PID", "DEVICE", ">STEP", "SOURCE", ">BUSY", ">NCCL", ">NCCL%", ">WAIT", ">LAST"],
-        &rows,
-    );
+    let mut head = vec![">RANK", ">PROC", ">PID", "DEVICE", ">STEP", "SOURCE", ">BUSY", ">NCCL", ">NCCL%", ">WAIT", ">LAST"];
+    // COLLS: the collectives NCCL reported (only where it loaded the profiler plugin).
+    let rows: Vec<Vec<String>> = if reported {
+        head.push(">COLLS");
+        rows
+    } else {
+        rows.into_iter().map(|mut r| { r.pop(); r }).collect()
+    };
+    table(&head, &rows);
     println!();
     match &s.straggler {
         Some(v) => println!("straggler: {}", v.evidence),
@@ -124,6 +135,15 @@ fn print(s: &pb::JobSummary) {
         .collect();
     if !steps.is_empty() {
         println!("step time from: {}", steps.join(", "));
+    }
+    for r in s.ranks.iter().filter(|r| !r.collectives.is_empty()) {
+        let list: Vec<String> = r
+            .collectives
+            .iter()
+            .map(|c| format!("{} {} ({})", c.name, c.count, crate::output::human_bytes(c.bytes)))
+            .collect();
+        let who = r.rank.map_or(format!("process {}", r.process_id), |k| format!("rank {k}"));
+        println!("collectives of {who}: {}", list.join(", "));
     }
     for n in &s.notes {
         println!("note: {n}");

@@ -89,7 +89,8 @@ pub async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
 pub struct QueryArgs {
     /// Session id.
     pub session: u64,
-    /// Record kinds, comma-separated: kernel, memcpy, memset, api, sync, marker.
+    /// Record kinds, comma-separated: kernel, memcpy, memset, api, sync, marker, collective (NCCL
+    /// collectives, where NCCL loaded the injector as its profiler plugin).
     #[arg(long, value_delimiter = ',', default_value = "kernel")]
     pub kind: Vec<String>,
     /// At most this many records (0: all).
@@ -154,6 +155,16 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
                 let v = serde_json::json!({"kind": "marker", "process_id": r.process_id, "start_ns": r.start_ns,
                     "end_ns": r.end_ns, "thread_id": r.thread_id, "name": r.name, "domain": r.domain,
                     "is_mark": r.is_mark});
+                writeln!(out, "{v}")?;
+            }
+            for r in &m.collectives {
+                let gpu = (r.gpu_end_ns > 0).then(|| serde_json::json!({"start_ns": r.gpu_start_ns, "end_ns": r.gpu_end_ns}));
+                let v = serde_json::json!({"kind": "collective", "process_id": r.process_id, "start_ns": r.start_ns,
+                    "end_ns": r.end_ns, "thread_id": r.thread_id, "name": r.name, "seq": r.seq,
+                    "communicator": r.communicator, "rank": r.rank, "nranks": r.nranks, "count": r.count,
+                    "bytes": r.bytes, "datatype": r.datatype, "root": r.root, "algorithm": r.algorithm,
+                    "protocol": r.protocol, "channels": r.channels, "gpu": gpu,
+                    "kernel_correlation_id": r.kernel_correlation_id, "device_id": r.device_id});
                 writeln!(out, "{v}")?;
             }
             continue;
@@ -251,6 +262,22 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
         for r in &m.markers {
             let what = if r.domain.is_empty() { r.name.clone() } else { format!("{}: {}", r.domain, r.name) };
             line(&mut out, "marker", r.process_id, r.start_ns, r.end_ns, "-".into(), "-".into(), 0, what)?;
+        }
+        for r in &m.collectives {
+            // The run in the kernel where NCCL timed it, else the enqueue.
+            let (s, e) = if r.gpu_end_ns > 0 { (r.gpu_start_ns, r.gpu_end_ns) } else { (r.start_ns, r.end_ns) };
+            let dev = if r.kernel_correlation_id > 0 { r.device_id.to_string() } else { "-".into() };
+            let what = format!(
+                "{} #{} {} {} rank {}/{} comm {}",
+                r.name,
+                r.seq,
+                crate::output::human_bytes(r.bytes),
+                r.datatype,
+                r.rank,
+                r.nranks,
+                r.communicator
+            );
+            line(&mut out, "coll", r.process_id, s, e, dev, "-".into(), r.kernel_correlation_id, what)?;
         }
     }
     out.flush()?;

@@ -36,7 +36,7 @@ pub(super) struct Prelude {
 
 /// The tables each reading thread reads (indexes into [`EVENT_TABLES`]): kernels and API
 /// calls, the bulk of any CUDA trace, get a thread each; the other kinds share one.
-pub(super) const READERS: &[&[usize]] = &[&[0], &[4], &[1, 2, 3, 5, 6, 7]];
+pub(super) const READERS: &[&[usize]] = &[&[0], &[4], &[1, 2, 3, 5, 6, 7, 8]];
 
 /// Which of two records comes first: (process, start), ties in table order.
 fn sort_key(r: &Rec) -> (i64, i64, usize) {

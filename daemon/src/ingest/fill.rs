@@ -250,12 +250,21 @@ fn graphs(f: &mut Fill<'_>, b: &RecordBatch) -> rusqlite::Result<()> {
     })
 }
 
+/// How far from its enqueue a collective's run in the kernel may start (60 s).
+const GPU_TIME_WINDOW_NS: u64 = 60_000_000_000;
+
 fn collectives(f: &mut Fill<'_>, b: &RecordBatch) -> rusqlite::Result<()> {
     let (c, at) = (f.c, f.at);
     f.bufs.push(c, table(Kind::Collective), &b.collectives, |x, v| {
         let (track, start) = f.tracks.at(c, at.key(0, 0, 0, x.thread_id), at.rel(x.start_ns))?;
-        let (gpu_off, gpu_dur) = if x.gpu_start_ns != 0 && x.gpu_end_ns >= x.gpu_start_ns {
-            (x.gpu_start_ns as i64 - x.start_ns as i64, dur(x.gpu_start_ns, x.gpu_end_ns))
+        // NCCL times the run with the GPU's global timer, which the driver keeps near the host's
+        // clock: a time far from the enqueue (another clock, or half a run reported) is left out.
+        let gpu_off = x.gpu_start_ns as i64 - x.start_ns as i64;
+        let (gpu_off, gpu_dur) = if x.gpu_start_ns != 0
+            && x.gpu_end_ns >= x.gpu_start_ns
+            && gpu_off.unsigned_abs() <= GPU_TIME_WINDOW_NS
+        {
+            (gpu_off, dur(x.gpu_start_ns, x.gpu_end_ns))
         } else {
             (0, -1)
         };

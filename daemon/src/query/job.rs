@@ -230,6 +230,56 @@ fn nccl_steps(k: &Kernels, c: &Connection, names: &mut Strings) -> rusqlite::Res
     }))
 }
 
+/// One NCCL collective record of a process: communicator, name (strings.id), sequence number,
+/// bytes, and its run in the kernel (ns since the Unix epoch) when NCCL timed it.
+struct Coll {
+    comm: i64,
+    name: i64,
+    seq: i64,
+    bytes: u64,
+    gpu: Option<(i64, i64)>,
+}
+
+/// The NCCL collective records of `procs` in the session.
+fn read_collectives(c: &Connection, session: u64, procs: &[u64]) -> rusqlite::Result<HashMap<u64, Vec<Coll>>> {
+    let f = pb::RecordFilter { process_ids: procs.to_vec(), ..Default::default() };
+    let w = where_for(c, "collective", session, &f)?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.proc, t.comm, t.name, t.seq, t.bytes, t.start + p.base_ns + t.gpu_off, t.gpu_dur FROM collective t
+         JOIN processes p ON p.id = t.proc WHERE {}",
+        w.sql
+    ))?;
+    let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
+    let mut out: HashMap<u64, Vec<Coll>> = HashMap::new();
+    while let Some(r) = rows.next()? {
+        let (gpu_start, gpu_dur): (i64, i64) = (r.get(5)?, r.get(6)?);
+        out.entry(r.get::<_, i64>(0)? as u64).or_default().push(Coll {
+            comm: r.get(1)?,
+            name: r.get(2)?,
+            seq: r.get(3)?,
+            bytes: r.get::<_, i64>(4)?.max(0) as u64,
+            gpu: (gpu_dur >= 0).then_some((gpu_start, gpu_start + gpu_dur)),
+        });
+    }
+    Ok(out)
+}
+
+/// A process's collectives counted per name, most frequent first.
+fn count_collectives(list: &[Coll], c: &Connection, names: &mut Strings) -> rusqlite::Result<Vec<pb::CollectiveCount>> {
+    let mut by: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
+    for x in list {
+        let e = by.entry(x.name).or_default();
+        e.0 += 1;
+        e.1 += x.bytes;
+    }
+    let mut out = Vec::with_capacity(by.len());
+    for (name, (count, bytes)) in by {
+        out.push(pb::CollectiveCount { name: names.get(c, name)?, count, bytes });
+    }
+    out.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
+    Ok(out)
+}
+
 /// GetJobSummary's body, on a read connection.
 pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::JobSummary> {
     let (job, mut procs) = job_members(c, session, job)?;
@@ -267,7 +317,68 @@ pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::Job
         rows.push((r, k.nccl));
     }
     let mut out = pb::JobSummary { session_id: session, job_id: job, ..Default::default() };
-    compare_ranks(&mut out, &mut rows, &mut names, c)?;
+    // NCCL's own records, where every rank has them timed in the kernel, match collectives
+    // exactly (communicator, collective, sequence number); else the kernels' order does.
+    let mut colls = read_collectives(c, session, &ids)?;
+    let mut labels: HashMap<i64, String> = HashMap::new();
+    for (r, _) in rows.iter_mut() {
+        if let Some(list) = colls.get(&r.process_id) {
+            r.collectives = count_collectives(list, c, &mut names)?;
+        }
+    }
+    let ranked: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].0.rank.is_some()).collect();
+    let timed = |p: u64| colls.get(&p).is_some_and(|l| l.iter().any(|x| x.gpu.is_some()));
+    if !ranked.is_empty() && ranked.iter().all(|&i| timed(rows[i].0.process_id)) {
+        out.matched_by = "sequence".into();
+        let key = |x: &Coll| (x.comm, x.name, x.seq);
+        // A collective is compared where every rank timed it (of a rank in several processes,
+        // the process that timed the most).
+        let mut best: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+        for &i in &ranked {
+            let n = colls.get(&rows[i].0.process_id).map_or(0, |l| l.iter().filter(|x| x.gpu.is_some()).count());
+            let e = best.entry(rows[i].0.rank.unwrap_or_default()).or_insert((i, n));
+            if n > e.1 {
+                *e = (i, n);
+            }
+        }
+        let mut common: Option<BTreeSet<(i64, i64, i64)>> = None;
+        let mut all: BTreeSet<(i64, i64, i64)> = BTreeSet::new();
+        for (i, _) in best.values() {
+            let mine: BTreeSet<_> = colls[&rows[*i].0.process_id].iter().filter(|x| x.gpu.is_some()).map(key).collect();
+            all.extend(mine.iter().copied());
+            common = Some(match common {
+                None => mine,
+                Some(c) => c.intersection(&mine).copied().collect(),
+            });
+        }
+        let common = common.unwrap_or_default();
+        if all.len() > common.len() {
+            out.notes.push(format!(
+                "{} collectives were not timed in the kernel on every rank: left out of the comparison",
+                all.len() - common.len()
+            ));
+        }
+        let mut keys: HashMap<(i64, i64), i64> = HashMap::new();
+        for &i in &ranked {
+            let mut list = colls.remove(&rows[i].0.process_id).unwrap_or_default();
+            list.retain(|x| common.contains(&key(x)));
+            list.sort_by_key(key);
+            let mut nccl = Vec::with_capacity(list.len());
+            for x in list {
+                let Some((start, end)) = x.gpu else { continue };
+                let n = keys.len() as i64;
+                let k = *keys.entry((x.comm, x.name)).or_insert(-(n + 1));
+                if let std::collections::hash_map::Entry::Vacant(e) = labels.entry(k) {
+                    e.insert(format!("{} (communicator {:016x})", names.get(c, x.name)?, x.comm as u64));
+                }
+                nccl.push(Nccl { name: k, start, end });
+            }
+            rows[i].1 = nccl;
+        }
+    } else {
+        out.matched_by = "kernel order".into();
+    }
+    compare_ranks(&mut out, &mut rows, &mut names, &labels, c)?;
     out.ranks = rows.into_iter().map(|(r, _)| r).collect();
     Ok(out)
 }
@@ -277,6 +388,7 @@ fn compare_ranks(
     out: &mut pb::JobSummary,
     rows: &mut [(pb::RankSummary, Vec<Nccl>)],
     names: &mut Strings,
+    labels: &HashMap<i64, String>,
     c: &Connection,
 ) -> rusqlite::Result<()> {
     // One process per rank: of several (a restarted rank), the one with the most NCCL kernels.
@@ -312,7 +424,10 @@ fn compare_ranks(
     for &i in &order {
         for k in &rows[i].1 {
             if let std::collections::hash_map::Entry::Vacant(e) = shown.entry(k.name) {
-                e.insert(names.get(c, k.name)?);
+                e.insert(match labels.get(&k.name) {
+                    Some(l) => l.clone(),
+                    None => names.get(c, k.name)?,
+                });
             }
         }
     }
