@@ -200,3 +200,127 @@ fn a_forked_child_does_not_hold_the_connection() {
     let waited = parent_gone.elapsed();
     assert!(waited < Duration::from_millis(1500), "connection held {waited:?} after the parent exited");
 }
+
+/// NCCL's `ncclProfiler_v5_t` and the head of its Coll event descriptor, as NCCL's
+/// `plugins/profiler` headers declare them (written here independently of the library's own).
+#[repr(C)]
+struct NcclProfilerV5 {
+    name: *const std::ffi::c_char,
+    init: extern "C" fn(
+        *mut *mut std::ffi::c_void,
+        u64,
+        *mut i32,
+        *const std::ffi::c_char,
+        i32,
+        i32,
+        i32,
+        *const std::ffi::c_void,
+    ) -> i32,
+    start_event: extern "C" fn(*mut std::ffi::c_void, *mut *mut std::ffi::c_void, *mut std::ffi::c_void) -> i32,
+    stop_event: extern "C" fn(*mut std::ffi::c_void) -> i32,
+    record_event_state: extern "C" fn(*mut std::ffi::c_void, i32, *mut std::ffi::c_void) -> i32,
+    finalize: extern "C" fn(*mut std::ffi::c_void) -> i32,
+}
+
+#[repr(C)]
+struct CollDescrV5 {
+    ty: u64,
+    parent: *mut std::ffi::c_void,
+    rank: i32,
+    seq: u64,
+    func: *const std::ffi::c_char,
+    send: *const std::ffi::c_void,
+    recv: *mut std::ffi::c_void,
+    count: usize,
+    root: i32,
+    datatype: *const std::ffi::c_char,
+    n_channels: u8,
+    n_warps: u8,
+    algo: *const std::ffi::c_char,
+    proto: *const std::ffi::c_char,
+    parent_group: *mut std::ffi::c_void,
+}
+
+/// Child mode: NCCL's side of the profiler plugin interface, played against the library. Exits
+/// 0 when every check held (a failed check panics: exit code 101).
+#[test]
+#[allow(unsafe_code)]
+fn nccl_plugin_child_entry() {
+    if std::env::var_os("GPUPROF_TEST_NCCL_CHILD").is_none() {
+        return;
+    }
+    // Safety: loading the library under test, reading its exported tables and calling their
+    // entry points with arguments laid out as NCCL lays them out.
+    unsafe {
+        let lib = libloading::Library::new(cdylib()).unwrap();
+        let v5: libloading::Symbol<'_, *const NcclProfilerV5> = lib.get(b"ncclProfiler_v5\0").unwrap();
+        let p = &**v5;
+        assert_eq!(std::ffi::CStr::from_ptr(p.name).to_str().unwrap(), "gpuprof");
+        let v4: libloading::Symbol<'_, *const NcclProfilerV5> = lib.get(b"ncclProfiler_v4\0").unwrap();
+        assert_eq!(std::ffi::CStr::from_ptr((**v4).name).to_str().unwrap(), "gpuprof");
+        let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mask: &'static mut i32 = Box::leak(Box::new(-1));
+        // Before the injector runs (no CUDA initialized it), NCCL is told to disable the plugin.
+        assert_eq!((p.init)(&mut ctx, 42, mask, c"c".as_ptr(), 1, 2, 0, std::ptr::null()), 3);
+        let init: libloading::Symbol<'_, unsafe extern "C" fn() -> i32> = lib.get(b"InitializeInjection\0").unwrap();
+        assert_eq!(init(), 1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (p.init)(&mut ctx, 42, mask, c"c".as_ptr(), 1, 2, 0, std::ptr::null()) != 0 {
+            assert!(Instant::now() < deadline, "the plugin never initialized");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!ctx.is_null());
+        assert_eq!(*mask, 0, "no trace runs: NCCL is asked for no events");
+        // Events while no trace runs: no handle, no harm; unknown handles and states ignored.
+        let mut d = CollDescrV5 {
+            ty: 1 << 1,
+            parent: std::ptr::null_mut(),
+            rank: 0,
+            seq: 7,
+            func: c"AllReduce".as_ptr(),
+            send: std::ptr::null(),
+            recv: std::ptr::null_mut(),
+            count: 1024,
+            root: -1,
+            datatype: c"ncclFloat32".as_ptr(),
+            n_channels: 2,
+            n_warps: 16,
+            algo: c"Ring".as_ptr(),
+            proto: c"Simple".as_ptr(),
+            parent_group: std::ptr::null_mut(),
+        };
+        let mut h: *mut std::ffi::c_void = 0x1234 as *mut _;
+        assert_eq!((p.start_event)(ctx, &mut h, (&raw mut d).cast()), 0);
+        assert!(h.is_null(), "no trace: no event");
+        d.ty = 1 << 9; // a CollApi event: not one gpuprof follows
+        assert_eq!((p.start_event)(ctx, &mut h, (&raw mut d).cast()), 0);
+        assert!(h.is_null());
+        assert_eq!((p.start_event)(ctx, &mut h, std::ptr::null_mut()), 0);
+        assert_eq!((p.stop_event)(std::ptr::null_mut()), 0);
+        assert_eq!((p.stop_event)(0xdead_0001 as *mut _), 0);
+        let mut args = 5u64;
+        assert_eq!((p.record_event_state)(0xdead_0002 as *mut _, 22, (&raw mut args).cast()), 0);
+        assert_eq!((p.record_event_state)(std::ptr::null_mut(), 22, std::ptr::null_mut()), 0);
+        assert_eq!((p.finalize)(ctx), 0);
+        std::mem::forget(lib);
+    }
+    std::process::exit(0);
+}
+
+#[test]
+fn nccl_finds_the_profiler_plugin_and_an_idle_process_reports_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["nccl_plugin_child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env("GPUPROF_TEST_NCCL_CHILD", "1")
+        .env("GPUPROF_AGENT_SOCKET", dir.path().join("absent.sock"))
+        .env("GPUPROF_CUPTI_LIBRARY", "/nonexistent/libcupti.so.13")
+        .env_remove("CUDA_INJECTION64_PATH")
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "the plugin's checks failed (see the output above)");
+    let defined = nm(&["-D", "--defined-only"]);
+    for sym in ["ncclProfiler_v5", "ncclProfiler_v4"] {
+        assert!(defined.lines().any(|l| l.ends_with(&format!(" {sym}"))), "{sym} not exported:\n{defined}");
+    }
+}
