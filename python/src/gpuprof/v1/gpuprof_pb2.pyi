@@ -562,21 +562,67 @@ class MarkerRow(_message.Message):
     is_mark: bool
     def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread_id: _Optional[int] = ..., name: _Optional[str] = ..., domain: _Optional[str] = ..., is_mark: _Optional[bool] = ...) -> None: ...
 
+class CollectiveRow(_message.Message):
+    __slots__ = ("process_id", "start_ns", "end_ns", "thread_id", "name", "seq", "communicator", "rank", "nranks", "count", "bytes", "datatype", "root", "algorithm", "protocol", "channels", "gpu_start_ns", "gpu_end_ns", "kernel_correlation_id", "device_id")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    COMMUNICATOR_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NRANKS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATATYPE_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    GPU_START_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_END_NS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    process_id: int
+    start_ns: int
+    end_ns: int
+    thread_id: int
+    name: str
+    seq: int
+    communicator: str
+    rank: int
+    nranks: int
+    count: int
+    bytes: int
+    datatype: str
+    root: int
+    algorithm: str
+    protocol: str
+    channels: int
+    gpu_start_ns: int
+    gpu_end_ns: int
+    kernel_correlation_id: int
+    device_id: int
+    def __init__(self, process_id: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread_id: _Optional[int] = ..., name: _Optional[str] = ..., seq: _Optional[int] = ..., communicator: _Optional[str] = ..., rank: _Optional[int] = ..., nranks: _Optional[int] = ..., count: _Optional[int] = ..., bytes: _Optional[int] = ..., datatype: _Optional[str] = ..., root: _Optional[int] = ..., algorithm: _Optional[str] = ..., protocol: _Optional[str] = ..., channels: _Optional[int] = ..., gpu_start_ns: _Optional[int] = ..., gpu_end_ns: _Optional[int] = ..., kernel_correlation_id: _Optional[int] = ..., device_id: _Optional[int] = ...) -> None: ...
+
 class QueryRecordsResponse(_message.Message):
-    __slots__ = ("kernels", "memcpys", "memsets", "api_calls", "syncs", "markers")
+    __slots__ = ("kernels", "memcpys", "memsets", "api_calls", "syncs", "markers", "collectives")
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     MEMCPYS_FIELD_NUMBER: _ClassVar[int]
     MEMSETS_FIELD_NUMBER: _ClassVar[int]
     API_CALLS_FIELD_NUMBER: _ClassVar[int]
     SYNCS_FIELD_NUMBER: _ClassVar[int]
     MARKERS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     kernels: _containers.RepeatedCompositeFieldContainer[KernelRow]
     memcpys: _containers.RepeatedCompositeFieldContainer[MemcpyRow]
     memsets: _containers.RepeatedCompositeFieldContainer[MemsetRow]
     api_calls: _containers.RepeatedCompositeFieldContainer[ApiRow]
     syncs: _containers.RepeatedCompositeFieldContainer[SyncRow]
     markers: _containers.RepeatedCompositeFieldContainer[MarkerRow]
-    def __init__(self, kernels: _Optional[_Iterable[_Union[KernelRow, _Mapping]]] = ..., memcpys: _Optional[_Iterable[_Union[MemcpyRow, _Mapping]]] = ..., memsets: _Optional[_Iterable[_Union[MemsetRow, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiRow, _Mapping]]] = ..., syncs: _Optional[_Iterable[_Union[SyncRow, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRow, _Mapping]]] = ...) -> None: ...
+    collectives: _containers.RepeatedCompositeFieldContainer[CollectiveRow]
+    def __init__(self, kernels: _Optional[_Iterable[_Union[KernelRow, _Mapping]]] = ..., memcpys: _Optional[_Iterable[_Union[MemcpyRow, _Mapping]]] = ..., memsets: _Optional[_Iterable[_Union[MemsetRow, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiRow, _Mapping]]] = ..., syncs: _Optional[_Iterable[_Union[SyncRow, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRow, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveRow, _Mapping]]] = ...) -> None: ...
 
 class GetSummaryRequest(_message.Message):
     __slots__ = ("session_id", "filter", "top")
@@ -673,7 +719,7 @@ class GetJobSummaryRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class RankSummary(_message.Message):
-    __slots__ = ("process_id", "pid", "rank", "device_ids", "start_ns", "end_ns", "kernel_count", "step_ns", "step_source", "step_name", "steps", "busy_ns", "busy_share", "nccl_count", "nccl_ns", "wait_ns", "last_count")
+    __slots__ = ("process_id", "pid", "rank", "device_ids", "start_ns", "end_ns", "kernel_count", "step_ns", "step_source", "step_name", "steps", "busy_ns", "busy_share", "nccl_count", "nccl_ns", "wait_ns", "last_count", "collectives")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -691,6 +737,7 @@ class RankSummary(_message.Message):
     NCCL_NS_FIELD_NUMBER: _ClassVar[int]
     WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     LAST_COUNT_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     process_id: int
     pid: int
     rank: int
@@ -708,7 +755,18 @@ class RankSummary(_message.Message):
     nccl_ns: int
     wait_ns: int
     last_count: int
-    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., device_ids: _Optional[_Iterable[int]] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., kernel_count: _Optional[int] = ..., step_ns: _Optional[int] = ..., step_source: _Optional[str] = ..., step_name: _Optional[str] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., busy_share: _Optional[float] = ..., nccl_count: _Optional[int] = ..., nccl_ns: _Optional[int] = ..., wait_ns: _Optional[int] = ..., last_count: _Optional[int] = ...) -> None: ...
+    collectives: _containers.RepeatedCompositeFieldContainer[CollectiveCount]
+    def __init__(self, process_id: _Optional[int] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., device_ids: _Optional[_Iterable[int]] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., kernel_count: _Optional[int] = ..., step_ns: _Optional[int] = ..., step_source: _Optional[str] = ..., step_name: _Optional[str] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., busy_share: _Optional[float] = ..., nccl_count: _Optional[int] = ..., nccl_ns: _Optional[int] = ..., wait_ns: _Optional[int] = ..., last_count: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveCount, _Mapping]]] = ...) -> None: ...
+
+class CollectiveCount(_message.Message):
+    __slots__ = ("name", "count", "bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    bytes: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class Straggler(_message.Message):
     __slots__ = ("rank", "process_id", "last_count", "collectives", "others_wait_ns", "median_wait_ns", "evidence")
@@ -729,7 +787,7 @@ class Straggler(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., process_id: _Optional[int] = ..., last_count: _Optional[int] = ..., collectives: _Optional[int] = ..., others_wait_ns: _Optional[int] = ..., median_wait_ns: _Optional[int] = ..., evidence: _Optional[str] = ...) -> None: ...
 
 class JobSummary(_message.Message):
-    __slots__ = ("session_id", "job_id", "ranks", "collectives", "straggler", "no_straggler", "notes")
+    __slots__ = ("session_id", "job_id", "ranks", "collectives", "straggler", "no_straggler", "notes", "matched_by")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -737,6 +795,7 @@ class JobSummary(_message.Message):
     STRAGGLER_FIELD_NUMBER: _ClassVar[int]
     NO_STRAGGLER_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_BY_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     job_id: str
     ranks: _containers.RepeatedCompositeFieldContainer[RankSummary]
@@ -744,7 +803,8 @@ class JobSummary(_message.Message):
     straggler: Straggler
     no_straggler: str
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[int] = ..., job_id: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankSummary, _Mapping]]] = ..., collectives: _Optional[int] = ..., straggler: _Optional[_Union[Straggler, _Mapping]] = ..., no_straggler: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    matched_by: str
+    def __init__(self, session_id: _Optional[int] = ..., job_id: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankSummary, _Mapping]]] = ..., collectives: _Optional[int] = ..., straggler: _Optional[_Union[Straggler, _Mapping]] = ..., no_straggler: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ..., matched_by: _Optional[str] = ...) -> None: ...
 
 class ExportTraceRequest(_message.Message):
     __slots__ = ("session_id", "format", "filter", "gzip_level")
