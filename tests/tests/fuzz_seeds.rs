@@ -58,6 +58,30 @@ fn injector_session() -> Vec<AgentMessage> {
         g.fill(&mut b, n);
         out.push(msg(Msg::Records(b)));
     }
+    // NCCL collectives (one timed in the kernel, one not).
+    let coll = |seq: u64, gpu: u64| wire::CollectiveRecord {
+        start_ns: 1_700_000_000_000_000_000 + seq * 1_000_000,
+        end_ns: 1_700_000_000_000_020_000 + seq * 1_000_000,
+        gpu_start_ns: gpu,
+        gpu_end_ns: if gpu == 0 { 0 } else { gpu + 300_000 },
+        name_id: 6,
+        datatype_id: 7,
+        seq,
+        comm_hash: 0x9f3a_0000_0000_0001,
+        count: 1 << 20,
+        bytes: 4 << 20,
+        root: -1,
+        rank: 1,
+        nranks: 2,
+        channels: 2,
+        thread_id: 77,
+        ..Default::default()
+    };
+    out.push(msg(Msg::Records(wire::RecordBatch {
+        session_id: 3,
+        collectives: vec![coll(0, 1_700_000_000_000_100_000), coll(1, 0)],
+        ..Default::default()
+    })));
     out.push(msg(Msg::TraceState(wire::TraceState {
         status: wire::TraceStatus::Tracing as i32,
         session_id: 3,
