@@ -7,12 +7,15 @@
 #   - the Perfetto export names each rank's process "rank N · python3";
 #   - NCCL kernels on every rank, as many on each (one all-reduce per bucket and step, the
 #     same number of steps on every rank);
+#   - NCCL collectives as records (NCCL loads the injector as its profiler plugin through
+#     NCCL_PROFILER_PLUGIN): per rank, as many all-reduces as ddp_pc.py's comm hook issued and
+#     at least its loop's broadcasts, matched across ranks by sequence number, joined to their
+#     NCCL kernels;
 #   - `job top` names the slow rank the straggler, and the others wait in collectives;
 #   - what tracing the job costs: the step time traced / untraced (medians of REPS, default 3,
 #     alternating runs of SECS, default 12, seconds).
-# Also writes what NCCL's NVTX ranges look like under the injector (marker names and domains,
-# from the daemon's database) to $OUT/nccl_markers.txt: which way collectives can become
-# records. Binaries: release builds in .gpu/ (or GPUPROF_BIN).
+# Writes the first collective rows to $OUT/collectives.txt. Binaries: release builds in .gpu/
+# (or GPUPROF_BIN).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +33,7 @@ REPS=${REPS:-3}
 
 ddp() { # traced|off, output file
   local env=()
-  [ "$1" = traced ] && env=(CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG_FILE="$STATE/logs/ddp_$1.log")
+  [ "$1" = traced ] && env=(CUDA_INJECTION64_PATH="$INJ" NCCL_PROFILER_PLUGIN="$INJ" GPUPROF_LOG_FILE="$STATE/logs/ddp_$1.log")
   env "${env[@]}" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" "$SECS" "$SLOW" >"$2" 2>&1
 }
 step_ms() { grep -oE "DDP rank=$2 .*step_ms=[0-9.]+" "$1" | grep -oE 'step_ms=[0-9.]+' | cut -d= -f2; }
@@ -50,9 +53,11 @@ sleep 2
 "${CTL[@]}" job top "$S" >"$STATE/jobtop.txt" 2>&1
 "${CTL[@]}" --json job top "$S" >"$STATE/jobtop.json" 2>&1
 "${CTL[@]}" export "$S" -o "$STATE/job.pftrace" >/dev/null 2>&1
+"${CTL[@]}" --json query "$S" --kind collective --limit 0 >"$STATE/collectives.jsonl" 2>&1
+"${CTL[@]}" query "$S" --kind collective --limit 40 >"$STATE/collectives.txt" 2>&1
 echo "--- procs (while the job ran)"; cat "$STATE/procs_live.txt"
 echo "--- job top"; cat "$STATE/jobtop.txt"
-grep -E '^DDP|Error' "$STATE/job.txt" | head -8
+grep -E '^DDP|^COLLS|Error' "$STATE/job.txt" | head -12
 
 labelled=$("$PY" - "$STATE/procs_live.json" "$NGPU" <<'PY'
 import json, sys
@@ -102,19 +107,35 @@ pass_if "the other ranks wait in collectives more than the slow one" \
   "$("$PY" -c "import re,sys; s=sys.argv[1]; o=float(re.search(r'others_wait_ms=([0-9.]+)',s)[1]); w=float(re.search(r'slow_wait_ms=([0-9.]+)',s)[1]); print(1 if o > w else 0)" "$res")" \
   "$(grep -oE 'others_wait_ms=[0-9.]+ slow_wait_ms=[0-9.]+' <<<"$res")"
 
-# What NCCL's NVTX ranges look like here (for collectives as records).
-"$PY" - "$STATE/gpuprof.db" "$S" >"$STATE/nccl_markers.txt" <<'PY'
-import sqlite3, sys
-db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
-cols = [r[1] for r in db.execute("PRAGMA table_info(marker)")]
-print("marker columns:", cols)
-for row in db.execute("SELECT * FROM marker WHERE session = ? LIMIT 20", (int(sys.argv[2]),)):
-    print(row)
-names = db.execute("""SELECT s.value, count(*) FROM marker m JOIN strings s ON s.id = m.name
-                      WHERE m.session = ? GROUP BY s.value ORDER BY 2 DESC LIMIT 30""", (int(sys.argv[2]),)).fetchall()
-print("names:", names)
+# NCCL collectives as records: per rank as issued, matched by sequence, joined to kernels.
+colls=$("$PY" - "$STATE/jobtop.json" "$STATE/job.txt" "$STATE/collectives.jsonl" <<'PY'
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+issued = {}
+for m in re.finditer(r"^COLLS rank=(\d+) (.*)$", open(sys.argv[2]).read(), re.M):
+    issued[int(m[1])] = {k: int(v) for k, v in (kv.split("=") for kv in m[2].split())}
+ok, parts = bool(issued), []
+for r in d["ranks"]:
+    if r.get("rank") is None:
+        continue
+    got = {c["name"]: c["count"] for c in r.get("collectives", [])}
+    want = issued.get(r["rank"], {})
+    good = got.get("AllReduce") == want.get("AllReduce") and got.get("Broadcast", 0) >= want.get("Broadcast", 1)
+    ok &= good
+    parts.append(f"rank {r['rank']}: recorded {got} issued {want}")
+rows = [json.loads(l) for l in open(sys.argv[3]) if l.startswith("{")]
+joined = sum(1 for r in rows if r.get("kernel_correlation_id"))
+timed = sum(1 for r in rows if r.get("gpu"))
+print(f"ok={ok} matched_by={d.get('matched_by')} rows={len(rows)} joined={joined} timed={timed} | " + "; ".join(parts))
 PY
-echo "--- NCCL markers (first lines)"; head -5 "$STATE/nccl_markers.txt"
+)
+echo "$colls"
+pass_if "NCCL collectives recorded per rank as the script issued them" "$(grep -q '^ok=True' <<<"$colls" && echo 1)" "$colls"
+pass_if "collectives matched across ranks by sequence number" "$(grep -q 'matched_by=sequence' <<<"$colls" && echo 1)" "$(grep -oE 'matched_by=[a-z ]+' <<<"$colls")"
+pass_if "every collective joined to its NCCL kernel" \
+  "$("$PY" -c "import re,sys; s=sys.argv[1]; n=int(re.search(r'rows=(\d+)',s)[1]); j=int(re.search(r'joined=(\d+)',s)[1]); print(1 if n > 0 and j == n else 0)" "$colls")" \
+  "$(grep -oE 'rows=[0-9]+ joined=[0-9]+ timed=[0-9]+' <<<"$colls")"
+echo "--- collectives (first rows)"; head -8 "$STATE/collectives.txt"
 
 # ---------------------------------------------------------------- cost
 declare -A T
@@ -132,5 +153,5 @@ figure "DDP on $NGPU GPUs, rank $SLOW slowed, rank 0 step ms medians of $REPS: u
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
-  cp "$STATE/nccl_markers.txt" "$STATE/jobtop.txt" "$STATE/jobtop.json" "$STATE/procs_live.txt" "$OUT/" 2>/dev/null
+  cp "$STATE/collectives.txt" "$STATE/jobtop.txt" "$STATE/jobtop.json" "$STATE/procs_live.txt" "$OUT/" 2>/dev/null
 fi
