@@ -111,13 +111,19 @@ fn print(s: &pb::JobSummary) {
             ]
         })
         .collect();
-    let mut head = vec![">RANK", ">PROC", ">PID", "DEVICE", ">STEP", "SOURCE", ">BUSY", ">NCCL", ">NCCL%", ">WAIT", ">LAST"];
+    let mut head =
+        vec![">RANK", ">PROC", ">PID", "DEVICE", ">STEP", "SOURCE", ">BUSY", ">NCCL", ">NCCL%", ">WAIT", ">LAST"];
     // COLLS: the collectives NCCL reported (only where it loaded the profiler plugin).
     let rows: Vec<Vec<String>> = if reported {
         head.push(">COLLS");
         rows
     } else {
-        rows.into_iter().map(|mut r| { r.pop(); r }).collect()
+        rows.into_iter()
+            .map(|mut r| {
+                r.pop();
+                r
+            })
+            .collect()
     };
     table(&head, &rows);
     println!();

@@ -158,7 +158,8 @@ pub async fn query(c: &mut Client, a: QueryArgs, json: bool) -> Result<()> {
                 writeln!(out, "{v}")?;
             }
             for r in &m.collectives {
-                let gpu = (r.gpu_end_ns > 0).then(|| serde_json::json!({"start_ns": r.gpu_start_ns, "end_ns": r.gpu_end_ns}));
+                let gpu =
+                    (r.gpu_end_ns > 0).then(|| serde_json::json!({"start_ns": r.gpu_start_ns, "end_ns": r.gpu_end_ns}));
                 let v = serde_json::json!({"kind": "collective", "process_id": r.process_id, "start_ns": r.start_ns,
                     "end_ns": r.end_ns, "thread_id": r.thread_id, "name": r.name, "seq": r.seq,
                     "communicator": r.communicator, "rank": r.rank, "nranks": r.nranks, "count": r.count,

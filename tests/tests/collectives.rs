@@ -140,7 +140,10 @@ fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared()
     assert_eq!(r["kind"], "collective");
     assert_eq!(r["communicator"], format!("{COMM_DP:016x}"));
     assert_eq!((&r["rank"], &r["nranks"], &r["count"]), (&1.into(), &2.into(), &(1u64 << 20).into()));
-    assert_eq!((&r["bytes"], &r["datatype"], &r["algorithm"]), (&(4u64 << 20).into(), &"ncclFloat32".into(), &"Ring".into()));
+    assert_eq!(
+        (&r["bytes"], &r["datatype"], &r["algorithm"]),
+        (&(4u64 << 20).into(), &"ncclFloat32".into(), &"Ring".into())
+    );
     assert_eq!((&r["protocol"], &r["root"], &r["channels"]), (&"Simple".into(), &(-1).into(), &2.into()));
     assert_eq!((&r["thread_id"], &r["start_ns"]), (&77.into(), &(t0 + 3 * PERIOD + 7 * MS).into()));
     assert_eq!(r["end_ns"], t0 + 3 * PERIOD + 7 * MS + 20_000);
@@ -158,7 +161,10 @@ fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared()
     let gathers = ok(&d.ctl(&["query", &sid, "--kind", "collective", "--name", "AllG*", "--limit", "0", "--json"]));
     assert_eq!(gathers.lines().count() as u64, STEPS, "{gathers}");
     let table = ok(&d.ctl(&["query", &sid, "--kind", "collective", "--limit", "0"]));
-    for want in ["AllReduce #0 4.0 MiB ncclFloat32 rank 0/2", "AllGather #5 6.0 KiB ncclBfloat16 rank 1/2 comm 00000000deadbeef"] {
+    for want in [
+        "AllReduce #0 4.0 MiB ncclFloat32 rank 0/2",
+        "AllGather #5 6.0 KiB ncclBfloat16 rank 1/2 comm 00000000deadbeef",
+    ] {
         assert!(table.lines().any(|l| l.starts_with("coll") && l.contains(want)), "{want}: {table}");
     }
 

@@ -260,14 +260,12 @@ fn collectives(f: &mut Fill<'_>, b: &RecordBatch) -> rusqlite::Result<()> {
         // NCCL times the run with the GPU's global timer, which the driver keeps near the host's
         // clock: a time far from the enqueue (another clock, or half a run reported) is left out.
         let gpu_off = x.gpu_start_ns as i64 - x.start_ns as i64;
-        let (gpu_off, gpu_dur) = if x.gpu_start_ns != 0
-            && x.gpu_end_ns >= x.gpu_start_ns
-            && gpu_off.unsigned_abs() <= GPU_TIME_WINDOW_NS
-        {
-            (gpu_off, dur(x.gpu_start_ns, x.gpu_end_ns))
-        } else {
-            (0, -1)
-        };
+        let (gpu_off, gpu_dur) =
+            if x.gpu_start_ns != 0 && x.gpu_end_ns >= x.gpu_start_ns && gpu_off.unsigned_abs() <= GPU_TIME_WINDOW_NS {
+                (gpu_off, dur(x.gpu_start_ns, x.gpu_end_ns))
+            } else {
+                (0, -1)
+            };
         v.copy_from_slice(&[
             track,
             at.st(x.name_id),
