@@ -1,6 +1,7 @@
 """Reads a `gpuprofctl export --format parquet` directory back with DuckDB and prints one JSON
 object: the rows of each file, the top kernels by total time (name, launches, total ns), the
-kernels whose end_ns - start_ns differs from duration_ns, and the column names of each file.
+kernels whose end_ns - start_ns differs from duration_ns, the column names of each file, and
+each file's distinct (process_id, job_id, rank).
 
 Usage: python3 parquet_check.py DIR
 """
@@ -18,11 +19,18 @@ def main() -> None:
     files = sorted(f for f in os.listdir(d) if f.endswith(".parquet"))
     rows = {}
     columns = {}
+    ranks = {}
     for f in files:
         path = os.path.join(d, f)
         kind = f[: -len(".parquet")]
         rows[kind] = con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchone()[0]
         columns[kind] = [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [path]).fetchall()]
+        ranks[kind] = [
+            list(r)
+            for r in con.execute(
+                "SELECT DISTINCT process_id, job_id, rank FROM read_parquet(?) ORDER BY process_id", [path]
+            ).fetchall()
+        ]
     top = []
     bad_times = None
     if "kernel" in rows:
@@ -38,7 +46,8 @@ def main() -> None:
         bad_times = con.execute(
             "SELECT count(*) FROM read_parquet(?) WHERE end_ns - start_ns <> duration_ns", [path]
         ).fetchone()[0]
-    print(json.dumps({"rows": rows, "top_kernels": top, "kernel_bad_times": bad_times, "columns": columns}))
+    print(json.dumps({"rows": rows, "top_kernels": top, "kernel_bad_times": bad_times, "columns": columns,
+                      "ranks": ranks}))
 
 
 if __name__ == "__main__":

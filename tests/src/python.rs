@@ -30,3 +30,14 @@ pub fn with_packages(tmp: &Path, dir: &str, check: &str, packages: &[&str]) -> (
     }
     (python, pydeps)
 }
+
+/// What DuckDB reads back from a Parquet export directory (`tests/python/parquet_check.py`:
+/// rows and columns of each file, top kernels, bad times, each file's process/job/rank
+/// triples); DuckDB installed into `tmp/pydeps-duckdb` when it is not importable.
+pub fn parquet_check(tmp: &Path, dir: &Path) -> serde_json::Value {
+    let (python, pydeps) = with_packages(tmp, "pydeps-duckdb", "import duckdb", &["duckdb"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/parquet_check.py");
+    let out = Command::new(python).arg(script).arg(dir).env("PYTHONPATH", pydeps).output().expect("running python");
+    assert!(out.status.success(), "parquet_check.py: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("parquet_check.py prints JSON")
+}

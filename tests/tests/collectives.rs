@@ -208,6 +208,18 @@ fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared()
     for needle in [&b"AllGather"[..], b"nccl", b"communicator"] {
         assert!(bytes.windows(needle.len()).any(|w| w == needle), "{:?} not in the Perfetto trace", needle);
     }
+    // Parquet: collective.parquet, and every file's rows carry the job id and rank.
+    let pq = dir.path().join("pq");
+    ok(&d.ctl(&["export", &sid, "--format", "parquet", "-o", pq.to_str().unwrap()]));
+    let read = gpuprof_testkit::python::parquet_check(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), &pq);
+    assert_eq!(read["rows"]["collective"], 2 * per_rank, "{read:#}");
+    let cols: Vec<&str> =
+        read["columns"]["collective"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    for col in ["job_id", "rank", "start_ns", "name", "seq", "communicator", "bytes", "datatype", "gpu_offset_ns"] {
+        assert!(cols.contains(&col), "collective.parquet has no {col}: {cols:?}");
+    }
+    let ranks = serde_json::json!([[agents[0].process_id, "run-c", 0], [agents[1].process_id, "run-c", 1]]);
+    assert_eq!((&read["ranks"]["collective"], &read["ranks"]["kernel"]), (&ranks, &ranks), "{read:#}");
     for a in agents {
         a.finish().unwrap();
     }

@@ -17,22 +17,9 @@ use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::traced_agent::{recorded_session, stored_rows};
 use serde_json::Value;
 
-fn python_with_duckdb() -> (String, PathBuf) {
-    gpuprof_testkit::python::with_packages(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        "pydeps-duckdb",
-        "import duckdb",
-        &["duckdb"],
-    )
-}
-
 /// What DuckDB reads from the export directory.
 fn duckdb_read(dir: &Path) -> Value {
-    let (python, pydeps) = python_with_duckdb();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/parquet_check.py");
-    let out = Command::new(python).arg(script).arg(dir).env("PYTHONPATH", pydeps).output().unwrap();
-    assert!(out.status.success(), "parquet_check.py: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    gpuprof_testkit::python::parquet_check(Path::new(env!("CARGO_TARGET_TMPDIR")), dir)
 }
 
 /// `gpuprofctl export ... --json` into `dir`: file name → rows, as gpuprofctl reports them.

@@ -60,6 +60,10 @@ enum Conv {
     ApiName,
     /// The node's host name (the value is not used).
     Host,
+    /// A process id as its job id ("" when it has none).
+    JobId,
+    /// A process id as its rank in its job (null when it has none).
+    Rank,
 }
 
 /// One column: its name in the file, the SQL expression it is read from (table alias `t`,
@@ -72,6 +76,8 @@ const COMMON: &[Col] = &[
     ("session_id", "t.session", Conv::Int),
     ("process_id", "t.proc", Conv::Int),
     ("pid", "p.pid", Conv::Int),
+    ("job_id", "t.proc", Conv::JobId),
+    ("rank", "t.proc", Conv::Rank),
 ];
 
 /// Start, end and duration of timed records.
@@ -229,11 +235,11 @@ fn schema(cols: &[Col]) -> Arc<Schema> {
         cols.iter()
             .map(|(name, _, conv)| {
                 let t = match conv {
-                    Conv::Int => DataType::Int64,
+                    Conv::Int | Conv::Rank => DataType::Int64,
                     Conv::Bool => DataType::Boolean,
                     _ => DataType::Utf8,
                 };
-                Field::new(*name, t, false)
+                Field::new(*name, t, matches!(conv, Conv::Rank))
             })
             .collect::<Vec<_>>(),
     ))
@@ -249,7 +255,7 @@ enum Builder {
 impl Builder {
     fn new(conv: Conv) -> Builder {
         match conv {
-            Conv::Int => Builder::Int(Int64Builder::with_capacity(BATCH)),
+            Conv::Int | Conv::Rank => Builder::Int(Int64Builder::with_capacity(BATCH)),
             Conv::Bool => Builder::Bool(BooleanBuilder::with_capacity(BATCH)),
             _ => Builder::Str(StringBuilder::with_capacity(BATCH, BATCH * 16)),
         }
@@ -364,7 +370,12 @@ fn read_rows(
     pieces: &std::sync::mpsc::SyncSender<Piece>,
 ) -> Result<(), Stop> {
     let mut written = 0u64;
-    let mut names = Names { host: crate::otlp::host_name(), cache: FastMap::default(), api: FastMap::default() };
+    let mut names = Names {
+        host: crate::otlp::host_name(),
+        cache: FastMap::default(),
+        api: FastMap::default(),
+        jobs: FastMap::default(),
+    };
     // The session's tracks, for every kind read from a `_data` table.
     let tracks = super::scan::tracks(c, session)?;
     for kind in KINDS {
@@ -384,6 +395,7 @@ fn read_rows(
             }
             for (((_, _, conv), b), x) in cols.iter().zip(builders.iter_mut()).zip(v) {
                 match b {
+                    Builder::Int(b) if matches!(conv, Conv::Rank) => b.append_option(names.rank(c, *x)?),
                     Builder::Int(b) => b.append_value(*x),
                     Builder::Bool(b) => b.append_value(*x != 0),
                     Builder::Str(b) => b.append_value(names.text(c, *conv, *x)?),
@@ -512,9 +524,31 @@ struct Names {
     cache: FastMap<i64, (String, String)>,
     /// API function names by `domain << 32 | cbid`.
     api: FastMap<i64, String>,
+    /// Job id and rank by process.
+    jobs: FastMap<i64, (String, Option<i64>)>,
 }
 
 impl Names {
+    fn job(&mut self, c: &Connection, proc: i64) -> rusqlite::Result<&(String, Option<i64>)> {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.jobs.entry(proc) {
+            let j = c
+                .query_row("SELECT job_id, job_rank FROM processes WHERE id = ?1", [proc], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .or_else(|e| match e {
+                    rusqlite::Error::QueryReturnedNoRows => Ok((String::new(), None)),
+                    e => Err(e),
+                })?;
+            e.insert(j);
+        }
+        Ok(&self.jobs[&proc])
+    }
+
+    /// The rank of process `proc` in its job.
+    fn rank(&mut self, c: &Connection, proc: i64) -> rusqlite::Result<Option<i64>> {
+        Ok(self.job(c, proc)?.1)
+    }
+
     /// The string column value of `v`.
     fn text(&mut self, c: &Connection, conv: Conv, v: i64) -> rusqlite::Result<Cow<'_, str>> {
         Ok(match conv {
@@ -534,7 +568,8 @@ impl Names {
                 Cow::Borrowed(self.api.entry(v).or_insert_with(|| crate::cbid::name(v >> 32, v & 0xffff_ffff)))
             }
             Conv::Host => Cow::Borrowed(&self.host),
-            Conv::Int | Conv::Bool => Cow::Borrowed(""),
+            Conv::JobId => Cow::Borrowed(self.job(c, v)?.0.as_str()),
+            Conv::Int | Conv::Bool | Conv::Rank => Cow::Borrowed(""),
         })
     }
 }
