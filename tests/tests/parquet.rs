@@ -10,8 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 use gpuprof_testkit::kinds::{PARQUET_KINDS as KINDS, mix_tables};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use gpuprof_testkit::TestDaemon;
 use gpuprof_testkit::traced_agent::{recorded_session, stored_rows};

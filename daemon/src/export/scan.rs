@@ -130,11 +130,13 @@ impl Filter {
         };
         let mut params = vec![Value::Integer(self.lo), Value::Integer(self.hi)];
         if let Some(p) = &self.pattern {
-            sql.push_str(&format!(
-                " AND {} IN (SELECT id FROM kernel_shapes WHERE name IN (SELECT id FROM strings WHERE {}))",
-                col("shape"),
-                NAME_GLOB.replace("?", "?3")
-            ));
+            let names = format!("(SELECT id FROM strings WHERE {})", NAME_GLOB.replace("?", "?3"));
+            // Kernels name themselves through their shape; the other named kinds directly.
+            if table == "kernel" {
+                sql.push_str(&format!(" AND {} IN (SELECT id FROM kernel_shapes WHERE name IN {names})", col("shape")));
+            } else {
+                sql.push_str(&format!(" AND {} IN {names}", col("name")));
+            }
             params.push(Value::Text(p.clone()));
         }
         (sql, params)

@@ -109,6 +109,16 @@ fn new_file(path: &Path, db: &Path) -> Result<Connection, Stop> {
             c.execute_batch(sql)?;
         }
     }
+    // NCCL collectives: one plain table, as the record tables of migration 1 are (names are
+    // `strings` ids, times relative to the process's `base_ns`, the run in the kernel `gpu_off`
+    // after `start`, `gpu_dur` -1 when NCCL did not time it).
+    c.execute_batch(
+        "CREATE TABLE collective (session INTEGER NOT NULL, proc INTEGER NOT NULL, tid INTEGER NOT NULL,
+             start INTEGER NOT NULL, dur INTEGER NOT NULL, gpu_off INTEGER NOT NULL, gpu_dur INTEGER NOT NULL,
+             name INTEGER NOT NULL, seq INTEGER NOT NULL, comm INTEGER NOT NULL, count INTEGER NOT NULL,
+             bytes INTEGER NOT NULL, dtype INTEGER NOT NULL, algo INTEGER NOT NULL, proto INTEGER NOT NULL,
+             root INTEGER NOT NULL, rank INTEGER NOT NULL, nranks INTEGER NOT NULL, channels INTEGER NOT NULL)",
+    )?;
     c.execute("ATTACH DATABASE ?1 AS src", [format!("file:{}?mode=ro", db.display())])
         .or_else(|_| c.execute("ATTACH DATABASE ?1 AS src", [db.display().to_string()]))?;
     c.execute_batch("BEGIN")?;

@@ -126,6 +126,17 @@ fn columns_from_data_tables_are_the_views() {
             }
         }
     }
-    let want = ["kernel", "memcpy", "memset", "graph", "api", "sync", "marker", "overhead", "external_correlation"];
+    let want = [
+        "kernel",
+        "memcpy",
+        "memset",
+        "graph",
+        "api",
+        "sync",
+        "marker",
+        "overhead",
+        "external_correlation",
+        "collective",
+    ];
     assert_eq!(planned, want);
 }
