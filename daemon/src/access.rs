@@ -273,6 +273,7 @@ pub fn process_uid(pid: u32) -> Option<u32> {
 }
 
 /// Where a session's owner is found, and who may read every session.
+#[derive(Debug, Clone, Copy)]
 pub struct SessionOwners<'a> {
     /// The owner of the session if it is open (the session registry's `live_owner`).
     pub live: Option<u32>,

@@ -322,7 +322,8 @@ impl Gpuprof for Api {
         req: Request<pb::QueryRecordsRequest>,
     ) -> Result<Response<Self::QueryRecordsStream>, Status> {
         let caller = self.caller(&req);
-        let rx = crate::query::query_records(&self.d, &caller, req.into_inner()).await?;
+        let req = req.into_inner();
+        let rx = crate::query::query_records(self.d.reads(req.session_id), &caller, req).await?;
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
@@ -331,7 +332,8 @@ impl Gpuprof for Api {
         req: Request<pb::GetSummaryRequest>,
     ) -> Result<Response<pb::GetSummaryResponse>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::query::get_summary(&self.d, &caller, req.into_inner()).await?))
+        let req = req.into_inner();
+        Ok(Response::new(crate::query::get_summary(self.d.reads(req.session_id), &caller, req).await?))
     }
 
     async fn get_job_summary(
@@ -339,7 +341,8 @@ impl Gpuprof for Api {
         req: Request<pb::GetJobSummaryRequest>,
     ) -> Result<Response<pb::JobSummary>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::query::get_job_summary(&self.d, &caller, req.into_inner()).await?))
+        let req = req.into_inner();
+        Ok(Response::new(crate::query::get_job_summary(self.d.reads(req.session_id), &caller, req).await?))
     }
 
     type ExportTraceStream = Stream<pb::ExportTraceResponse>;
@@ -348,7 +351,8 @@ impl Gpuprof for Api {
         req: Request<pb::ExportTraceRequest>,
     ) -> Result<Response<Self::ExportTraceStream>, Status> {
         let caller = self.caller(&req);
-        let rx = crate::export::export(&self.d, &caller, req.into_inner()).await?;
+        let req = req.into_inner();
+        let rx = crate::export::export(self.d.reads(req.session_id), &caller, req).await?;
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
@@ -380,7 +384,8 @@ impl Gpuprof for Api {
         req: Request<pb::QueryPcSamplesRequest>,
     ) -> Result<Response<pb::QueryPcSamplesResponse>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::query::query_pc_samples(&self.d, &caller, req.into_inner()).await?))
+        let req = req.into_inner();
+        Ok(Response::new(crate::query::query_pc_samples(self.d.reads(req.session_id), &caller, req).await?))
     }
 
     async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {

@@ -125,12 +125,26 @@ impl Daemon {
     /// Checks that session `id` exists and that `caller` may read it
     /// ([`access::authorize_session`] with this daemon's sessions, database and admin group).
     pub async fn authorize_session(&self, caller: &access::Caller, id: u64) -> error::ApiResult<()> {
-        let owners = access::SessionOwners {
+        access::authorize_session(self.session_owners(id), caller, id).await
+    }
+
+    /// Who owns session `id`, for [`access::authorize_session`].
+    pub fn session_owners(&self, id: u64) -> access::SessionOwners<'_> {
+        access::SessionOwners {
             live: self.sessions.live_owner(id),
             db_path: &self.db_path,
             admin_group: &self.config.api.admin_group,
-        };
-        access::authorize_session(owners, caller, id).await
+        }
+    }
+
+    /// What the calls reading session `id` use (see [`query::Reads`]).
+    pub fn reads(&self, id: u64) -> query::Reads<'_> {
+        query::Reads {
+            db_path: &self.db_path,
+            rollup: &self.rollup,
+            writer: &self.writer,
+            owners: self.session_owners(id),
+        }
     }
 
     /// The retention settings in force (reloaded by SIGHUP).

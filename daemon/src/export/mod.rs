@@ -49,7 +49,6 @@ use std::path::PathBuf;
 use gpuprof_proto::api as pb;
 use tokio::sync::mpsc;
 
-use crate::Daemon;
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::query::check_filter;
@@ -68,7 +67,7 @@ pub const DEFAULT_GZIP_LEVEL: u32 = 1;
 
 /// ExportTrace: checks the request, then produces the file on a blocking thread.
 pub async fn export(
-    d: &Daemon,
+    d: crate::query::Reads<'_>,
     caller: &Caller,
     req: pb::ExportTraceRequest,
 ) -> ApiResult<mpsc::Receiver<Result<pb::ExportTraceResponse, tonic::Status>>> {
@@ -98,10 +97,10 @@ pub async fn export(
     };
     let f = req.filter.unwrap_or_default();
     check_filter(&f)?;
-    d.authorize_session(caller, req.session_id).await?;
+    d.authorize(caller, req.session_id).await?;
     d.rollup.catch_up().await?;
     let (tx, rx) = mpsc::channel(8);
-    let db = d.db_path.clone();
+    let db = d.db_path.to_path_buf();
     let session = req.session_id;
     let tmp_dir = db.parent().map(|p| p.join("exports")).unwrap_or_else(|| PathBuf::from("exports"));
     tokio::task::spawn_blocking(move || {

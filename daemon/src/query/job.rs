@@ -7,18 +7,22 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use gpuprof_proto::api as pb;
 use rusqlite::{Connection, params_from_iter};
 
+use super::Reads;
 use super::collectives::{self, Member, Nccl, Union};
 use super::{Strings, where_for};
-use crate::Daemon;
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
 
 /// GetJobSummary.
-pub async fn get_job_summary(d: &Daemon, caller: &Caller, req: pb::GetJobSummaryRequest) -> ApiResult<pb::JobSummary> {
+pub async fn get_job_summary(
+    d: Reads<'_>,
+    caller: &Caller,
+    req: pb::GetJobSummaryRequest,
+) -> ApiResult<pb::JobSummary> {
     crate::job::check_job_id(&req.job_id).map_err(|e| ApiError::invalid("job_id", e))?;
-    d.authorize_session(caller, req.session_id).await?;
+    d.authorize(caller, req.session_id).await?;
     d.rollup.catch_up().await?;
-    let path = d.db_path.clone();
+    let path = d.db_path.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let c = crate::store::open_reader(&path)?;
         job_summary(&c, req.session_id, &req.job_id)

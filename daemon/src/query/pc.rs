@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use gpuprof_proto::api as pb;
 use rusqlite::Connection;
 
-use crate::Daemon;
+use super::Reads;
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
 
@@ -266,7 +266,7 @@ pub fn group(rows: &[PcRow], by: pb::PcGroupBy, limit: usize) -> (Vec<pb::PcProf
 
 /// QueryPcSamples.
 pub async fn query_pc_samples(
-    d: &Daemon,
+    d: Reads<'_>,
     caller: &Caller,
     req: pb::QueryPcSamplesRequest,
 ) -> ApiResult<pb::QueryPcSamplesResponse> {
@@ -284,8 +284,8 @@ pub async fn query_pc_samples(
     if req.since_ns > 0 || !req.pod.is_empty() || !req.exe.is_empty() {
         return query_node(d, caller, req, by, limit).await;
     }
-    d.authorize_session(caller, req.session_id).await?;
-    let path = d.db_path.clone();
+    d.authorize(caller, req.session_id).await?;
+    let path = d.db_path.to_path_buf();
     tokio::task::spawn_blocking(move || -> ApiResult<pb::QueryPcSamplesResponse> {
         let c = crate::store::open_reader(&path)?;
         let rows = pc_rows(&c, req.session_id, &req.kernel)?;
@@ -303,7 +303,7 @@ pub async fn query_pc_samples(
 
 /// QueryPcSamples of the node's always-on profile (`since_ns` set).
 async fn query_node(
-    d: &Daemon,
+    d: Reads<'_>,
     caller: &Caller,
     req: pb::QueryPcSamplesRequest,
     by: pb::PcGroupBy,
@@ -334,7 +334,7 @@ async fn query_node(
     let since_s = (req.since_ns / 1_000_000_000 / 60 * 60) as i64;
     // Rollups are written by the writer: what it holds goes first.
     let _ = d.writer.flush().await;
-    let path = d.db_path.clone();
+    let path = d.db_path.to_path_buf();
     tokio::task::spawn_blocking(move || -> ApiResult<pb::QueryPcSamplesResponse> {
         let c = crate::store::open_reader(&path)?;
         let (rows, dropped_samples) = node_rows(&c, since_s, &f, &req.kernel)?;
