@@ -183,31 +183,35 @@ fn nccl_start_event(context: *mut c_void, handle: *mut *mut c_void, descr: *mut 
         if descr.is_null() {
             return;
         }
-        // Safety: NCCL's descriptor starts with the head `abi::Head` describes; in v4 only the
-        // type's low byte is the type (little-endian), the rest padding.
-        let head = unsafe { &*(descr as *const abi::Head) };
-        let ty = if wide_type { head.ty } else { head.ty & 0xff };
+        // Safety: NCCL's descriptor starts with the head `abi::Head` describes: the type is a
+        // `uint64_t` in v5 and a `uint8_t` (followed by padding) in v4, so v4's is read as a
+        // byte. Fields are read through the raw pointer, one by one: no reference to the whole
+        // descriptor (whose padding may be uninitialized) is made.
+        let ty = unsafe { if wide_type { *(descr as *const u64) } else { u64::from(*(descr as *const u8)) } };
         let h = if ty == abi::PROFILE_COLL {
+            let d = descr as *const abi::Descr<abi::Coll>;
             // Safety: a Coll event's descriptor holds the `coll` member of the union.
-            let d = unsafe { &*(descr as *const abi::Descr<abi::Coll>) };
-            let start = nccl::CollStart {
-                seq: d.u.seq,
-                func: c_text(d.u.func),
-                datatype: c_text(d.u.datatype),
-                algo: c_text(d.u.algo),
-                proto: c_text(d.u.proto),
-                count: d.u.count as u64,
-                root: d.u.root,
-                rank: d.head.rank,
-                channels: u32::from(d.u.n_channels),
+            let start = unsafe {
+                nccl::CollStart {
+                    seq: (*d).u.seq,
+                    func: c_text((*d).u.func),
+                    datatype: c_text((*d).u.datatype),
+                    algo: c_text((*d).u.algo),
+                    proto: c_text((*d).u.proto),
+                    count: (*d).u.count as u64,
+                    root: (*d).u.root,
+                    rank: (*d).head.rank,
+                    channels: u32::from((*d).u.n_channels),
+                }
             };
             // Safety: gettid has no preconditions.
             let tid = unsafe { libc::gettid() } as u32;
             nccl::global().coll_start(context as usize, start, tid)
         } else if ty == abi::PROFILE_KERNEL_CH {
+            let d = descr as *const abi::Descr<abi::KernelCh>;
             // Safety: a KernelCh event's descriptor holds the `kernelCh` member.
-            let d = unsafe { &*(descr as *const abi::Descr<abi::KernelCh>) };
-            nccl::global().channel_start(d.head.parent as usize, d.u.p_timer)
+            let (parent, ptimer) = unsafe { ((*d).head.parent as usize, (*d).u.p_timer) };
+            nccl::global().channel_start(parent, ptimer)
         } else {
             0
         };
@@ -235,8 +239,8 @@ extern "C" fn nccl_record_event_state(handle: *mut c_void, state: c_int, args: *
         if state == abi::KERNEL_CH_STOP && !args.is_null() {
             // Safety: the KernelChStop state comes with the `kernelCh` member of the state
             // arguments' union.
-            let a = unsafe { &*(args as *const abi::StateArgsKernelCh) };
-            nccl::global().channel_end_time(handle as usize, a.p_timer);
+            let ptimer = unsafe { (*(args as *const abi::StateArgsKernelCh)).p_timer };
+            nccl::global().channel_end_time(handle as usize, ptimer);
         }
     });
     abi::NCCL_SUCCESS

@@ -264,6 +264,8 @@ impl<B: Backend> Agent<B> {
     /// is sent. CUPTI is not touched from here (CUDA may be torn down by now).
     fn on_exit(&mut self) {
         if self.status == Status::Tracing {
+            // NCCL collectives still waiting for kernel channels go with what they have.
+            crate::nccl::global().flush_older_than(0);
             self.drain_queue();
             self.send_records();
         }

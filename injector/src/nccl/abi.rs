@@ -16,9 +16,10 @@ pub const PROFILE_KERNEL_CH: u64 = 1 << 6;
 /// `ncclProfilerKernelChStop`: the state a kernel channel event's end arrives with.
 pub const KERNEL_CH_STOP: c_int = 22;
 
-/// The head of an event descriptor: in v4 `type` is a `uint8_t`, in v5 a `uint64_t`; either
-/// way the union that follows starts at byte 24 (after `parentObj` and `rank`), so one layout
-/// per variant serves both versions. Read `ty` as the version's width (see `exports.rs`).
+/// The head of an event descriptor: in v4 `type` is a `uint8_t` (then padding), in v5 a
+/// `uint64_t`; either way `parentObj` is at byte 8, `rank` at 16 and the union that follows at
+/// 24, so one layout per variant serves both versions. `ty` is read as the version's width,
+/// field by field through the pointer (see `exports.rs`).
 #[repr(C)]
 pub struct Head {
     pub ty: u64,
