@@ -213,8 +213,8 @@ impl Backend for LazyCupti {
     fn tick(&mut self) -> Option<String> {
         self.inner.as_mut().and_then(|b| b.tick())
     }
-    fn external_drops(&self) -> ([u64; 16], u64) {
-        self.inner.as_ref().map_or(([0; 16], 0), |b| b.external_drops())
+    fn external_drops(&self) -> ([u64; gpuprof_proto::kinds::SLOTS], u64) {
+        self.inner.as_ref().map_or(([0; gpuprof_proto::kinds::SLOTS], 0), |b| b.external_drops())
     }
     fn reapply_api(&mut self) -> bool {
         self.inner.as_mut().is_some_and(|b| b.reapply_api())

@@ -168,8 +168,8 @@ impl Backend for FakeBackend {
     fn tick(&mut self) -> Option<String> {
         self.displace_on_tick.then(|| "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39): test".to_string())
     }
-    fn external_drops(&self) -> ([u64; 16], u64) {
-        ([0; 16], 0)
+    fn external_drops(&self) -> ([u64; gpuprof_proto::kinds::SLOTS], u64) {
+        ([0; gpuprof_proto::kinds::SLOTS], 0)
     }
     fn reapply_api(&mut self) -> bool {
         self.reapplied.fetch_add(1, Ordering::SeqCst);

@@ -49,7 +49,7 @@ pub trait Backend: Send + PcBackend {
     /// Periodic flush while tracing. `Some(detail)` when another client displaced the trace.
     fn tick(&mut self) -> Option<String>;
     /// Drops counted outside the converter: (per-kind queue drops, CUPTI's own drops).
-    fn external_drops(&self) -> ([u64; 16], u64);
+    fn external_drops(&self) -> ([u64; gpuprof_proto::kinds::SLOTS], u64);
     /// Switches API recording off and on again (the trace started while the CUDA runtime was
     /// initialising and CUPTI missed hooking it), or from callback ids to the activity kind when
     /// ids switched on at initialisation did not take. False when there was nothing to redo.

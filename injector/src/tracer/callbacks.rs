@@ -37,7 +37,7 @@ pub struct Shared {
     /// Records CUPTI reported dropped (cuptiActivityGetNumDroppedRecords), summed.
     pub cupti_dropped: AtomicU64,
     /// Records dropped because the queue to the background thread was full, per RecordKind.
-    pub queue_dropped: [AtomicU64; 16],
+    pub queue_dropped: [AtomicU64; gpuprof_proto::kinds::SLOTS],
     /// Buffers whose records were handed over, and those CUPTI returned that were not ours.
     pub buffers_completed: AtomicU64,
     pub foreign_buffers: AtomicU64,

@@ -319,8 +319,8 @@ impl Backend for CuptiBackend {
         true
     }
 
-    fn external_drops(&self) -> ([u64; 16], u64) {
-        let mut q = [0u64; 16];
+    fn external_drops(&self) -> ([u64; gpuprof_proto::kinds::SLOTS], u64) {
+        let mut q = [0u64; gpuprof_proto::kinds::SLOTS];
         for (i, c) in self.shared.queue_dropped.iter().enumerate() {
             q[i] = c.load(Ordering::Relaxed);
         }
