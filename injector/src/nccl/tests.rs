@@ -132,3 +132,68 @@ fn data_type_sizes() {
         assert_eq!(datatype_size(t), n, "{t}");
     }
 }
+
+/// NCCL's enqueuing threads and its proxy thread at once, the ring coming round many times:
+/// every collective is sent exactly once (complete, or when its slot is taken again), nothing
+/// blocks and nothing is dropped while the agent keeps draining.
+#[test]
+fn many_threads_and_a_ring_that_comes_round() {
+    let s = std::sync::Arc::new(State::new());
+    s.set_ready();
+    let ctx = s.init(Comm { hash: 9, nranks: 8 }, mask()).unwrap();
+    s.set_active(true);
+    const THREADS: u64 = 4;
+    const EACH: u64 = 3 * SLOTS as u64;
+    let (hand_tx, hand_rx) = crossbeam_channel::unbounded::<usize>();
+    let proxy = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            // The proxy thread: two channels per collective, start and end.
+            for h in hand_rx {
+                let c = s.channel_start(h, 10);
+                s.channel_end_time(c, 20);
+                s.stop(c);
+                let c = s.channel_start(h, 11);
+                s.channel_end_time(c, 21);
+                s.stop(c);
+            }
+        })
+    };
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let agent = {
+        let (s, got, done) = (s.clone(), got.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                s.drain(|c| got.lock().unwrap().push(c.seq));
+                std::thread::yield_now();
+            }
+        })
+    };
+    let apps: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (s, hand_tx) = (s.clone(), hand_tx.clone());
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    let h = s.coll_start(ctx, all_reduce(t * EACH + i, 2), t as u32);
+                    assert_ne!(h, 0);
+                    s.stop(h);
+                    hand_tx.send(h).unwrap();
+                }
+            })
+        })
+        .collect();
+    for a in apps {
+        a.join().unwrap();
+    }
+    drop(hand_tx);
+    proxy.join().unwrap();
+    s.set_active(false);
+    done.store(true, Ordering::SeqCst);
+    agent.join().unwrap();
+    s.drain(|c| got.lock().unwrap().push(c.seq));
+    let mut seqs = got.lock().unwrap().clone();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..THREADS * EACH).collect::<Vec<_>>(), "each collective once");
+    assert_eq!(s.dropped(), 0);
+}
