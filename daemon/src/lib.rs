@@ -88,10 +88,8 @@ pub struct Daemon {
     /// The settings the daemon started with; those that SIGHUP reloads are read from their
     /// own cells (`retention()`).
     pub config: Config,
-    /// `[retention]`, reloadable.
-    pub retention: std::sync::RwLock<crate::config::RetentionConfig>,
-    /// `storage.max_database_mib`, reloadable.
-    pub max_database_mib: AtomicU64,
+    /// `[retention]` and `storage.max_database_mib`, as SIGHUP reloads them.
+    pub live: Arc<retention::Live>,
     pub db_path: PathBuf,
     pub stats: Arc<Stats>,
     pub registry: Registry,
@@ -108,7 +106,7 @@ pub struct Daemon {
     /// Profiling sessions (see [`sessions`]).
     pub sessions: sessions::Sessions,
     /// Per-session rollups behind the writer (see [`rollup`]).
-    pub rollup: rollup::Rollup,
+    pub rollup: Arc<rollup::Rollup>,
     /// Per-GPU performance-monitor leases (see [`arbiter`]).
     pub arbiter: Arc<arbiter::Arbiter>,
     /// GPUs managed and their PM samplers (see [`sampler`]).
@@ -149,13 +147,13 @@ impl Daemon {
 
     /// The retention settings in force (reloaded by SIGHUP).
     pub fn retention(&self) -> crate::config::RetentionConfig {
-        self.retention.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.live.retention()
     }
 
     /// The `[storage]` settings in force (`max_database_mib` reloaded by SIGHUP).
     pub fn storage(&self) -> crate::config::StorageConfig {
         let mut s = self.config.storage.clone();
-        s.max_database_mib = self.max_database_mib.load(Relaxed);
+        s.max_database_mib = self.live.max_database_mib();
         s
     }
 

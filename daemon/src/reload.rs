@@ -58,7 +58,7 @@ impl Reloader {
         }
         let (old_r, new_r) = (format!("{:?}", self.current.retention), format!("{:?}", new.retention));
         if old_r != new_r {
-            *d.retention.write().unwrap_or_else(std::sync::PoisonError::into_inner) = new.retention.clone();
+            d.live.set_retention(new.retention.clone());
             applied.push(format!("retention {old_r} -> {new_r}"));
             self.current.retention = new.retention.clone();
         }
@@ -66,7 +66,7 @@ impl Reloader {
         if old_cap != new_cap {
             match d.writer.call(move |c| crate::store::set_max_database_mib(c, new_cap)).await {
                 Ok(Ok(())) => {
-                    d.max_database_mib.store(new_cap, std::sync::atomic::Ordering::Relaxed);
+                    d.live.set_max_database_mib(new_cap);
                     self.current.storage.max_database_mib = new_cap;
                     applied.push(format!("storage.max_database_mib {old_cap} -> {new_cap}"));
                 }

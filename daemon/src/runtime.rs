@@ -48,8 +48,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     let tcp_auth = api_tcp.as_ref().map(|t| t.security.auth.clone());
     let mut reloader = reload::Reloader::new(source, config.clone(), tcp_auth);
     let d = Arc::new(Daemon {
-        retention: std::sync::RwLock::new(config.retention.clone()),
-        max_database_mib: std::sync::atomic::AtomicU64::new(config.storage.max_database_mib),
+        live: Arc::new(retention::Live::new(config.retention.clone(), config.storage.max_database_mib)),
         db_path: db_path.clone(),
         stats,
         registry: Registry::default(),
@@ -59,7 +58,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         shutdown: shutdown.clone(),
         pods: kubelet::Pods::new(&config.kubernetes),
         sessions,
-        rollup: rollup::Rollup::new(config.database_path(), writer.clone()),
+        rollup: Arc::new(rollup::Rollup::new(config.database_path(), writer.clone())),
         arbiter,
         gpus,
         pm: pmstream::PmHub::default(),
@@ -96,7 +95,16 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         let d = d.clone();
         tokio::spawn(async move { rollup::run(&d.rollup, || d.sessions.open_count() > 0, d.shutdown.clone()).await })
     };
-    let retention_task = tokio::spawn(retention::run(d.clone(), shutdown.clone()));
+    let retention_task = tokio::spawn(retention::run(retention::Retention {
+        db_path: d.db_path.clone(),
+        writer: d.writer.clone(),
+        rollup: d.rollup.clone(),
+        stats: d.stats.clone(),
+        storage: d.config.storage.clone(),
+        live: d.live.clone(),
+        always_on_keep: d.config.pc.always_on_keep.0,
+        shutdown: shutdown.clone(),
+    }));
 
     let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
     let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use super::Retention;
 use super::delete::{
     CHUNK_ROWS, Forget, PROCESS_BATCH, SESSION_KEYED, delete_keyed_chunk, delete_session_rows_chunk, expire_cubins,
     expire_pc_rollups, expire_processes, expire_unsessioned_chunk, finish_session, forget_session,
@@ -15,7 +16,6 @@ use super::delete::{
 use super::select::{finished_before, oldest_finished, orphan_sessions, session_ranges, unsessioned_work};
 use super::steps::{Halt, read, step};
 use super::vacuum::{settle_files, vacuum_step};
-use crate::Daemon;
 use crate::store::Pages;
 
 /// What one pass deleted.
@@ -61,7 +61,7 @@ impl SizeWatch {
 }
 
 /// One pass over sessions, records outside sessions and processes, then the size limit.
-pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut SizeWatch) -> Result<(), Halt> {
+pub(super) async fn expire(d: &Retention, shutdown: &CancellationToken, size: &mut SizeWatch) -> Result<(), Halt> {
     let r = &d.retention();
     let max_age = r.sessions_max_age.0;
     let max_size = r.max_bytes(&d.storage());
@@ -76,7 +76,7 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut 
         return Err(Halt::Stopped);
     }
     // The always-on PC profile's rollups, after `[pc] always_on_keep` (whatever the rest).
-    let keep = d.config.pc.always_on_keep.0.as_secs() as i64;
+    let keep = d.always_on_keep.as_secs() as i64;
     let rollup_cutoff = (crate::clock::now_ns() / 1_000_000_000) as i64 - keep;
     loop {
         let n = step(d, move |c| expire_pc_rollups(c, rollup_cutoff)).await?;
@@ -107,7 +107,7 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut 
         step(d, move |c| expire_cubins(c, cutoff)).await?;
     }
     if max_size > 0 {
-        let wal_cap = u64::from(d.config.storage.wal_autocheckpoint_pages);
+        let wal_cap = u64::from(d.storage.wal_autocheckpoint_pages);
         let mut first = true;
         loop {
             let pages = step(d, |c| Pages::read(c)).await?;
@@ -158,7 +158,7 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut 
             break;
         }
     }
-    let (path, wal_pages) = (d.db_path.clone(), u64::from(d.config.storage.wal_autocheckpoint_pages));
+    let (path, wal_pages) = (d.db_path.clone(), u64::from(d.storage.wal_autocheckpoint_pages));
     step(d, move |c| settle_files(c, &path, wal_pages)).await?;
     if tally.sessions + tally.records + tally.unsessioned + tally.processes + tally.pc_rollups > 0 {
         tracing::info!(
@@ -176,7 +176,7 @@ pub(super) async fn expire(d: &Daemon, shutdown: &CancellationToken, size: &mut 
 }
 
 /// Deletes one session (finished or already forgotten) with everything it owns.
-async fn delete_session(d: &Daemon, id: i64, reason: &'static str, tally: &mut Tally) -> Result<(), Halt> {
+async fn delete_session(d: &Retention, id: i64, reason: &'static str, tally: &mut Tally) -> Result<(), Halt> {
     let t0 = Instant::now();
     match step(d, move |c| forget_session(c, id)).await? {
         Forget::Open => return Ok(()),
@@ -222,7 +222,7 @@ async fn delete_session(d: &Daemon, id: i64, reason: &'static str, tally: &mut T
 }
 
 /// Deletes records outside sessions that are older than `cutoff`.
-async fn expire_unsessioned(d: &Daemon, cutoff: i64, tally: &mut Tally) -> Result<(), Halt> {
+async fn expire_unsessioned(d: &Retention, cutoff: i64, tally: &mut Tally) -> Result<(), Halt> {
     let work = read(d, move |c| unsessioned_work(c, cutoff)).await?;
     for (table, proc, before) in work {
         loop {

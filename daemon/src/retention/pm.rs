@@ -5,8 +5,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio_util::sync::CancellationToken;
 
+use super::Retention;
 use super::steps::YIELD;
-use crate::Daemon;
 
 /// Samples folded per step, in ns of sample time.
 const STEP_NS: i64 = 10_000_000_000;
@@ -56,7 +56,7 @@ pub fn expire_rollups(c: &mut Connection, cutoff: i64) -> rusqlite::Result<usize
 }
 
 /// One PM retention pass; false once the daemon is shutting down.
-pub(super) async fn pm_pass(d: &Daemon, shutdown: &CancellationToken, width: i64) -> bool {
+pub(super) async fn pm_pass(d: &Retention, shutdown: &CancellationToken, width: i64) -> bool {
     let r = &d.retention();
     let now = crate::clock::now_ns() as i64;
     let cutoff = now - r.pm_full_rate.0.as_nanos() as i64;

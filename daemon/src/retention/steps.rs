@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::Daemon;
+use super::Retention;
 
 /// Pause after each writer call so that queued ingest goes first.
 pub(super) const YIELD: Duration = Duration::from_millis(5);
@@ -27,7 +27,7 @@ impl From<rusqlite::Error> for Halt {
 
 /// Runs `f` on the writer while rollup passes are held off, then yields to ingest.
 pub(super) async fn step<T: Send + 'static>(
-    d: &Daemon,
+    d: &Retention,
     f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
 ) -> Result<T, Halt> {
     if d.shutdown.is_cancelled() {
@@ -46,7 +46,7 @@ pub(super) async fn step<T: Send + 'static>(
 
 /// Runs `f` on a read connection (off the writer thread).
 pub(super) async fn read<T: Send + 'static>(
-    d: &Daemon,
+    d: &Retention,
     f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
 ) -> Result<T, Halt> {
     let path = d.db_path.clone();
