@@ -86,7 +86,7 @@ fn own_path() -> Option<String> {
 
 // ------------------------------------------------------------------ NCCL profiler plugin
 //
-// NCCL (2.26 and later) loads the library `NCCL_PROFILER_PLUGIN` names and looks up
+// NCCL (2.27 and later) loads the library `NCCL_PROFILER_PLUGIN` names and looks up
 // `ncclProfiler_v5`, then `ncclProfiler_v4`. Pointing it at this library (already loaded by the
 // driver, so the same instance) makes NCCL report each collective to `crate::nccl`. Every entry
 // point returns ncclSuccess except `init` without a running agent (NCCL then disables the

@@ -228,7 +228,6 @@ const DAEMON_USERS: &[&str] = &[
     "reload.rs",
     "runtime.rs",
     "sessions/api.rs",
-    "sessions/hints.rs",
     "sessions/node.rs",
     "sessions/pc.rs",
     "sessions/pm.rs",

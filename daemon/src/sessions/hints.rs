@@ -1,27 +1,29 @@
 //! The new-process hint file next to the agent socket: which processes the active sessions
 //! will trace from their start (see [`gpuprof_proto::hint`]).
 
+use std::path::Path;
+
 use super::spec::TargetSpec;
 use super::state::{Inner, State};
-use crate::Daemon;
+use crate::config::AgentConfig;
 
 /// The new-process hint lines for the active sessions that record runtime API calls: the
 /// targets a process can be matched on when it starts (see [`gpuprof_proto::hint`]).
-fn hint_lines(d: &Daemon, g: &Inner) -> String {
+fn hint_lines(agent: &AgentConfig, g: &Inner) -> String {
     let mut out = String::new();
-    if d.config.agent.late_attach_hook {
+    if agent.late_attach_hook {
         out.push_str(gpuprof_proto::hint::HOOK_LINE);
         out.push('\n');
     } else {
         // Checked when the configuration was read.
-        for (kind, value) in d.config.agent.hook_targets().unwrap_or_default() {
+        for (kind, value) in agent.hook_targets().unwrap_or_default() {
             if let Some(l) = gpuprof_proto::hint::hook_line(kind, value) {
                 out.push_str(&l);
                 out.push('\n');
             }
         }
     }
-    if !d.config.agent.api_from_start {
+    if !agent.api_from_start {
         return out;
     }
     for l in g.open.values().filter(|l| l.state == State::Active && l.collect.trace_config().runtime_api) {
@@ -55,21 +57,18 @@ fn hint_lines(d: &Daemon, g: &Inner) -> String {
 }
 
 /// With `agent.api_from_start` (on by default) or a runtime hook asked for, rewrites the
-/// new-process hint file next to the agent socket when its lines changed (removes it when it
+/// new-process hint file next to `agent_socket` when its lines changed (removes it when it
 /// has none). A failure only costs new processes the cheaper way of recording API calls, so it
 /// is logged, not returned.
-pub(super) fn publish_hint(d: &Daemon, g: &mut Inner) {
-    if !d.config.agent.api_from_start
-        && !d.config.agent.late_attach_hook
-        && d.config.agent.late_attach_hook_for.is_empty()
-    {
+pub(super) fn publish_hint(agent: &AgentConfig, agent_socket: &Path, g: &mut Inner) {
+    if !agent.api_from_start && !agent.late_attach_hook && agent.late_attach_hook_for.is_empty() {
         return;
     }
-    let text = hint_lines(d, g);
+    let text = hint_lines(agent, g);
     if text == g.hint {
         return;
     }
-    let path = gpuprof_proto::hint::hint_path(&d.config.agent_socket);
+    let path = gpuprof_proto::hint::hint_path(agent_socket);
     let r = if text.is_empty() {
         std::fs::remove_file(&path).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
     } else {
@@ -79,5 +78,30 @@ pub(super) fn publish_hint(d: &Daemon, g: &mut Inner) {
     match r {
         Ok(()) => g.hint = text,
         Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not update the new-process hint"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hint file from the agent settings and the sessions' state alone: the hook line
+    /// while a hook is asked for, removed once nothing is left to say.
+    #[test]
+    fn the_hint_file_follows_the_settings_without_a_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("agent.sock");
+        let path = gpuprof_proto::hint::hint_path(&socket);
+        let mut agent = crate::config::Config::from_toml("").unwrap().agent;
+        let mut g = Inner::default();
+        agent.late_attach_hook = true;
+        publish_hint(&agent, &socket, &mut g);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, format!("{}\n", gpuprof_proto::hint::HOOK_LINE));
+        assert_eq!(g.hint, text);
+        agent.late_attach_hook = false;
+        publish_hint(&agent, &socket, &mut g);
+        assert!(!path.exists(), "no session and no hook: no hint file");
+        assert_eq!(g.hint, "");
     }
 }

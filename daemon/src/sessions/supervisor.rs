@@ -44,7 +44,7 @@ pub(super) fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
         try_join(d, g, id, &a);
     }
     super::pm::start(d, &mut g.pm, id, &collect);
-    publish_hint(d, g);
+    publish_hint(&d.config.agent, &d.config.agent_socket, g);
 }
 
 /// Joins `a` to session `id` if the session is active, covers it, and it is free (or held
@@ -128,7 +128,7 @@ pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
     super::pc::stop(d, id);
     super::pm::stop(&mut g.pm, id);
     tracing::info!(session = id, reason, "session stopping");
-    publish_hint(d, g);
+    publish_hint(&d.config.agent, &d.config.agent_socket, g);
     maybe_finish(d, g, id);
 }
 
@@ -194,7 +194,7 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
 /// record limit, and when the daemon shuts down marks open sessions interrupted.
 pub async fn supervise(d: Arc<Daemon>, mut events: broadcast::Receiver<AgentEvent>) {
     // The hint's hook line holds while no session is active.
-    publish_hint(&d, &mut d.sessions.lock());
+    publish_hint(&d.config.agent, &d.config.agent_socket, &mut d.sessions.lock());
     loop {
         let next = next_wakeup(&d);
         tokio::select! {

@@ -1,6 +1,6 @@
-//! NCCL's profiler plugin interface, as far as gpuprof uses it: the `ncclProfiler_v4` and
-//! `ncclProfiler_v5` tables and the parts of their event descriptors read for collectives
-//! (NCCL's `plugins/profiler` headers; NCCL 2.26 and later look for these symbols in the
+//! NCCL's profiler plugin interface, as far as gpuprof uses it: the `ncclProfiler_v4` (NCCL
+//! 2.27) and `ncclProfiler_v5` (NCCL 2.28) tables and the parts of their event descriptors read
+//! for collectives (NCCL's `plugins/profiler` headers; NCCL looks for these symbols in the
 //! library `NCCL_PROFILER_PLUGIN` names). Declarations only: the calls are in `exports.rs`.
 
 use std::ffi::{c_char, c_int, c_void};
