@@ -84,7 +84,7 @@ fn pct(part: u64, whole: u64) -> String {
     if whole == 0 { "-".into() } else { format!("{:.1}%", part as f64 * 100.0 / whole as f64) }
 }
 
-fn print(s: &pb::JobSummary) {
+pub fn print(s: &pb::JobSummary) {
     let job = if s.job_id.is_empty() { "(no job id)" } else { s.job_id.as_str() };
     let by = if s.matched_by.is_empty() { String::new() } else { format!(" (matched by {})", s.matched_by) };
     println!("session {}  job {job}  {} collectives compared{by}", s.session_id, s.collectives);

@@ -520,10 +520,21 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
         true => Some(crate::pc::query(c, id, crate::pc::By::Function, None, 5).await?),
         false => None,
     };
+    // A job traced by its id: its ranks compared, as `job top` shows them. A job whose ranks
+    // cannot be compared (none connected, say) says why instead.
+    let job = match &args.targets.job {
+        Some(j) => Some(c.get_job_summary(pb::GetJobSummaryRequest { session_id: id, job_id: j.clone() }).await),
+        None => None,
+    };
     if json {
         let mut v = serde_json::json!({"session": session_json(&final_session), "summary": summary_json(&summary)});
         if let Some(pc) = &pc {
             v["pc_top"] = crate::pc::top_json(id, crate::pc::By::Function, pc);
+        }
+        match &job {
+            Some(Ok(s)) => v["job"] = crate::job::summary_json(s.get_ref()),
+            Some(Err(e)) => v["job_error"] = e.message().into(),
+            None => {}
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -547,6 +558,14 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
             );
         }
         print_summary(&summary, 80, false);
+        match &job {
+            Some(Ok(s)) => {
+                println!();
+                crate::job::print(s.get_ref());
+            }
+            Some(Err(e)) => println!("\njob: not compared: {}", e.message()),
+            None => {}
+        }
         if let Some(pc) = &pc {
             println!();
             println!("{} (gpuprofctl pc top {id} --by line: the source lines)", crate::pc::totals_text(pc));

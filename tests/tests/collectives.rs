@@ -224,3 +224,31 @@ fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared()
         a.finish().unwrap();
     }
 }
+
+/// `gpuprofctl trace --job ID` on a running job: when the trace ends it shows, per rank, where
+/// the step time goes (`job top`'s table) beside the usual summary.
+#[test]
+fn tracing_a_job_by_its_id_compares_its_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(&dir.path().join("state")).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let t0 = now - 10_000 * MS;
+    let agents = [
+        ScriptedAgent::start(&d.agent_socket, rank(0, t0, 0, false)).unwrap(),
+        ScriptedAgent::start(&d.agent_socket, rank(1, t0, 2 * MS, false)).unwrap(),
+    ];
+    let out = ok(&d.ctl(&["trace", "--job", "run-c", "--duration", "2s", "--json"]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let job = &v["job"];
+    assert_eq!((&job["job_id"], &job["matched_by"]), (&"run-c".into(), &"sequence".into()), "{v:#}");
+    assert_eq!(job["ranks"].as_array().unwrap().len(), 2, "{v:#}");
+    assert_eq!(job["straggler"]["rank"], 1, "{v:#}");
+    assert_eq!(job["collectives"], STEPS + STEPS / 2, "{v:#}");
+    // The table form (a scripted rank sends its records to the first session only: this second
+    // trace has none to compare, and the table says so).
+    let text = ok(&d.ctl(&["trace", "--job", "run-c", "--duration", "1s"]));
+    assert!(text.contains("job run-c") && text.contains("RANK") && text.contains("no straggler"), "{text}");
+    for a in agents {
+        a.finish().unwrap();
+    }
+}
