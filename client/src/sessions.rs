@@ -203,8 +203,9 @@ pub struct TraceArgs {
     /// Kernels to list in the summary.
     #[arg(long, default_value_t = 10)]
     pub top: u32,
-    /// Also write the trace (Chrome trace JSON, for ui.perfetto.dev) to this file; with several
-    /// --host, their traces merged into one.
+    /// Also write the trace to this file, in the format its name says: .json, .json.gz (Chrome
+    /// JSON), .pftrace (Perfetto), .sqlite, .pb.gz (pprof); with several --host, their traces
+    /// merged into one (Chrome JSON or Perfetto).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<std::path::PathBuf>,
 }
@@ -481,6 +482,25 @@ fn print_session(s: &pb::Session, json: bool) -> Result<()> {
 
 /// `trace`: start a session, wait for its end (duration, record limit, or Ctrl-C), print the summary.
 pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
+    // The trace file's format, from its name (checked before anything starts).
+    let out_format = match &args.output {
+        None => None,
+        Some(p) => Some(match crate::export::format_of(p)? {
+            crate::export::Format::Chrome => pb::ExportFormat::ChromeJson,
+            crate::export::Format::ChromeGz => pb::ExportFormat::ChromeJsonGz,
+            crate::export::Format::Perfetto => pb::ExportFormat::Perfetto,
+            crate::export::Format::Sqlite => pb::ExportFormat::Sqlite,
+            crate::export::Format::Pprof => pb::ExportFormat::Pprof,
+            crate::export::Format::Parquet | crate::export::Format::Svg => {
+                return Err(crate::output::Usage(format!(
+                    "-o {}: trace writes one file: Chrome JSON (.json, .json.gz), Perfetto (.pftrace), SQLite \
+                     (.sqlite) or pprof (.pb.gz); use `gpuprofctl export` afterwards for Parquet or SVG",
+                    p.display()
+                ))
+                .into());
+            }
+        }),
+    };
     let req = args.collect.request(args.targets.to_pb()?)?;
     let s = c.start_session(req).await?.into_inner();
     let id = s.id;
@@ -579,8 +599,8 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
             }
         }
     }
-    if let Some(path) = &args.output {
-        let data = crate::records::export_bytes(c, id, pb::ExportFormat::ChromeJson).await?;
+    if let (Some(path), Some(format)) = (&args.output, out_format) {
+        let data = crate::records::export_bytes(c, id, format).await?;
         let tmp = path.with_extension("partial");
         std::fs::write(&tmp, &data).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;

@@ -237,17 +237,26 @@ fn tracing_a_job_by_its_id_compares_its_ranks() {
         ScriptedAgent::start(&d.agent_socket, rank(0, t0, 0, false)).unwrap(),
         ScriptedAgent::start(&d.agent_socket, rank(1, t0, 2 * MS, false)).unwrap(),
     ];
-    let out = ok(&d.ctl(&["trace", "--job", "run-c", "--duration", "2s", "--json"]));
+    // The trace's file in the format its name says: Perfetto here.
+    let pf = dir.path().join("job.pftrace");
+    let out = ok(&d.ctl(&["trace", "--job", "run-c", "--duration", "2s", "--json", "-o", pf.to_str().unwrap()]));
     let v: Value = serde_json::from_str(&out).unwrap();
     let job = &v["job"];
     assert_eq!((&job["job_id"], &job["matched_by"]), (&"run-c".into(), &"sequence".into()), "{v:#}");
     assert_eq!(job["ranks"].as_array().unwrap().len(), 2, "{v:#}");
     assert_eq!(job["straggler"]["rank"], 1, "{v:#}");
     assert_eq!(job["collectives"], STEPS + STEPS / 2, "{v:#}");
+    let bytes = std::fs::read(&pf).unwrap();
+    assert!(!bytes.is_empty() && bytes[0] != b'{', "a Perfetto trace, not JSON: {:?}", &bytes[..bytes.len().min(80)]);
+    assert!(bytes.windows(9).any(|w| w == b"AllReduce"), "the collectives are in the Perfetto trace");
     // The table form (a scripted rank sends its records to the first session only: this second
     // trace has none to compare, and the table says so).
     let text = ok(&d.ctl(&["trace", "--job", "run-c", "--duration", "1s"]));
     assert!(text.contains("job run-c") && text.contains("RANK") && text.contains("no straggler"), "{text}");
+    // A format trace cannot write is refused before anything starts.
+    let svg = d.ctl(&["trace", "--job", "run-c", "--duration", "1s", "-o", "x.svg"]);
+    assert_eq!(svg.status.code(), Some(2), "{}", String::from_utf8_lossy(&svg.stderr));
+    assert!(String::from_utf8_lossy(&svg.stderr).contains("trace writes one file"));
     for a in agents {
         a.finish().unwrap();
     }
