@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use crate::export::Format;
 use crate::fleet_perfetto::merge_perfetto;
 use crate::output::{print_summary, session_json, state_name, summary_json};
-use crate::sessions::{Client, TraceArgs};
+use crate::sessions::Client;
+use crate::trace::TraceArgs;
 
 /// Sessions on hosts that have not said when to start begin this long after the command, so
 /// that every host starts at the same instant (corrected by each host's clock offset).

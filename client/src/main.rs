@@ -11,6 +11,7 @@ mod pc;
 mod profile;
 mod records;
 mod sessions;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,7 +93,7 @@ enum Cmd {
                             session per host started together, with -o one merged Chrome trace; TLS and \
                             credentials apply to every host.\n\
                             --json: one JSON object, the session and its summary.")]
-    Trace(Box<sessions::TraceArgs>),
+    Trace(Box<trace::TraceArgs>),
     /// Distributed jobs: `job top SESSION` compares a job's ranks and names the straggler.
     #[command(subcommand)]
     Job(job::JobCmd),
@@ -232,7 +233,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Devices => sessions::devices(&mut client, cli.json).await?,
         Cmd::Procs(a) => sessions::procs(&mut client, a, cli.json).await?,
         Cmd::Session(c) => sessions::session(&mut client, c, cli.json).await?,
-        Cmd::Trace(a) => sessions::trace(&mut client, *a, cli.json).await?,
+        Cmd::Trace(a) => trace::trace(&mut client, *a, cli.json).await?,
         Cmd::Job(c) => job::job(&mut client, c, cli.json).await?,
         Cmd::Top(a) => records::top(&mut client, a, cli.json).await?,
         Cmd::Query(a) => records::query(&mut client, a, cli.json).await?,
