@@ -282,7 +282,9 @@ impl Gpuprof for Api {
         &self,
         _: Request<pb::ListDevicesRequest>,
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
-        Ok(Response::new(crate::query::list_devices(&self.d).await?))
+        Ok(Response::new(
+            crate::query::list_devices(&self.d.db_path, &self.d.nvml, &self.d.gpus, &self.d.arbiter).await?,
+        ))
     }
 
     async fn list_processes(
@@ -290,7 +292,9 @@ impl Gpuprof for Api {
         req: Request<pb::ListProcessesRequest>,
     ) -> Result<Response<pb::ListProcessesResponse>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::query::list_processes(&self.d, &caller, req.into_inner()).await?))
+        Ok(Response::new(
+            crate::query::list_processes(&self.d.db_path, &self.d.registry, &caller, req.into_inner()).await?,
+        ))
     }
 
     async fn start_session(&self, req: Request<pb::StartSessionRequest>) -> Result<Response<pb::Session>, Status> {

@@ -224,7 +224,6 @@ const DAEMON_USERS: &[&str] = &[
     "otlp.rs",
     "pmstream.rs",
     "prometheus.rs",
-    "query/inventory.rs",
     "reload.rs",
     "runtime.rs",
     "sessions/api.rs",

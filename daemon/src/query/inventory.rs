@@ -2,17 +2,27 @@
 
 use gpuprof_proto::api as pb;
 
-use crate::Daemon;
+use std::path::Path;
+
+use crate::NvmlState;
 use crate::access::Caller;
+use crate::arbiter::Arbiter;
 use crate::error::ApiResult;
 use crate::job::Member;
+use crate::registry::Registry;
+use crate::sampler::Gpus;
 
 /// ListDevices: the GPUs this daemon manages (found by the driver, in PCI order, which is
 /// the daemon-wide index that samplers and reservations use), completed with what agents
 /// reported about them; then GPUs only agents reported (e.g. in containers without the
 /// driver's /proc view), numbered after those.
-pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
-    let path = d.db_path.clone();
+pub async fn list_devices(
+    db_path: &Path,
+    nvml: &NvmlState,
+    gpus: &Gpus,
+    arbiter: &Arbiter,
+) -> ApiResult<pb::ListDevicesResponse> {
+    let path = db_path.to_path_buf();
     let reported = tokio::task::spawn_blocking(move || -> ApiResult<Vec<(pb::Device, String)>> {
         let c = crate::store::open_reader(&path)?;
         let mut stmt = c.prepare(
@@ -42,18 +52,18 @@ pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
     let same = |a: &str, b: &str| !a.is_empty() && a.eq_ignore_ascii_case(b);
     let mut used = vec![false; reported.len()];
     let mut devices = Vec::new();
-    let inv = &d.nvml.inventory;
-    for g in &d.gpus.found {
+    let inv = &nvml.inventory;
+    for g in &gpus.found {
         let mut dev = pb::Device {
             index: g.index,
             uuid: g.uuid.clone(),
             name: g.model.clone(),
-            monitor_state: d.arbiter.monitor_state(g.index),
+            monitor_state: arbiter.monitor_state(g.index),
             pci_bus_id: g.pci_bus_id.clone(),
             origin: "driver".into(),
             ..Default::default()
         };
-        if let Some(n) = d.nvml.device(g.index).filter(|n| n.uuid == g.uuid) {
+        if let Some(n) = nvml.device(g.index).filter(|n| n.uuid == g.uuid) {
             dev.origin = "nvml".into();
             dev.global_memory_bytes = n.memory_total_bytes;
             dev.mig_mode = n.mig_mode.clone();
@@ -81,7 +91,7 @@ pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
         }
         devices.push(dev);
     }
-    let mut next = d.gpus.found.iter().map(|g| g.index + 1).max().unwrap_or(0);
+    let mut next = gpus.found.iter().map(|g| g.index + 1).max().unwrap_or(0);
     for (i, (r, _)) in reported.into_iter().enumerate() {
         if used[i] {
             continue;
@@ -95,11 +105,12 @@ pub async fn list_devices(d: &Daemon) -> ApiResult<pb::ListDevicesResponse> {
 /// ListProcesses: connected agents (and, if asked, past connections). Users other than
 /// root and the admin group see their own processes only.
 pub async fn list_processes(
-    d: &Daemon,
+    db_path: &Path,
+    registry: &Registry,
     caller: &Caller,
     req: pb::ListProcessesRequest,
 ) -> ApiResult<pb::ListProcessesResponse> {
-    let agents = d.registry.all();
+    let agents = registry.all();
     let members: Vec<Member<'_>> = agents
         .iter()
         .map(|a| Member { pid: a.pid, ancestors: &a.ancestors, job_id: &a.job.job_id, rank: a.job.rank })
@@ -136,7 +147,7 @@ pub async fn list_processes(
         })
         .collect();
     if req.include_exited {
-        let path = d.db_path.clone();
+        let path = db_path.to_path_buf();
         let (admin, uid) = (caller.admin, caller.uid);
         let past = tokio::task::spawn_blocking(move || -> ApiResult<Vec<pb::Process>> {
             let c = crate::store::open_reader(&path)?;
@@ -200,5 +211,40 @@ fn set_roles(procs: &mut [pb::Process]) {
     for (p, (role, job)) in procs.iter_mut().zip(roles) {
         p.role = role.into();
         p.job_id = job;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ListProcesses from the registry and the database alone, no daemon: exited processes
+    /// when asked, each user seeing their own, the launcher found among exited ranks.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn processes_without_a_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let cfg = crate::config::Config::from_toml("").unwrap();
+        let c = crate::store::open_writer(&db, &cfg.storage).unwrap();
+        c.execute_batch(
+            "INSERT INTO processes(id, pid, uid, gid, agent_kind, exe, cmdline, cgroup, cupti_version, base_ns,
+               connected_ns, disconnected_ns, job_id, job_rank, parent_pid)
+             VALUES (1, 100, 1000, 1000, 'injector', 'torchrun', '[\"torchrun\"]', '', 0, 0, 1, 5, '', NULL, 1),
+                    (2, 101, 1000, 1000, 'injector', 'python3', '[]', '', 0, 0, 2, 6, 'run-1', 0, 100),
+                    (3, 200, 2000, 2000, 'injector', 'other', '[]', '', 0, 0, 3, 7, '', NULL, 1);",
+        )
+        .unwrap();
+        let registry = Registry::default();
+        let user = |uid| Caller { uid, gid: uid, pid: None, admin: false, authenticated: true };
+        let req = |include_exited| pb::ListProcessesRequest { include_exited };
+        let none = list_processes(&db, &registry, &user(1000), req(false)).await.unwrap();
+        assert!(none.processes.is_empty(), "nothing connected");
+        let mine = list_processes(&db, &registry, &user(1000), req(true)).await.unwrap().processes;
+        let ids: Vec<u64> = mine.iter().map(|p| p.id).collect();
+        assert_eq!(ids, [1, 2], "uid 1000 sees its own");
+        assert!(mine.iter().all(|p| p.trace_state == "exited"));
+        assert_eq!((mine[0].role.as_str(), mine[0].job_id.as_str()), ("launcher", "run-1"), "{mine:?}");
+        let all = list_processes(&db, &registry, &Caller::root(), req(true)).await.unwrap().processes;
+        assert_eq!(all.len(), 3);
     }
 }
