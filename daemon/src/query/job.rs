@@ -358,7 +358,8 @@ pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::Job
         let common = common.unwrap_or_default();
         if all.len() > common.len() {
             out.notes.push(format!(
-                "{} collectives were not timed in the kernel on every rank: left out of the comparison",
+                "{} collectives were not timed in the kernel on every rank (a communicator of some ranks only, or \
+                 no kernel times): left out of the comparison",
                 all.len() - common.len()
             ));
         }
