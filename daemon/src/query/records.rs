@@ -191,6 +191,8 @@ pub(super) struct NcclKernel {
 pub(super) struct NcclKernels {
     by_proc: HashMap<u64, Vec<NcclKernel>>,
     names: Strings,
+    /// Whether a kernel name (strings.id) is NCCL's.
+    is_nccl: HashMap<i64, bool>,
 }
 
 impl NcclKernels {
@@ -223,15 +225,28 @@ impl NcclKernels {
     }
 
     fn read(&mut self, c: &Connection, session: u64, proc: u64) -> rusqlite::Result<Vec<NcclKernel>> {
-        let mut st = c.prepare(
+        // The session's rows by rowid range, as every query reads them.
+        let f = pb::RecordFilter { process_ids: vec![proc], ..Default::default() };
+        let w = where_for(c, "kernel", session, &f)?;
+        let mut st = c.prepare(&format!(
             "SELECT t.start + p.base_ns AS s, max(t.dur, 0), t.corr, t.dev, t.name FROM kernel t
-             JOIN processes p ON p.id = t.proc WHERE t.session = ?1 AND t.proc = ?2 ORDER BY s",
-        )?;
-        let mut rows = st.query([session as i64, proc as i64])?;
+             JOIN processes p ON p.id = t.proc WHERE {} ORDER BY s",
+            w.sql
+        ))?;
+        let mut rows = st.query(params_from_iter(w.params.iter()))?;
         let mut out = Vec::new();
         while let Some(r) = rows.next()? {
-            let (shown, reported) = self.names.both(c, r.get(4)?)?;
-            if !super::collectives::is_nccl(&shown, &reported) {
+            let name: i64 = r.get(4)?;
+            let nccl = match self.is_nccl.get(&name) {
+                Some(b) => *b,
+                None => {
+                    let (shown, reported) = self.names.both(c, name)?;
+                    let b = super::collectives::is_nccl(&shown, &reported);
+                    self.is_nccl.insert(name, b);
+                    b
+                }
+            };
+            if !nccl {
                 continue;
             }
             let start = r.get::<_, i64>(0)?.max(0) as u64;
