@@ -111,17 +111,7 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
     if format == Format::Svg {
         return crate::flame::export_svg(c, a, json).await;
     }
-    let wire = match format {
-        Format::Chrome => pb::ExportFormat::ChromeJson,
-        // gzipped by gpuprofd (by this client when gpuprofd is older than the format)
-        Format::ChromeGz => pb::ExportFormat::ChromeJsonGz,
-        Format::Perfetto => pb::ExportFormat::Perfetto,
-        Format::Sqlite => pb::ExportFormat::Sqlite,
-        // gzipped by gpuprofd already
-        Format::Pprof => pb::ExportFormat::Pprof,
-        Format::Parquet => pb::ExportFormat::Parquet,
-        Format::Svg => unreachable!("drawn by this client"),
-    };
+    let Some(wire) = format.wire() else { unreachable!("drawn by this client") };
     let req = pb::ExportTraceRequest {
         session_id: a.session,
         format: wire as i32,
@@ -187,6 +177,23 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+impl Format {
+    /// The format gpuprofd writes; None for the SVG flame graph, which this client draws.
+    pub fn wire(self) -> Option<pb::ExportFormat> {
+        Some(match self {
+            Format::Chrome => pb::ExportFormat::ChromeJson,
+            // gzipped by gpuprofd (by this client when gpuprofd is older than the format)
+            Format::ChromeGz => pb::ExportFormat::ChromeJsonGz,
+            Format::Perfetto => pb::ExportFormat::Perfetto,
+            Format::Sqlite => pb::ExportFormat::Sqlite,
+            // gzipped by gpuprofd already
+            Format::Pprof => pb::ExportFormat::Pprof,
+            Format::Parquet => pb::ExportFormat::Parquet,
+            Format::Svg => return None,
+        })
+    }
 }
 
 fn format_name(f: Format) -> &'static str {

@@ -31,12 +31,7 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
     // The trace file's format, from its name (checked before anything starts).
     let out_format = match &args.output {
         None => None,
-        Some(p) => Some(match crate::export::format_of(p)? {
-            crate::export::Format::Chrome => pb::ExportFormat::ChromeJson,
-            crate::export::Format::ChromeGz => pb::ExportFormat::ChromeJsonGz,
-            crate::export::Format::Perfetto => pb::ExportFormat::Perfetto,
-            crate::export::Format::Sqlite => pb::ExportFormat::Sqlite,
-            crate::export::Format::Pprof => pb::ExportFormat::Pprof,
+        Some(p) => match crate::export::format_of(p)? {
             crate::export::Format::Parquet | crate::export::Format::Svg => {
                 return Err(crate::output::Usage(format!(
                     "-o {}: trace writes one file: Chrome JSON (.json, .json.gz), Perfetto (.pftrace), SQLite \
@@ -45,7 +40,8 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
                 ))
                 .into());
             }
-        }),
+            f => f.wire(),
+        },
     };
     let req = args.collect.request(args.targets.to_pb()?)?;
     let s = c.start_session(req).await?.into_inner();
