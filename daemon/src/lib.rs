@@ -152,9 +152,7 @@ impl Daemon {
 
     /// The `[storage]` settings in force (`max_database_mib` reloaded by SIGHUP).
     pub fn storage(&self) -> crate::config::StorageConfig {
-        let mut s = self.config.storage.clone();
-        s.max_database_mib = self.live.max_database_mib();
-        s
+        self.live.storage(&self.config.storage)
     }
 
     pub fn count_session_records(&self, session: u64, n: u64) {

@@ -91,6 +91,11 @@ impl Live {
     pub fn set_max_database_mib(&self, mib: u64) {
         self.max_database_mib.store(mib, Relaxed);
     }
+
+    /// `base` (the `[storage]` settings at start) with `max_database_mib` as reloaded.
+    pub fn storage(&self, base: &StorageConfig) -> StorageConfig {
+        StorageConfig { max_database_mib: self.max_database_mib(), ..base.clone() }
+    }
 }
 
 /// What retention uses: the database (read connections, the writer), the rollup it holds off
@@ -114,7 +119,7 @@ impl Retention {
 
     /// The `[storage]` settings in force (`max_database_mib` as reloaded).
     fn storage(&self) -> StorageConfig {
-        StorageConfig { max_database_mib: self.live.max_database_mib(), ..self.storage.clone() }
+        self.live.storage(&self.storage)
     }
 }
 
