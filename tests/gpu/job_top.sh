@@ -31,9 +31,10 @@ SECS=${SECS:-12}
 REPS=${REPS:-3}
 [ "$NGPU" -ge 2 ] || { check "GPUs" FAIL "$NGPU GPU: a job needs 2 or more"; exit 1; }
 
-ddp() { # traced|off, output file
+ddp() { # traced|noplugin|off, output file
   local env=()
   [ "$1" = traced ] && env=(CUDA_INJECTION64_PATH="$INJ" NCCL_PROFILER_PLUGIN="$INJ" GPUPROF_LOG_FILE="$STATE/logs/ddp_$1.log")
+  [ "$1" = noplugin ] && env=(CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG_FILE="$STATE/logs/ddp_$1.log")
   env "${env[@]}" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" "$SECS" "$SLOW" >"$2" 2>&1
 }
 step_ms() { grep -oE "DDP rank=$2 .*step_ms=[0-9.]+" "$1" | grep -oE 'step_ms=[0-9.]+' | cut -d= -f2; }
@@ -42,7 +43,8 @@ step_ms() { grep -oE "DDP rank=$2 .*step_ms=[0-9.]+" "$1" | grep -oE 'step_ms=[0
 S=$(session_start --all --name job)
 ddp traced "$STATE/job.txt" &
 JOB=$!
-sleep $((SECS / 2 + 4))
+wait_ranks "$NGPU" 90
+sleep 2
 "${CTL[@]}" procs >"$STATE/procs_live.txt" 2>&1
 "${CTL[@]}" --json procs >"$STATE/procs_live.json" 2>&1
 wait $JOB
@@ -126,7 +128,9 @@ for r in d["ranks"]:
 rows = [json.loads(l) for l in open(sys.argv[3]) if l.startswith("{")]
 joined = sum(1 for r in rows if r.get("kernel_correlation_id"))
 timed = sum(1 for r in rows if r.get("gpu"))
-print(f"ok={ok} matched_by={d.get('matched_by')} rows={len(rows)} joined={joined} timed={timed} | " + "; ".join(parts))
+unjoined = [f"{r.get('name')}#{r.get('seq')} proc {r.get('process_id')}" for r in rows if not r.get("kernel_correlation_id")]
+print(f"ok={ok} matched_by={d.get('matched_by')} rows={len(rows)} joined={joined} timed={timed} | " + "; ".join(parts)
+      + (f" | not joined: {', '.join(unjoined[:6])}" if unjoined else ""))
 PY
 )
 echo "$colls"
@@ -138,18 +142,29 @@ pass_if "every collective joined to its NCCL kernel" \
 echo "--- collectives (first rows)"; head -8 "$STATE/collectives.txt"
 
 # ---------------------------------------------------------------- cost
+# COST_MODES: untraced (off), traced with NCCL's profiler plugin (traced, the default), and
+# traced without the plugin (noplugin: what the collectives themselves cost).
 declare -A T
+MODES=${COST_MODES:-off traced noplugin}
 for r in $(seq "$REPS"); do
-  for mode in off traced; do
-    s=; [ "$mode" = traced ] && s=$(session_start --all --name "cost-$r")
+  line="rep $r (rank 0 step ms):"
+  for mode in $MODES; do
+    s=; [ "$mode" != off ] && s=$(session_start --all --name "cost-$mode-$r")
     ddp "$mode" "$STATE/cost_${mode}_$r.txt"
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null
     T[$mode]="${T[$mode]:-} $(step_ms "$STATE/cost_${mode}_$r.txt" 0)"
+    line="$line $mode ${T[$mode]}"
   done
-  echo "rep $r: untraced ${T[off]} traced ${T[traced]} (rank 0 step ms)"
+  echo "$line"
 done
-off=$(echo "${T[off]}" | median); on=$(echo "${T[traced]}" | median)
-figure "DDP on $NGPU GPUs, rank $SLOW slowed, rank 0 step ms medians of $REPS: untraced $off, traced $on ($(calc "($on / $off - 1) * 100") %)"
+off=$(echo "${T[off]}" | median)
+fl="DDP on $NGPU GPUs, rank $SLOW slowed, rank 0 step ms medians of $REPS: untraced $off"
+for mode in $MODES; do
+  [ "$mode" = off ] && continue
+  on=$(echo "${T[$mode]}" | median)
+  fl="$fl, $mode $on ($(calc "($on / $off - 1) * 100") %)"
+done
+figure "$fl"
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"

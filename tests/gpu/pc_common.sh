@@ -36,6 +36,19 @@ finish() {
   [ "$failed" -eq 0 ] || exit 1
 }
 trap finish EXIT
+trap "exit 124" TERM INT
+
+# Waits (up to $2 seconds, default 60) until `procs` lists $1 processes with a rank (a torchrun
+# job's ranks connect many seconds after the launcher: importing torch, NCCL set-up).
+wait_ranks() {
+  local n=$1 t=${2:-60} i
+  for i in $(seq $((t * 2))); do
+    [ "$("${CTL[@]}" --json procs 2>/dev/null | "$PY" -c 'import json,sys; d=json.load(sys.stdin); p=d.get("processes", d) if isinstance(d, dict) else d; print(sum(1 for x in p if x.get("rank") is not None))' 2>/dev/null)" = "$n" ] && return 0
+    sleep 0.5
+  done
+  echo "wait_ranks: $n ranks did not connect within ${t}s"
+  return 1
+}
 
 # Starts gpuprofd in the background with the configuration text $1; exits 2 if it does not come up.
 start_gpuprofd() {

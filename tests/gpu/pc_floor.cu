@@ -6,6 +6,10 @@
 //       enable     cuptiPCSamplingEnable on the context, nothing configured
 //       pN         enabled and configured as gpuprof does (continuous, period 2^N, all stall
 //                  reasons, parsed output), e.g. p15
+//       endis      enabled, then disabled before the timed loop (what stays after a window)
+//       endisfin   enabled, disabled and cuptiFinalize before the timed loop; after it, the
+//                  second enable's time (CUPTI set up again) is printed as reenable_ms
+//       cbfin      the cb subscriber, then unsubscribed and cuptiFinalize
 // Prints "FLOOR mode=... us_per_launch=... samples=..." (samples read once after the loop).
 // Build: nvcc -O2 -arch=sm_90 -I$CUPTI/include -o pc_floor pc_floor.cu -L$CUPTI/lib64 -lcupti -lcuda
 #include <cuda.h>
@@ -51,7 +55,37 @@ int main(int argc, char **argv) {
   CUpti_PCSamplingData data;
   memset(&data, 0, sizeof data);
   int sampling = 0;
-  if (!strcmp(mode, "cb")) {
+  double enable_ms = 0, disable_ms = 0, finalize_ms = 0, reenable_ms = 0;
+  if (!strncmp(mode, "endis", 5)) {
+    CUpti_PCSamplingEnableParams ep = {CUpti_PCSamplingEnableParamsSize};
+    ep.ctx = ctx;
+    double t = now_s();
+    CK(cuptiPCSamplingEnable(&ep));
+    enable_ms = (now_s() - t) * 1e3;
+    for (int i = 0; i < 2000; i++) axpb<<<4, 256>>>(x);
+    cudaDeviceSynchronize();
+    CUpti_PCSamplingDisableParams dp = {CUpti_PCSamplingDisableParamsSize};
+    dp.ctx = ctx;
+    t = now_s();
+    CK(cuptiPCSamplingDisable(&dp));
+    disable_ms = (now_s() - t) * 1e3;
+    if (!strcmp(mode, "endisfin")) {
+      t = now_s();
+      CK(cuptiFinalize());
+      finalize_ms = (now_s() - t) * 1e3;
+    }
+  } else if (!strcmp(mode, "cbfin")) {
+    CUpti_SubscriberHandle sub;
+    CK(cuptiSubscribe(&sub, on_cb, NULL));
+    CK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020));
+    CK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize));
+    for (int i = 0; i < 2000; i++) axpb<<<4, 256>>>(x);
+    cudaDeviceSynchronize();
+    CK(cuptiUnsubscribe(sub));
+    double t = now_s();
+    CK(cuptiFinalize());
+    finalize_ms = (now_s() - t) * 1e3;
+  } else if (!strcmp(mode, "cb")) {
     CUpti_SubscriberHandle sub;
     CK(cuptiSubscribe(&sub, on_cb, NULL));
     CK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020));
@@ -131,6 +165,18 @@ int main(int argc, char **argv) {
     dp.ctx = ctx;
     CK(cuptiPCSamplingDisable(&dp));
   }
-  printf("FLOOR mode=%s n=%ld us_per_launch=%.3f samples=%llu\n", mode, n, secs / n * 1e6, samples);
+  if (!strcmp(mode, "endisfin")) {
+    CUpti_PCSamplingEnableParams ep = {CUpti_PCSamplingEnableParamsSize};
+    ep.ctx = ctx;
+    double t = now_s();
+    CK(cuptiPCSamplingEnable(&ep));
+    reenable_ms = (now_s() - t) * 1e3;
+    CUpti_PCSamplingDisableParams dp = {CUpti_PCSamplingDisableParamsSize};
+    dp.ctx = ctx;
+    CK(cuptiPCSamplingDisable(&dp));
+  }
+  printf("FLOOR mode=%s n=%ld us_per_launch=%.3f samples=%llu enable_ms=%.2f disable_ms=%.2f finalize_ms=%.2f "
+         "reenable_ms=%.2f\n",
+         mode, n, secs / n * 1e6, samples, enable_ms, disable_ms, finalize_ms, reenable_ms);
   return 0;
 }

@@ -3,7 +3,9 @@
 # to it, on a machine with an NVIDIA GPU, CUDA 13 (`nvcc`, CUPTI) and PyTorch:
 #   1. CUPTI alone (pc_floor.cu): 200k small launches per process, modes alternating, REPS
 #      (default 5) runs each: no CUPTI, a subscriber with gpuprof's synchronization callbacks,
-#      PC sampling enabled only, and enabled + configured at periods 2^15, 2^20, 2^29;
+#      PC sampling enabled only, and enabled + configured at periods 2^15, 2^20, 2^29; what stays
+#      after an enable and a disable (endis), and after cuptiFinalize too (endisfin, cbfin)
+#      (FLOOR_MODES picks modes);
 #   2. gpuprof's PC sampling alone (preset pc) on the 100k-small-kernel PyTorch loop at periods
 #      2^15 and 2^25 against untraced, medians of REPS;
 #   3. exits while sampling: EXITS (default 10) PyTorch processes end while PC sampling is live;
@@ -40,12 +42,13 @@ finish() {
   printf '%s\n' "${SUMMARY[@]}"
 }
 trap finish EXIT
+trap "exit 124" TERM INT
 
 # ---------------------------------------------------------------- 1. CUPTI alone
 if [[ $PARTS == *" 1 "* ]]; then
 nvcc -O2 -arch=sm_90 -I"$CUPTI/include" -o "$STATE/pc_floor" "$HERE/pc_floor.cu" -L"$CUPTI/lib64" -lcupti -lcuda \
   >"$STATE/nvcc.txt" 2>&1 || { cat "$STATE/nvcc.txt"; exit 2; }
-MODES="off cb enable p15 p20 p29"
+MODES=${FLOOR_MODES:-off cb enable p15 p20 p29 endis endisfin cbfin}
 declare -A F
 for r in $(seq "$REPS"); do
   line="rep $r:"
@@ -54,7 +57,7 @@ for r in $(seq "$REPS"); do
     v=$(grep -oE 'us_per_launch=[0-9.]+' <<<"$o" | cut -d= -f2)
     [ -z "$v" ] && echo "$m: $o"
     F[$m]="${F[$m]:-} $v"
-    line="$line $m ${v:-?} ($(grep -oE 'samples=[0-9]+' <<<"$o"))"
+    line="$line $m ${v:-?} ($(grep -oE 'samples=[0-9]+' <<<"$o")$(grep -oE ' (enable|disable|finalize|reenable)_ms=[0-9.]+' <<<"$o" | grep -v '=0.00$' | tr -d '\n'))"
   done
   echo "$line"
 done

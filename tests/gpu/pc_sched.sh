@@ -14,11 +14,14 @@
 #          pc_sampling_continuous sample (the floor), gpuprof windows (the default: ranges of
 #          one enable), windows of an enable each (winre, GPUPROF_PC_WINDOWS=reenable), gpuprof
 #          continuous (COST_MODES picks others: contexit is continuous with the work at
-#          synchronization exits, the old place; win16 windows with a 16 MiB hardware buffer),
+#          synchronization exits, the old place; win16 windows with a 16 MiB hardware buffer;
+#          winkeep windows keeping CUPTI attached between them),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens).
 #   residue  where the windows' cost goes on launch-bound work: the small-kernel loop (1.5M ops)
-#          untraced, in windows and in windows of an enable each, its pace printed per 50k ops
+#          untraced, in windows (CUPTI finalized between windows that disable, the default) and
+#          in windows keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks
+#          modes, winre too), its pace printed per 50k ops
 #          beside the windows the injector logged (before the first window, inside, after a
 #          disable).
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
@@ -68,7 +71,8 @@ if [[ $PARTS == *" ddp "* ]]; then
   GPUPROF_LOG=${DDP_LOG:-info} GPUPROF_LOG_FILE="$STATE/logs/ddp.log" CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 10 \
     >"$STATE/ddp.txt" 2>&1 &
   LPID=$!
-  sleep 7
+  wait_ranks "$NGPU" 60
+  sleep 3
   "${CTL[@]}" session show "$S" >"$STATE/ddp_show_live.txt" 2>&1
   "${CTL[@]}" pc top "$S" --limit 3 >"$STATE/ddp_top_live.txt" 2>&1
   wait $LPID
@@ -166,10 +170,11 @@ fi
 
 # ---------------------------------------------------------------- residue
 if [[ $PARTS == *" residue "* ]]; then
-  for mode in off win winre; do
+  for mode in ${RESIDUE_MODES:-off win winkeep}; do
     env=(); s=
     case $mode in
       win) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-win) ;;
+      winkeep) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winkeep); env=(GPUPROF_PC_DETACH=0) ;;
       winre) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winre); env=(GPUPROF_PC_WINDOWS=reenable) ;;
     esac
     env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/residue_$mode.log" ${s:+CUDA_INJECTION64_PATH="$INJ"} \
@@ -177,7 +182,7 @@ if [[ $PARTS == *" residue "* ]]; then
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null
     echo "--- residue $mode: us/op per 50k ops (utc: end of the chunk)"
     grep -oE 'utc=[0-9:.]+ at_s=[0-9.]+ per_op_us=[0-9.]+' "$STATE/residue_$mode.txt"
-    grep -h "enable:\|window closed" "$STATE/logs/residue_$mode.log" 2>/dev/null | cut -c1-200 | head -8
+    grep -h "enable:\|window closed\|finalized" "$STATE/logs/residue_$mode.log" 2>/dev/null | cut -c1-200 | head -12
     figure "residue $mode: $(grep -oE 'per_op_us=[0-9.]+$' "$STATE/residue_$mode.txt" | tail -1) overall"
   done
 fi
@@ -204,6 +209,7 @@ if [[ $PARTS == *" cost "* ]]; then
       cont) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cont); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       win16) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win16); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_WINDOW_HW_MIB=16 CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       winre) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-winre); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_WINDOWS=reenable CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      winkeep) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-winkeep); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_DETACH=0 CUDA_INJECTION64_PATH="$INJ" "$@" ;;
       contexit) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cexit); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_AT=exit CUDA_INJECTION64_PATH="$INJ" "$@" ;;
     esac
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"

@@ -67,6 +67,9 @@ pub struct CuptiBackend {
     last_probe: Instant,
     detacher: Detacher,
     pc: PcSampler,
+    /// [`hooks::finalizations`] when last looked at: PC sampling finalizes CUPTI between its
+    /// windows too, which ends what was hooked inside `cuInit` as a detach does.
+    finalizations: u64,
 }
 
 impl CuptiBackend {
@@ -78,6 +81,7 @@ impl CuptiBackend {
             tuning,
             enabled: Vec::new(),
             apis: Vec::new(),
+            finalizations: 0,
             displaced: false,
             last_probe: Instant::now(),
             detacher: Detacher::default(),
@@ -177,6 +181,10 @@ impl Backend for CuptiBackend {
             log!(Info, "the last trace's pending detach: {}", d.detail());
             self.after_detach(&d);
         }
+        if hooks::finalizations() != self.finalizations {
+            self.finalizations = hooks::finalizations();
+            self.after_detach(&Detached::Finalized);
+        }
         // A subscriber gpuprof holds (kept from the last trace, or PC sampling's) is no sign of
         // another client.
         if !hooks::held()
@@ -222,12 +230,14 @@ impl Backend for CuptiBackend {
         }
         self.shared.last_callback_ms.store(now_ms(), Ordering::Relaxed);
         self.last_probe = Instant::now();
+        hooks::set_activity(!self.enabled.is_empty() || !self.apis.is_empty());
         TRACING.store(true, Ordering::SeqCst);
         StartOutcome::Tracing
     }
 
     fn stop(&mut self) {
         TRACING.store(false, Ordering::SeqCst);
+        hooks::set_activity(false);
         if self.displaced {
             // The other client owns the callbacks and the kinds now; disabling shared kinds
             // would break its trace. Leave CUPTI as it is.
@@ -241,6 +251,11 @@ impl Backend for CuptiBackend {
             // CUPTI changes under the application's launches (see `detach`).
             let cupti = self.shared.cupti.clone();
             self.detacher.stop_and_finalize(&cupti, switches);
+            return;
+        }
+        if switches.kinds.is_empty() && switches.apis.is_empty() && !hooks::held() {
+            // Nothing was on, and PC sampling finalized CUPTI between its windows: a CUPTI
+            // call here would only initialise it again.
             return;
         }
         switches.off_here(self.cupti());
@@ -265,7 +280,9 @@ impl Backend for CuptiBackend {
     }
 
     fn tick(&mut self) -> Option<String> {
-        if self.displaced {
+        // A trace with nothing on (a PC-only session) has no records to flush, and no CUPTI
+        // call may initialise CUPTI again while PC sampling has it finalized between windows.
+        if self.displaced || (self.enabled.is_empty() && self.apis.is_empty()) {
             return None;
         }
         if let Err(e) = self.cupti().flush_all(false) {

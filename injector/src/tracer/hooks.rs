@@ -13,7 +13,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpuprof_cupti::activity::Subscriber;
@@ -173,7 +173,28 @@ pub fn release(cupti: &Cupti, user: User) {
 /// CUPTI was finalized (which ended the subscriber): nobody holds it any more. Lock-free, for
 /// CUPTI's callback.
 pub fn ended_by_finalize() {
+    FINALIZED.fetch_add(1, Ordering::SeqCst);
     ENDED.store(true, Ordering::SeqCst);
+}
+
+/// Times CUPTI was finalized in this process (a trace's detach, PC sampling between windows):
+/// whatever was registered with CUPTI before went with it.
+static FINALIZED: AtomicU64 = AtomicU64::new(0);
+
+pub fn finalizations() -> u64 {
+    FINALIZED.load(Ordering::SeqCst)
+}
+
+/// Whether the running trace has activity kinds or API records on (a PC-only session's trace
+/// has none): only then does CUPTI hold trace state that a finalize would cut short.
+static ACTIVITY: AtomicBool = AtomicBool::new(false);
+
+pub fn set_activity(on: bool) {
+    ACTIVITY.store(on, Ordering::SeqCst);
+}
+
+pub fn activity() -> bool {
+    ACTIVITY.load(Ordering::SeqCst)
 }
 
 extern "C" fn on_callback(

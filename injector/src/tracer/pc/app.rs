@@ -27,9 +27,10 @@ use gpuprof_cupti::{Callback, Context, Cupti, CuptiError};
 
 use super::context::{Agg, Live as Sampled, absorb, drain_into, enable, stop_range};
 use super::cubins;
+use super::meter::{add_extra, at_entry, charge, count_sync, outside_syncs, own_thread, read_gap, set_detached, timed};
 pub use super::meter::{app_cost, app_cost_extra};
-use super::meter::{at_entry, charge, count_sync, own_thread, read_gap, timed};
-use super::window::{Win, WinCfg, window};
+use super::window::{DETACH_AT_EXIT, DETACHED, Win, WinCfg, window};
+use crate::tracer::hooks;
 
 /// A context being sampled, with its windows' state (windows mode).
 type Live = Sampled<(Win, PcConfig, Vec<String>)>;
@@ -108,11 +109,89 @@ pub fn init(cupti: &Arc<Cupti>) {
     let _ = CUPTI.set(cupti.clone());
 }
 
-/// Arms an operation for the next synchronization on its context.
+/// Arms an operation for the next synchronization on its context. A disable of a context
+/// between windows (nothing enabled) needs no CUDA call: it is done here.
 pub fn arm(op: Op) {
     let mut s = state();
+    let op = match op {
+        Op::Disable { device, kind, reason } if s.live.get(&device).is_some_and(|l| l.on.is_none()) => {
+            if let Some(mut l) = s.live.remove(&device) {
+                count_on(&mut s.sampled, device, &mut l, false);
+                s.done.push(Done::Disabled { device, kind, reason, agg: l.agg, totals: l.totals });
+            }
+            ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
+            return;
+        }
+        op => op,
+    };
     s.pending.push(op);
     ACTIVE.store(true, Ordering::SeqCst);
+}
+
+/// Between windows with CUPTI finalized ([`DETACHED`]): whether a window is due within
+/// `horizon` (CUPTI must be attached again for it to open at a synchronization). Contexts
+/// destroyed meanwhile (no callback said so) are dropped first, and reported gone.
+pub fn window_due(horizon: Duration) -> bool {
+    let mut s = state();
+    let driver = super::DRIVER.get();
+    let devices: Vec<u32> = s.live.keys().copied().collect();
+    for device in devices {
+        let current = driver.and_then(|d| d.active_primary_context(device)).map(|p| p.context().id());
+        if s.live.get(&device).is_some_and(|l| l.on.is_none() && current != Some(l.ctx.id()))
+            && let Some(mut l) = s.live.remove(&device)
+        {
+            count_on(&mut s.sampled, device, &mut l, false);
+            s.done.push(Done::ContextGone { device, agg: l.agg, totals: l.totals });
+        }
+    }
+    s.live.values().any(|l| l.win.as_ref().is_some_and(|(w, _, _)| w.due_within(horizon)))
+}
+
+/// Whether any context is sampled in windows.
+pub fn windowed() -> bool {
+    state().live.values().any(|l| l.win.is_some())
+}
+
+/// At the outermost exit of a synchronization after a window closed with a disable
+/// ([`DETACH_AT_EXIT`]):
+/// `cuptiFinalize`, where CUPTI documents it safe (an API exit callback), when nothing else of
+/// CUPTI is on: no context enabled, no operation armed, no trace's activity, NVTX not routed
+/// through CUPTI. The subscriber goes with it; the background thread subscribes again before
+/// the next window ([`window_due`]).
+fn detach_at_exit(cupti: &Cupti) {
+    if !DETACH_AT_EXIT.swap(false, Ordering::SeqCst) {
+        return;
+    }
+    let Ok(s) = STATE.try_lock() else {
+        DETACH_AT_EXIT.store(true, Ordering::SeqCst);
+        return;
+    };
+    if !s.pending.is_empty()
+        || s.live.values().any(|l| l.on.is_some() || l.win.is_none())
+        || hooks::activity()
+        || crate::tracer::detach::NVTX_FORWARDED.load(Ordering::SeqCst)
+    {
+        return;
+    }
+    let t = Instant::now();
+    let r = cupti.finalize();
+    let took = charge(t);
+    add_extra(took);
+    match r {
+        Ok(()) => {
+            hooks::ended_by_finalize();
+            DETACHED.store(true, Ordering::SeqCst);
+            set_detached(s.live.values().map(|l| l.ctx.id()).collect());
+            if super::meter::WINDOWS.load(Ordering::Relaxed) < 20 {
+                crate::log::log!(
+                    Info,
+                    "PC sampling: CUPTI finalized until the next window ({:.2} ms)",
+                    took.as_secs_f64() * 1e3
+                );
+            }
+        }
+        Err(e) => crate::log::log!(Warn, "PC sampling: cuptiFinalize between windows: {e}"),
+    }
 }
 
 /// Takes the results, and each live context's samples so far (device, agg, totals, failure),
@@ -178,6 +257,11 @@ pub fn on_callback(cb: &Callback<'_>) {
         }
         if exit {
             timed(true);
+            if outside_syncs()
+                && let Some(cupti) = CUPTI.get()
+            {
+                detach_at_exit(cupti);
+            }
         }
     }));
 }

@@ -77,6 +77,19 @@ pub(super) fn timed(exit: bool) {
     }
 }
 
+/// Whether this thread is inside no synchronization (after the outermost one's exit): a runtime
+/// synchronization wraps a driver one, and CUPTI may be finalized only once both exits were
+/// seen, or the outer exit never comes and the thread's timing stays nested.
+pub(super) fn outside_syncs() -> bool {
+    SYNC.with(|s| s.get().0 == 0)
+}
+
+/// Adds to what PC sampling added to the synchronizations, for work done after the
+/// synchronization's timing closed (the finalize between windows).
+pub(super) fn add_extra(d: Duration) {
+    EXTRA_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+}
+
 /// CUDA synchronizations per context since the last [`take_syncs`], for the daemon's
 /// PC-sampling scheduler (which process works on which GPU): a few slots of (context, count).
 const SYNC_SLOTS: usize = 16;
@@ -118,6 +131,15 @@ pub(super) fn at_entry() -> bool {
     *AT.get_or_init(|| std::env::var("GPUPROF_PC_AT").map(|v| v.trim() != "exit").unwrap_or(true))
 }
 
+/// How often CUPTI's worker thread wakes in windows mode, in ms (`GPUPROF_PC_WORKER_MS`; 0:
+/// CUPTI's default, 100 ms). A disable waits for the worker's wake-up: with the default, a
+/// window's disable took 49-52 ms on the H100, the main part of what a window costs.
+pub(super) fn window_worker_ms(default: u32) -> u32 {
+    static MS: OnceLock<Option<u32>> = OnceLock::new();
+    MS.get_or_init(|| std::env::var("GPUPROF_PC_WORKER_MS").ok().and_then(|v| v.trim().parse::<u32>().ok()))
+        .unwrap_or(default)
+}
+
 /// The hardware buffer of windows when the lease does not say (`GPUPROF_PC_WINDOW_HW_MIB`, for
 /// measuring what its size costs the first enable; else `default`).
 pub(super) fn window_hw_mib(default: usize) -> usize {
@@ -143,6 +165,16 @@ pub(super) fn read_gap() -> Duration {
     })
 }
 
+/// The contexts whose windows left CUPTI finalized, as they synchronized in their last window
+/// (see [`set_detached`]).
+static DETACHED_CTX: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Sets the contexts that are between windows with CUPTI finalized and synchronized in their
+/// last window (empty once CUPTI is attached again).
+pub(super) fn set_detached(ctxs: Vec<usize>) {
+    *DETACHED_CTX.lock().unwrap_or_else(|p| p.into_inner()) = ctxs;
+}
+
 /// Per device of `devices`: whether the process has an active primary context there, and the
 /// CUDA synchronizations counted on that context since the last call (by the subscriber's
 /// callback, which exists while a session traces the process).
@@ -154,12 +186,15 @@ pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
     }
     let Some(driver) = super::DRIVER.get() else { return Vec::new() };
     let syncs = take_syncs();
+    let detached = DETACHED_CTX.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let out: Vec<(u32, bool, u64)> = devices
         .iter()
         .filter_map(|&dev| {
             let ctx = driver.active_primary_context(dev)?.context().id();
-            let n = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
-            Some((dev, true, n))
+            let n: u64 = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
+            // Between windows with CUPTI finalized no synchronization is seen: the context
+            // counts as working as it did in its last window (the next window looks again).
+            Some((dev, true, if n == 0 && detached.contains(&ctx) { 1 } else { n }))
         })
         .collect();
     crate::log::log!(Debug, "synchronizations by context {syncs:x?}; by device {out:?}");

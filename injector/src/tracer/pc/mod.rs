@@ -43,6 +43,11 @@ pub const DEFAULT_PERIOD_LOG2: u32 = 15;
 /// Windows mode: the hardware buffer when the session names none (a window of 20 ms at 2^15
 /// fills a few MiB on an H100; CUPTI's default is 512 MiB).
 const WINDOW_HW_BUFFER_MIB: usize = 64;
+/// Windows mode with CUPTI finalized between windows: how long before the next window is due
+/// CUPTI is attached again (collections run about once a second).
+const REATTACH_AHEAD: Duration = Duration::from_millis(1100);
+/// Windows mode: how often CUPTI's worker thread wakes (ms), which bounds a disable's wait.
+const WINDOW_WORKER_MS: u32 = 5;
 /// Time spent resolving source lines per collection at most.
 const LINE_BUDGET: Duration = Duration::from_millis(100);
 
@@ -93,6 +98,8 @@ pub struct PcSampler {
     kept_seen: usize,
     /// The process is exiting: nothing waits any more.
     exiting: bool,
+    /// [`hooks::finalizations`] when last subscribed.
+    finalizations: u64,
 }
 
 impl PcSampler {
@@ -109,6 +116,7 @@ impl PcSampler {
             late_tried: Default::default(),
             kept_seen: 0,
             exiting: false,
+            finalizations: 0,
         }
     }
 
@@ -121,6 +129,11 @@ impl PcSampler {
     /// The process's subscriber ([`super::hooks`]), and cubin capture.
     fn subscribe(&mut self) -> Result<(), String> {
         app::init(&self.cupti);
+        if hooks::finalizations() != self.finalizations {
+            // What was registered with CUPTI went with its finalize.
+            self.finalizations = hooks::finalizations();
+            self.crc_registered = false;
+        }
         cubins::capture_on(&self.cupti, true);
         if !self.crc_registered {
             self.crc_registered = true;
@@ -129,7 +142,31 @@ impl PcSampler {
             }
         }
         hooks::acquire(&self.cupti, User::Pc)
-            .map_err(|e| format!("PC sampling needs the CUPTI subscriber, which another CUPTI client holds: {e}"))
+            .map_err(|e| format!("PC sampling needs the CUPTI subscriber, which another CUPTI client holds: {e}"))?;
+        window::DETACHED.store(false, std::sync::atomic::Ordering::SeqCst);
+        meter::set_detached(Vec::new());
+        Ok(())
+    }
+
+    /// Between windows with CUPTI finalized: subscribes again when a window is due within
+    /// [`REATTACH_AHEAD`] (it opens at the application's next synchronization), or forgets the
+    /// detach once no context is sampled in windows.
+    fn reattach_if_due(&mut self) {
+        if !window::DETACHED.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        if !app::windowed() {
+            window::DETACHED.store(false, std::sync::atomic::Ordering::SeqCst);
+            meter::set_detached(Vec::new());
+            return;
+        }
+        if app::window_due(REATTACH_AHEAD) {
+            let t = Instant::now();
+            match self.subscribe() {
+                Ok(()) => log!(Debug, "PC sampling: CUPTI attached again for the next window ({:?})", t.elapsed()),
+                Err(e) => log!(Warn, "PC sampling: {e}"),
+            }
+        }
     }
 
     fn release_if_idle(&mut self) {
@@ -198,9 +235,10 @@ impl PcSampler {
                 0 if !d.req.continuous => meter::window_hw_mib(WINDOW_HW_BUFFER_MIB) << 20,
                 m => (m as usize) << 20,
             },
-            // CUPTI's default (its worker threads wake every 100 ms): a window's samples not
-            // decoded by its close come with the next.
-            worker_sleep_ms: 0,
+            // Continuous: CUPTI's default (its worker thread wakes every 100 ms). Windows: a
+            // disable waits for the worker's wake-up, so it wakes more often (a window's
+            // samples not decoded by its close come with the next).
+            worker_sleep_ms: if d.req.continuous { 0 } else { meter::window_worker_ms(WINDOW_WORKER_MS) },
             start_stop: !d.req.continuous && window::ranged(),
         };
         let win = (!d.req.continuous).then(|| window::WinCfg {
@@ -339,6 +377,7 @@ impl PcSampler {
     /// out the batches and events.
     pub fn collect(&mut self, wait: Duration) -> PcOutput {
         meter::mark_own_thread();
+        self.reattach_if_due();
         self.settle(wait);
         self.take_results();
         let keys: Vec<u32> = self.devs.keys().copied().collect();

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuprof_cupti::Cupti;
@@ -35,6 +35,27 @@ const MAX_GAP: Duration = Duration::from_secs(60);
 /// H100 (small-kernel loop, 8.7 µs a launch untraced, +17.5 % under CUPTI's own sampler);
 /// rounded up.
 const ENABLED_COST_PER_LAUNCH: Duration = Duration::from_micros(2);
+
+/// The close of a window that disabled asks for `cuptiFinalize` at the exit of the same
+/// synchronization ([`super::app`] carries it out when nothing else of CUPTI is on).
+pub(super) static DETACH_AT_EXIT: AtomicBool = AtomicBool::new(false);
+/// CUPTI is finalized between windows: no callback comes until the background thread
+/// subscribes again before the next window is due.
+pub(super) static DETACHED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a window that disables also leaves CUPTI (`cuptiFinalize`) until the next one: on
+/// by default; `GPUPROF_PC_DETACH=0` (or `GPUPROF_DETACH=off`) keeps the subscriber between
+/// windows. Once PC sampling has been enabled, CUPTI slows every later kernel launch even
+/// after the disable (the small-kernel loop stayed ~20 % slower between windows on the H200);
+/// finalizing removes that, at the price of CUPTI's set-up again at the next window's enable.
+pub fn detach_between() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let off =
+            |k: &str, v: &[&str]| std::env::var(k).is_ok_and(|x| v.contains(&x.trim().to_ascii_lowercase().as_str()));
+        !off("GPUPROF_PC_DETACH", &["0", "off", "no", "false"]) && !off("GPUPROF_DETACH", &["off", "none"])
+    })
+}
 
 /// Windows mode's settings for a context.
 #[derive(Debug, Clone, Copy)]
@@ -87,6 +108,11 @@ impl Win {
             launch_mark: count_launches(cupti),
             launch_rate: None,
         }
+    }
+
+    /// Whether the next window opens within `horizon` (or is due already).
+    pub(super) fn due_within(&self, horizon: Duration) -> bool {
+        self.opened.is_none() && self.next_open <= Instant::now() + horizon
     }
 
     /// What keeping sampling enabled costs, as a fraction of the time (None: not known yet).
@@ -152,6 +178,9 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             }
             if !kept {
                 l.on = None;
+                if detach_between() {
+                    DETACH_AT_EXIT.store(true, Ordering::SeqCst);
+                }
             }
             if let Some(t) = l.on_since.take() {
                 *sampled.entry(device).or_default() += t.elapsed();
