@@ -127,6 +127,11 @@ impl Daemon {
     }
 
     /// Who owns session `id`, for [`access::authorize_session`].
+    /// What the sessions' CUPTI PM sampling uses ([`sessions::pm`]).
+    pub(crate) fn pm(&self) -> sessions::pm::Pm<'_> {
+        sessions::pm::Pm { sampler: &self.config.sampler, arbiter: &self.arbiter }
+    }
+
     pub fn session_owners(&self, id: u64) -> access::SessionOwners<'_> {
         access::SessionOwners {
             live: self.sessions.live_owner(id),

@@ -7,9 +7,10 @@
 
 use std::path::PathBuf;
 
-use crate::Daemon;
 use crate::access::TcpAuth;
 use crate::config::{Config, Overrides};
+use crate::ingest::WriterHandle;
+use crate::retention::Live;
 
 /// Sets the log filter (from `main`, which owns the subscriber).
 pub type SetLogFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
@@ -34,8 +35,9 @@ impl Reloader {
         Reloader { source, current, tcp_auth }
     }
 
-    /// Reads the configuration again and applies what may change.
-    pub async fn reload(&mut self, d: &Daemon) {
+    /// Reads the configuration again and applies what may change: `live` holds the reloadable
+    /// settings that retention and the daemon read; `writer` sets the database size cap.
+    pub async fn reload(&mut self, writer: &WriterHandle, live: &Live) {
         let file = self.source.file.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none)".into());
         let new = match Config::load(self.source.file.as_deref(), &self.source.overrides) {
             Ok(c) => c,
@@ -58,15 +60,15 @@ impl Reloader {
         }
         let (old_r, new_r) = (format!("{:?}", self.current.retention), format!("{:?}", new.retention));
         if old_r != new_r {
-            d.live.set_retention(new.retention.clone());
+            live.set_retention(new.retention.clone());
             applied.push(format!("retention {old_r} -> {new_r}"));
             self.current.retention = new.retention.clone();
         }
         let (old_cap, new_cap) = (self.current.storage.max_database_mib, new.storage.max_database_mib);
         if old_cap != new_cap {
-            match d.writer.call(move |c| crate::store::set_max_database_mib(c, new_cap)).await {
+            match writer.call(move |c| crate::store::set_max_database_mib(c, new_cap)).await {
                 Ok(Ok(())) => {
-                    d.live.set_max_database_mib(new_cap);
+                    live.set_max_database_mib(new_cap);
                     self.current.storage.max_database_mib = new_cap;
                     applied.push(format!("storage.max_database_mib {old_cap} -> {new_cap}"));
                 }
@@ -133,8 +135,42 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::needs_restart;
-    use crate::config::Config;
+    use super::*;
+
+    /// A reload built from its parts, no daemon: a changed file applies `[retention]` and the
+    /// size cap (through the writer, to the database), and a file that does not load changes
+    /// nothing.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_reload_without_a_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let file = dir.path().join("gpuprofd.toml");
+        std::fs::write(&file, "").unwrap();
+        let cfg = Config::from_toml("").unwrap();
+        let writer =
+            crate::ingest::TestWriter::start(crate::store::open_writer(&db, &cfg.storage).unwrap(), &cfg.ingest);
+        let live = Live::new(cfg.retention.clone(), cfg.storage.max_database_mib);
+        let source = Source { file: Some(file.clone()), ..Default::default() };
+        let mut r = Reloader::new(source, Config::load(Some(&file), &Overrides::default()).unwrap(), None);
+        std::fs::write(&file, "[retention]\nsessions_max_age = \"2h\"\n[storage]\nmax_database_mib = 64\n").unwrap();
+        r.reload(&writer.handle, &live).await;
+        assert_eq!(live.retention().sessions_max_age.0, std::time::Duration::from_secs(7200));
+        assert_eq!(live.max_database_mib(), 64);
+        // The cap is the writer connection's.
+        let (pages, page): (i64, i64) = writer
+            .handle
+            .call(|c| {
+                let pages = c.query_row("PRAGMA max_page_count", [], |r| r.get(0))?;
+                Ok::<_, rusqlite::Error>((pages, c.query_row("PRAGMA page_size", [], |r| r.get(0))?))
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(pages * page, 64 << 20, "max_page_count {pages} x page_size {page}");
+        std::fs::write(&file, "[retention]\nsessions_max_age = ").unwrap();
+        r.reload(&writer.handle, &live).await;
+        assert_eq!(live.retention().sessions_max_age.0, std::time::Duration::from_secs(7200));
+    }
 
     #[test]
     fn only_settings_without_reload_need_a_restart() {

@@ -267,7 +267,7 @@ async fn serve_signals(signals: Signals, d: &Daemon, reloader: &mut reload::Relo
             _ = int.recv() => return,
             _ = hup.recv() => {
                 systemd::reloading();
-                reloader.reload(d).await;
+                reloader.reload(&d.writer, &d.live).await;
                 systemd::ready();
             }
         }

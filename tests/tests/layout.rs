@@ -224,12 +224,10 @@ const DAEMON_USERS: &[&str] = &[
     "otlp.rs",
     "pmstream.rs",
     "prometheus.rs",
-    "reload.rs",
     "runtime.rs",
     "sessions/api.rs",
     "sessions/node.rs",
     "sessions/pc.rs",
-    "sessions/pm.rs",
     "sessions/supervisor.rs",
 ];
 

@@ -51,7 +51,7 @@ pub(super) async fn create(
     if collect.pm_sampling_rate_hz > 0 {
         // CUPTI PM sampling takes the GPUs' performance monitors from everyone else.
         crate::access::require_operator(caller, "start CUPTI PM sampling with a session")?;
-        super::pm::check(d)?;
+        super::pm::check(d.pm())?;
     }
     let now = now_ns();
     if req.start_at_ns > now.saturating_add(MAX_START_DELAY_NS) {

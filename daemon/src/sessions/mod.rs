@@ -30,7 +30,7 @@ mod api;
 mod hints;
 mod node;
 mod pc;
-mod pm;
+pub(crate) mod pm;
 mod spec;
 mod state;
 mod store;

@@ -43,7 +43,7 @@ pub(super) fn activate(d: &Daemon, g: &mut Inner, id: u64, now: u64) {
     for a in d.registry.all() {
         try_join(d, g, id, &a);
     }
-    super::pm::start(d, &mut g.pm, id, &collect);
+    super::pm::start(d.pm(), &mut g.pm, id, &collect);
     publish_hint(&d.config.agent, &d.config.agent_socket, g);
 }
 
@@ -253,7 +253,7 @@ fn next_wakeup(d: &Daemon) -> Option<Instant> {
             consider(Some(Instant::now() + LIMIT_POLL));
         }
     }
-    consider(super::pm::next_renewal(d, &g.pm));
+    consider(super::pm::next_renewal(d.pm(), &g.pm));
     consider(super::pc::next_busy_retry(d));
     consider(super::pc::next_schedule(d));
     next
@@ -273,7 +273,7 @@ fn tick(d: &Daemon) {
             Due::Nothing => {}
         }
     }
-    super::pm::renew_due(d, &mut g.pm, now);
+    super::pm::renew_due(d.pm(), &mut g.pm, now);
     super::pc::retry_busy(d, &g);
     super::pc::schedule(d);
 }
