@@ -1,9 +1,9 @@
 //! NCCL collectives as records (what the injector sends when NCCL loaded it as its profiler
 //! plugin): stored, queried (`query --kind collective`, joined to the NCCL kernel that ran
 //! each), exported as slices, counted per rank by `job top`, which matches them across ranks
-//! by communicator, collective and sequence number. Two fake ranks of a torchrun job run an
-//! all-reduce a step on one communicator and an all-gather every other step on a second one;
-//! rank 1 arrives 2 ms late at every collective.
+//! by communicator, collective and sequence number, and whose step it finds in their sequence.
+//! Two fake ranks of a torchrun job run an all-reduce a step on one communicator and an
+//! all-gather every other step on a second one; rank 1 arrives 2 ms late at every collective.
 
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
@@ -182,6 +182,16 @@ fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared()
             "{s:#}"
         );
     }
+    // The step from the collectives' sequence (in order of enqueue, across both communicators):
+    // all-reduce, all-gather, all-reduce repeats, every 2 of the ranks' steps.
+    for r in ranks {
+        assert_eq!(
+            (&r["step_source"], &r["step_name"]),
+            (&"collectives".into(), &"AllReduce ×2, AllGather (3 collectives a step)".into()),
+            "{s:#}"
+        );
+        assert_eq!((&r["step_ns"], &r["steps"]), (&(2 * PERIOD).into(), &(STEPS / 2).into()), "{s:#}");
+    }
     // Rank 0's first all-reduce has no run: compared are the 11 others and the 6 all-gathers.
     assert_eq!(s["collectives"], STEPS - 1 + STEPS / 2, "{s:#}");
     assert_eq!(s["straggler"]["rank"], 1, "{s:#}");
@@ -190,6 +200,8 @@ fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared()
     assert!(text.contains("collectives compared (matched by sequence)"), "{text}");
     assert!(text.lines().nth(1).unwrap().contains("COLLS"), "{text}");
     assert!(text.contains("collectives of rank 1: AllReduce 12 (48.0 MiB), AllGather 6 (36.0 KiB)"), "{text}");
+    assert!(text.contains("step time from: collectives \"AllReduce ×2, AllGather (3 collectives a step)\""), "{text}");
+    assert!(text.contains("40.00 ms"), "{text}");
 
     // Chrome JSON: one slice per collective on the enqueuing thread, with its sequence number,
     // communicator and bytes.

@@ -202,36 +202,180 @@ const MAX_PER_STEP: usize = 64;
 const PER_STEP_SAMPLE: usize = 4096;
 /// Periods agree when their 10th and 90th percentiles are at most this share of their median apart.
 const AGREE: f64 = 0.25;
+/// Share of the largest differences between gaps left out of their mean (a stall, a lost record).
+const TRIM: f64 = 0.01;
 
-/// The step period of a kernel launched `k` times a step (DDP's all-reduce per gradient bucket):
-/// the smallest `k` whose periods between every k-th start (sorted `starts`) agree, spread at
-/// most half as widely as those of any smaller k; their median, and how many steps. Without such a `k`, the plain [`median_period`] (k = 1). None for fewer
-/// than 3 starts.
+/// How much the gaps between successive starts differ from the gap `k` later: the mean
+/// difference, the largest 1 % left out.
+fn gap_change(gaps: &[i64], k: usize) -> f64 {
+    let mut d: Vec<u64> = gaps.iter().zip(&gaps[k..]).map(|(a, b)| a.abs_diff(*b)).collect();
+    d.sort_unstable();
+    d.truncate(d.len() - (d.len() as f64 * TRIM) as usize);
+    d.iter().sum::<u64>() as f64 / d.len().max(1) as f64
+}
+
+/// The step period of a kernel launched `k` times a step (DDP's all-reduce per gradient bucket)
+/// from its sorted `starts`, how many steps, and `k`: the smallest `k` whose gaps repeat (each
+/// gap differs from the one `k` later at most half as much as from the one any fewer later:
+/// the gaps within a step repeat a step later, whatever the gap between steps); where the
+/// periods between successive starts agree (most gaps alike), only if the step holds a pause
+/// over a quarter of it. The period is the median of those between every k-th start. Without
+/// such a `k`, the plain [`median_period`] (k = 1). None for fewer than 3 starts.
+///
+/// Gaps, not periods: the time between steps (the forward pass, the optimizer, loading data)
+/// varies most, and spreads the periods of every `k` alike, the right one's too; jitter of the
+/// starts makes the gaps differ alike at any distance.
 pub fn launch_period(starts: &[i64]) -> Option<(u64, u64, usize)> {
     let (p, n) = median_period(starts)?;
     let sample = &starts[..starts.len().min(PER_STEP_SAMPLE)];
-    let periods = |s: &[i64], k: usize| -> Vec<u64> { s.windows(k + 1).map(|w| (w[k] - w[0]).max(0) as u64).collect() };
-    // The least spread (ns) seen for a smaller k: a larger k must halve it. Jitter of the starts
-    // spreads every k's periods alike (and relative to a longer period, less); launches within
-    // a step spread the smaller k's periods by the gaps between them.
-    let mut best = u64::MAX;
+    let mut d: Vec<u64> = sample.windows(2).map(|w| (w[1] - w[0]).max(0) as u64).collect();
+    d.sort_unstable();
+    let q = |f: f64| d[((d.len() - 1) as f64 * f).round() as usize];
+    let gap = q(0.5);
+    let agree = (q(0.9) - q(0.1)) as f64 <= AGREE * gap as f64;
+    let gaps: Vec<i64> = sample.windows(2).map(|w| w[1] - w[0]).collect();
+    // The least change of the gaps at a smaller distance: the step's must halve it.
+    let mut best = f64::MAX;
     // A k is judged on at least 4 steps.
-    for k in 1..=MAX_PER_STEP.min(sample.len().saturating_sub(1) / 4).max(1) {
-        let mut d = periods(sample, k);
-        d.sort_unstable();
-        let q = |f: f64| d[((d.len() - 1) as f64 * f).round() as usize];
-        let mid = q(0.5);
-        if mid == 0 {
-            continue;
+    for k in 1..=MAX_PER_STEP.min(sample.len().saturating_sub(1) / 4) {
+        let change = gap_change(&gaps, k);
+        if k > 1 && best > 0.0 && change <= best / 2.0 {
+            let mut all: Vec<u64> = starts.windows(k + 1).map(|w| (w[k] - w[0]).max(0) as u64).collect();
+            let period = median(&mut all);
+            // Where most gaps agree, a step of `k` must hold a pause (over a quarter of it)
+            // besides its `k` usual gaps: else the gap that repeats is a stall every k-th
+            // (logging, a checkpoint), the launches are the steps.
+            if agree && (k as u64 * gap) as f64 > (1.0 - AGREE) * period as f64 {
+                break;
+            }
+            return Some((period, ((starts.len() - 1) / k) as u64, k));
         }
-        let spread = q(0.9) - q(0.1);
-        if spread as f64 <= AGREE * mid as f64 && (k == 1 || spread.saturating_mul(2) <= best) {
-            let mut all = periods(starts, k);
-            return Some((median(&mut all), ((starts.len() - 1) / k) as u64, k));
-        }
-        best = best.min(spread);
+        best = best.min(change);
     }
     Some((p, n, 1))
+}
+
+/// One NCCL collective of a process as its steps see it: what it is (a name key) and moves,
+/// and when it was enqueued, ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    pub name: i64,
+    pub bytes: u64,
+    pub start: i64,
+}
+
+/// A process's step found in its collectives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectiveSteps {
+    /// Median step time, ns.
+    pub period: u64,
+    /// Steps: the collectives looked at over those a step.
+    pub steps: u64,
+    /// Collectives a step.
+    pub per_step: usize,
+    /// A step's collectives: name key and how many, the most frequent first.
+    pub kinds: Vec<(i64, usize)>,
+}
+
+/// Most collectives a step looked for by their sequence.
+const MAX_PER_STEP_COLLS: usize = 64;
+/// Share of the collectives that must be followed, a step later, by the same (name and bytes).
+const REPEATS: f64 = 0.8;
+/// Share of mismatches under which a sequence repeats exactly (records lost, a rare extra).
+const EXACT: f64 = 0.02;
+/// Most leading collectives left out as set-up rather than steps (DDP's broadcast of the
+/// parameters and its check of their shapes); at most a quarter of them.
+const MAX_SETUP: usize = 64;
+
+/// Collectives `i` not followed `p` later by the same: how many from each `i` on (`n - p + 1` values).
+fn mismatches_from(sig: &[(i64, u64)], p: usize) -> Vec<usize> {
+    let m = sig.len().saturating_sub(p);
+    let mut out = vec![0; m + 1];
+    for i in (0..m).rev() {
+        out[i] = out[i + 1] + usize::from(sig[i] != sig[i + p]);
+    }
+    out
+}
+
+/// The step of a process from its collectives (sorted by enqueue start), None when nothing
+/// repeats at least 3 times:
+///
+/// 1. The smallest `p` (at most 64) such that, after at most a few set-up collectives, at
+///    least 80 % are followed `p` later by the same collective (name and bytes).
+/// 2. Where `p` repeats only roughly and a multiple `q` of it exactly (a rare collective breaks
+///    the repeat of `p`: 24 equal gradient buckets and a broadcast), `q`, unless the rare
+///    collectives take less than half the time of a `p` (a loss all-reduced every 10th step:
+///    the `p` are the steps).
+/// 3. How many such `p` a step holds, from their times ([`launch_period`] on the starts of
+///    every `p`-th): a sequence of one kind, e.g. 4 equal gradient buckets, cannot tell.
+///
+/// The period: the median over `i` of `start[i + step] - start[i]`.
+pub fn collective_steps(list: &[Enqueued]) -> Option<CollectiveSteps> {
+    let n = list.len();
+    let sig: Vec<(i64, u64)> = list.iter().map(|x| (x.name, x.bytes)).collect();
+    let t: Vec<i64> = list.iter().map(|x| x.start).collect();
+    let max_setup = MAX_SETUP.min(n / 4);
+    // Mismatches after `w` set-up collectives, as a share of the comparisons.
+    let share = |m: &[usize], p: usize, w: usize| m[w] as f64 / (n - p - w) as f64;
+    let (mut p, w, rough) = (1..=MAX_PER_STEP_COLLS).find_map(|p| {
+        if n < 3 * p {
+            return None;
+        }
+        let m = mismatches_from(&sig, p);
+        (0..=max_setup)
+            .take_while(|w| n - w >= 3 * p)
+            .find(|&w| share(&m, p, w) <= 1.0 - REPEATS)
+            .map(|w| (p, w, share(&m, p, w)))
+    })?;
+    let period = |k: usize, w: usize| {
+        let mut d: Vec<u64> = (w..n - k).map(|i| (t[i + k] - t[i]).max(0) as u64).collect();
+        median(&mut d)
+    };
+    if rough > EXACT {
+        let exact = (2..)
+            .map(|j| j * p)
+            .take_while(|&q| q <= MAX_PER_STEP_COLLS && n - w >= 3 * q)
+            .find(|&q| share(&mismatches_from(&sig, q), q, w) <= EXACT.min(rough / 2.0));
+        if let Some(q) = exact {
+            // The `p`s in a `q`, counted and in time.
+            let (count, held) = ((q / p) as f64, period(q, w) as f64 / period(p, w).max(1) as f64);
+            if held >= count - 0.5 {
+                p = q;
+            }
+        }
+    }
+    let units: Vec<i64> = t[w..].iter().step_by(p).copied().collect();
+    let per_step = p * launch_period(&units).map_or(1, |(_, _, k)| k);
+    // The set-up ends where a step repeats whole.
+    let w = (0..=max_setup)
+        .take_while(|i| i + 2 * per_step <= n)
+        .find(|&i| sig[i..i + per_step] == sig[i + per_step..i + 2 * per_step])
+        .unwrap_or(w);
+    let steps = (n - w) / per_step;
+    if steps < 3 {
+        return None;
+    }
+    // What a step holds: any `per_step` in a row (of the middle step: the first and last may
+    // be set-up and tear-down).
+    let mid = w + steps / 2 * per_step;
+    let mut kinds: Vec<(i64, usize)> = Vec::new();
+    for x in &list[mid..mid + per_step] {
+        match kinds.iter_mut().find(|(name, _)| *name == x.name) {
+            Some(e) => e.1 += 1,
+            None => kinds.push((x.name, 1)),
+        }
+    }
+    // Stable: ties keep the order of the step.
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    Some(CollectiveSteps { period: period(per_step, w), steps: steps as u64, per_step, kinds })
+}
+
+/// What a step of collectives is, for `step_name`: "AllReduce ×4, Broadcast (5 collectives a step)".
+pub fn collective_step_text(kinds: &[(String, usize)], per_step: usize) -> String {
+    let list: Vec<String> =
+        kinds.iter().map(|(name, k)| if *k == 1 { name.clone() } else { format!("{name} ×{k}") }).collect();
+    let s = if per_step == 1 { "" } else { "s" };
+    format!("{} ({per_step} collective{s} a step)", list.join(", "))
 }
 
 /// The group an NVTX range name belongs to for steps: numbered names ("ProfilerStep#12",
@@ -289,189 +433,4 @@ pub fn human_ns(ns: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `n` collectives of kernel name 1, one every `period` ns from `t0`: each rank starts at
-    /// its offset (plus `jitter(i)`), and every rank's kernel ends when the last one started
-    /// plus 100 us.
-    fn ranks(offsets: &[i64], n: usize, period: i64, jitter: impl Fn(usize, usize) -> i64) -> Vec<Vec<Nccl>> {
-        let mut out = vec![Vec::new(); offsets.len()];
-        for i in 0..n {
-            let t = 1_000_000_000 + i as i64 * period;
-            let starts: Vec<i64> = offsets.iter().enumerate().map(|(r, o)| t + o + jitter(i, r)).collect();
-            let end = starts.iter().max().unwrap() + 100_000;
-            for (r, s) in starts.iter().enumerate() {
-                out[r].push(Nccl { name: 1, start: *s, end });
-            }
-        }
-        out
-    }
-
-    fn members(lists: &[Vec<Nccl>]) -> Vec<Member<'_>> {
-        lists.iter().enumerate().map(|(r, k)| Member { rank: r as u32, kernels: k }).collect()
-    }
-
-    fn names(id: i64) -> String {
-        format!("ncclDevKernel_AllReduce_Sum_f32_RING_LL_{id}(ncclDevComm*, unsigned long, ncclWork*)")
-    }
-
-    #[test]
-    fn the_late_rank_is_the_straggler_and_the_others_wait_for_it() {
-        // Rank 1 arrives 2 ms late, rank 2 0.5 ms late, in 40 collectives.
-        let lists = ranks(&[0, 2_000_000, 500_000], 40, 10_000_000, |_, _| 0);
-        let c = compare(&members(&lists), names);
-        assert_eq!(c.collectives, 40);
-        assert_eq!(c.last, vec![0, 40, 0]);
-        assert_eq!(c.wait_ns, vec![40 * 2_000_000, 0, 40 * 1_500_000]);
-        let v = c.straggler.clone().expect("a straggler");
-        assert_eq!((v.member, v.last), (1, 40));
-        assert_eq!(v.others_wait_ns, 40 * 3_500_000);
-        assert_eq!(v.median_wait_ns, 2_000_000, "the upper median of 40 x 1.5 ms and 40 x 2 ms");
-        assert!(v.evidence.starts_with("rank 1 started last in 100 % of 40 collectives"), "{}", v.evidence);
-        assert!(v.evidence.contains("140.00 ms in total"), "{}", v.evidence);
-        assert!(c.no_straggler.is_empty() && c.notes.is_empty(), "{c:?}");
-    }
-
-    #[test]
-    fn mostly_late_is_enough_and_ties_go_to_the_one_that_waited_least() {
-        // Rank 0 is late in 3 of 4 collectives, rank 1 in the other.
-        let lists = ranks(&[0, 0], 4, 1_000_000, |i, r| if (i == 3) == (r == 1) { 300_000 } else { 0 });
-        let c = compare(&members(&lists), names);
-        assert_eq!(c.last, vec![3, 1]);
-        let v = c.straggler.expect("a straggler");
-        assert_eq!(v.member, 0);
-        assert!(v.evidence.contains("75 % of 4"), "{}", v.evidence);
-        // Two ranks last twice each: the one that waited less (it was late by more).
-        let lists = ranks(&[0, 0], 4, 1_000_000, |i, r| match (i % 2, r) {
-            (0, 0) => 500_000,
-            (1, 1) => 100_000,
-            _ => 0,
-        });
-        let c = compare(&members(&lists), names);
-        assert_eq!((c.last.clone(), c.wait_ns.clone()), (vec![2, 2], vec![200_000, 1_000_000]));
-        assert_eq!(c.straggler.expect("a straggler").member, 0);
-    }
-
-    #[test]
-    fn no_straggler_when_none_stands_out_or_nothing_compares() {
-        // Each of 4 ranks last in a quarter of the collectives.
-        let lists = ranks(&[0, 0, 0, 0], 8, 1_000_000, |i, r| if i % 4 == r { 50_000 } else { 0 });
-        let c = compare(&members(&lists), names);
-        assert!(c.straggler.is_none());
-        assert!(c.no_straggler.starts_with("no rank stands out"), "{}", c.no_straggler);
-        assert!(c.no_straggler.contains("25 % of 8"), "{}", c.no_straggler);
-        // All at once: nobody is last, nobody waits.
-        let lists = ranks(&[7, 7], 5, 1_000_000, |_, _| 0);
-        let c = compare(&members(&lists), names);
-        assert_eq!((c.last.clone(), c.wait_ns.clone(), c.straggler.is_none()), (vec![0, 0], vec![0, 0], true));
-        // One rank.
-        let lists = ranks(&[0], 5, 1_000_000, |_, _| 0);
-        let c = compare(&members(&lists), names);
-        assert_eq!((c.collectives, c.straggler.is_none()), (0, true));
-        assert!(c.no_straggler.contains("one rank (rank 0)"), "{}", c.no_straggler);
-        // No NCCL kernels.
-        let c = compare(&[Member { rank: 0, kernels: &[] }, Member { rank: 1, kernels: &[] }], names);
-        assert!(c.no_straggler.starts_with("no NCCL kernels"), "{}", c.no_straggler);
-        assert!(compare(&[], names).no_straggler.contains("no ranks"));
-    }
-
-    #[test]
-    fn different_counts_are_cut_to_the_common_prefix_and_names_matched_apart() {
-        let mut lists = ranks(&[0, 1_000_000], 10, 10_000_000, |_, _| 0);
-        lists[0].truncate(7);
-        // A second collective kind interleaved on both ranks, rank 0 late in it; and a kernel
-        // rank 1 alone ran.
-        for (r, late) in [(0usize, 400_000i64), (1, 0)] {
-            for i in 0..3 {
-                let s = 1_005_000_000 + i * 10_000_000 + late;
-                lists[r].push(Nccl { name: 2, start: s, end: 1_005_000_000 + i * 10_000_000 + 500_000 });
-            }
-            lists[r].sort_by_key(|k| k.start);
-        }
-        lists[1].push(Nccl { name: 3, start: 2_000_000_000, end: 2_000_001_000 });
-        let c = compare(&members(&lists), names);
-        assert_eq!(c.collectives, 7 + 3);
-        assert_eq!(c.last, vec![3, 7]);
-        assert_eq!(c.wait_ns, vec![7 * 1_000_000, 3 * 400_000]);
-        assert_eq!(c.straggler.expect("a straggler").member, 1);
-        assert_eq!(c.notes.len(), 2, "{:?}", c.notes);
-        assert!(c.notes[0].contains("rank 0 7, rank 1 10") && c.notes[0].contains("first 7"), "{:?}", c.notes);
-        assert!(
-            c.notes[1].starts_with("ncclDevKernel_AllReduce_Sum_f32_RING_LL_3 ran on rank 1 only"),
-            "{:?}",
-            c.notes
-        );
-    }
-
-    #[test]
-    fn nccl_kernels_by_name() {
-        assert!(is_nccl("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "_Z39ncclDev"));
-        assert!(is_nccl("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", ""));
-        assert!(is_nccl("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE", ""));
-        assert!(!is_nccl("ampere_sgemm_128x64_tn", ""));
-        assert!(!is_nccl(
-            "void at::native::elementwise_kernel<128, 2>(int)",
-            "_ZN2at6native18elementwise_kernelILi128ELi2EEEviT1_"
-        ));
-        assert!(!is_nccl("my_nccl_helper(int)", "_Z14my_nccl_helperi"));
-    }
-
-    #[test]
-    fn a_wait_is_at_most_the_kernel() {
-        let a = [Nccl { name: 1, start: 0, end: 1_000 }];
-        let b = [Nccl { name: 1, start: 50_000, end: 51_000 }];
-        let c = compare(&[Member { rank: 0, kernels: &a }, Member { rank: 1, kernels: &b }], names);
-        assert_eq!(c.wait_ns, vec![1_000, 0]);
-    }
-
-    #[test]
-    fn launches_per_step_are_found() {
-        // One launch a step, 10 ms apart with up to 0.3 ms jitter.
-        let jitter = |i: i64| (i * 7919) % 300_000;
-        let one: Vec<i64> = (0..50).map(|i| i * 10_000_000 + jitter(i)).collect();
-        let (p, n, k) = launch_period(&one).expect("a period");
-        assert_eq!((n, k), (49, 1));
-        assert!((9_700_000..=10_300_000).contains(&p), "{p}");
-        // Three a step (gradient buckets at 0, 1 and 3 ms into a 20 ms step).
-        let three: Vec<i64> =
-            (0..40).flat_map(|s| [0, 1_000_000, 3_000_000].map(|o| s * 20_000_000 + o + jitter(s))).collect();
-        let (p, n, k) = launch_period(&three).expect("a period");
-        assert_eq!((n, k), (39, 3));
-        assert!((19_700_000..=20_300_000).contains(&p), "{p}");
-        // One a step with much jitter (10 ms +- 20 %): steps of two would agree better, but not
-        // by enough to be taken for two launches a step.
-        let noisy: Vec<i64> = (0..60).map(|i| i * 10_000_000 + (i * i * 7919 + i * 104_729) % 4_000_000).collect();
-        assert_eq!(launch_period(&noisy).expect("a period").2, 1);
-        // No regular pattern: the plain median of successive periods.
-        let odd: Vec<i64> = [0, 1, 5, 6, 20, 21, 50].iter().map(|v| v * 1_000_000).collect();
-        assert_eq!(launch_period(&odd), Some((median_period(&odd).expect("median").0, 6, 1)));
-        assert_eq!(launch_period(&[0, 5]), None);
-    }
-
-    #[test]
-    fn steps_and_busy_time() {
-        assert_eq!(median_period(&[0, 10, 30, 40]), Some((10, 3)));
-        assert_eq!(median_period(&[0, 10]), None, "two ranges are not a repeating step");
-        assert_eq!(step_group("ProfilerStep#12"), "ProfilerStep#*");
-        assert_eq!(step_group("step 3"), "step *");
-        assert_eq!(step_group("forward"), "forward");
-        assert_eq!(step_group("42"), "42");
-        let g = |n: &str, c, t| (n.to_string(), c, t);
-        let groups = [g("forward", 30, 900), g("ProfilerStep#*", 10, 500), g("once", 1, 10_000)];
-        assert_eq!(pick_step_group(&groups), Some(1), "PyTorch's step ranges first");
-        let groups = [g("forward", 30, 900), g("train_step", 10, 1_000), g("once", 2, 10_000)];
-        assert_eq!(pick_step_group(&groups), Some(1), "the repeating range covering the most time");
-        assert_eq!(pick_step_group(&[g("once", 2, 10)]), None);
-        let mut u = Union::default();
-        for (s, e) in [(0, 5), (10, 20), (15, 30), (40, 41)] {
-            u.push(s, e);
-        }
-        assert_eq!(u.total(), 5 + 20 + 1);
-        assert_eq!(Union::default().total(), 0);
-        assert_eq!(
-            (human_ns(999), human_ns(750_000), human_ns(310_000_000)),
-            ("999 ns".into(), "750.00 us".into(), "310.00 ms".into())
-        );
-    }
-}
+mod tests;

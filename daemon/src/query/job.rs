@@ -1,6 +1,6 @@
 //! GetJobSummary: a distributed job's ranks in a session compared (step time, GPU busy share,
 //! time in NCCL kernels, time waiting in collectives, the straggler). The arithmetic is in
-//! [`super::collectives`]; this reads the session's kernels and NVTX ranges for it.
+//! [`super::collectives`]; this reads the session's kernels, NVTX ranges and NCCL collectives for it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -8,7 +8,7 @@ use gpuprof_proto::api as pb;
 use rusqlite::{Connection, params_from_iter};
 
 use super::Reads;
-use super::collectives::{self, Member, Nccl, Union};
+use super::collectives::{self, Enqueued, Member, Nccl, Union};
 use super::{Strings, where_for};
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
@@ -235,13 +235,36 @@ fn nccl_steps(k: &Kernels, c: &Connection, names: &mut Strings) -> rusqlite::Res
 }
 
 /// One NCCL collective record of a process: communicator, name (strings.id), sequence number,
-/// bytes, and its run in the kernel (ns since the Unix epoch) when NCCL timed it.
+/// bytes, its enqueue's start and its run in the kernel (ns since the Unix epoch) when NCCL
+/// timed it.
 struct Coll {
     comm: i64,
     name: i64,
     seq: i64,
     bytes: u64,
+    start: i64,
     gpu: Option<(i64, i64)>,
+}
+
+/// A process's step from its NCCL collectives in order of enqueue (across its communicators):
+/// the sequence of them that repeats ([`collectives::collective_steps`]).
+fn collective_steps(
+    list: &[Coll],
+    c: &Connection,
+    names: &mut Strings,
+) -> rusqlite::Result<Option<(u64, u64, String)>> {
+    let mut seq: Vec<(i64, i64, i64, Enqueued)> = list
+        .iter()
+        .map(|x| (x.start, x.comm, x.seq, Enqueued { name: x.name, bytes: x.bytes, start: x.start }))
+        .collect();
+    seq.sort_unstable_by_key(|x| (x.0, x.1, x.2));
+    let seq: Vec<Enqueued> = seq.into_iter().map(|x| x.3).collect();
+    let Some(s) = collectives::collective_steps(&seq) else { return Ok(None) };
+    let mut kinds = Vec::with_capacity(s.kinds.len());
+    for (name, k) in s.kinds {
+        kinds.push((names.get(c, name)?, k));
+    }
+    Ok(Some((s.period, s.steps, collectives::collective_step_text(&kinds, s.per_step))))
 }
 
 /// The NCCL collective records of `procs` in the session.
@@ -249,19 +272,21 @@ fn read_collectives(c: &Connection, session: u64, procs: &[u64]) -> rusqlite::Re
     let f = pb::RecordFilter { process_ids: procs.to_vec(), ..Default::default() };
     let w = where_for(c, "collective", session, &f)?;
     let mut stmt = c.prepare(&format!(
-        "SELECT t.proc, t.comm, t.name, t.seq, t.bytes, t.start + p.base_ns + t.gpu_off, t.gpu_dur FROM collective t
+        "SELECT t.proc, t.comm, t.name, t.seq, t.bytes, t.start + p.base_ns, t.gpu_off, t.gpu_dur FROM collective t
          JOIN processes p ON p.id = t.proc WHERE {}",
         w.sql
     ))?;
     let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
     let mut out: HashMap<u64, Vec<Coll>> = HashMap::new();
     while let Some(r) = rows.next()? {
-        let (gpu_start, gpu_dur): (i64, i64) = (r.get(5)?, r.get(6)?);
+        let (start, gpu_off, gpu_dur): (i64, i64, i64) = (r.get(5)?, r.get(6)?, r.get(7)?);
+        let gpu_start = start + gpu_off;
         out.entry(r.get::<_, i64>(0)? as u64).or_default().push(Coll {
             comm: r.get(1)?,
             name: r.get(2)?,
             seq: r.get(3)?,
             bytes: r.get::<_, i64>(4)?.max(0) as u64,
+            start,
             gpu: (gpu_dur >= 0).then_some((gpu_start, gpu_start + gpu_dur)),
         });
     }
@@ -292,6 +317,7 @@ pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::Job
     let ids: Vec<u64> = procs.iter().map(|p| p.id).collect();
     let mut kernels = read_kernels(c, session, &ids, &mut names)?;
     let mut marker_steps = marker_steps(c, session, &ids, &mut names)?;
+    let mut colls = read_collectives(c, session, &ids)?;
     let mut rows = Vec::new();
     for p in &procs {
         let k = kernels.remove(&p.id).unwrap_or_default();
@@ -311,10 +337,14 @@ pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::Job
             let span = r.end_ns.saturating_sub(r.start_ns);
             r.busy_share = if span > 0 { r.busy_ns as f64 / span as f64 } else { 0.0 };
         }
-        let steps = match marker_steps.remove(&p.id) {
-            Some(s) => Some(("marker", s)),
-            None => nccl_steps(&k, c, &mut names)?.map(|s| ("nccl", s)),
-        };
+        // NVTX steps first, then the sequence of NCCL's collectives, then its kernels' periods.
+        let mut steps = marker_steps.remove(&p.id).map(|s| ("marker", s));
+        if let (None, Some(list)) = (&steps, colls.get(&p.id)) {
+            steps = collective_steps(list, c, &mut names)?.map(|s| ("collectives", s));
+        }
+        if steps.is_none() {
+            steps = nccl_steps(&k, c, &mut names)?.map(|s| ("nccl", s));
+        }
         if let Some((source, (period, n, name))) = steps {
             (r.step_ns, r.steps, r.step_source, r.step_name) = (period, n, source.into(), name);
         }
@@ -323,7 +353,6 @@ pub fn job_summary(c: &Connection, session: u64, job: &str) -> ApiResult<pb::Job
     let mut out = pb::JobSummary { session_id: session, job_id: job, ..Default::default() };
     // NCCL's own records, where every rank has them timed in the kernel, match collectives
     // exactly (communicator, collective, sequence number); else the kernels' order does.
-    let mut colls = read_collectives(c, session, &ids)?;
     let mut labels: HashMap<i64, String> = HashMap::new();
     for (r, _) in rows.iter_mut() {
         if let Some(list) = colls.get(&r.process_id) {

@@ -134,3 +134,18 @@ pub(super) fn absorb(buf: &PcBuffer, agg: &mut Agg, totals: &mut (u64, u64)) {
     totals.0 += buf.total_samples();
     totals.1 += buf.dropped_samples();
 }
+
+/// What a failed read means: a hardware buffer stuck full is healed (disable, enable again);
+/// HARDWARE_BUSY or 999 (what `GetData` returns when an outside client took the monitor)
+/// stands down; anything else fails.
+pub(super) fn failure_kind(e: CuptiError, full: bool) -> (crate::tracer::PcEventKind, String) {
+    if full || e.code == gpuprof_cupti::ids::CUPTI_ERROR_OUT_OF_MEMORY {
+        return (crate::tracer::PcEventKind::Healed, format!("hardware buffer full ({e}); sampling restarted"));
+    }
+    crate::log::log!(Warn, "PC sampling stopped: {e}");
+    if e.is_hardware_busy() || e.code == gpuprof_cupti::ids::CUPTI_ERROR_UNKNOWN {
+        (crate::tracer::PcEventKind::HardwareBusy, e.to_string())
+    } else {
+        (crate::tracer::PcEventKind::Failed, e.to_string())
+    }
+}

@@ -24,10 +24,9 @@ use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use gpuprof_cupti::Cupti;
 use gpuprof_cupti::device::Driver;
-use gpuprof_cupti::ids;
 use gpuprof_cupti::pcsampling::{FunctionName, PcConfig, StallReasons};
-use gpuprof_cupti::{Cupti, CuptiError};
 
 use super::hooks::{self, User};
 
@@ -305,7 +304,7 @@ impl PcSampler {
                 && d.phase == Phase::Live
             {
                 d.phase = Phase::Disabling;
-                let (kind, reason) = failure_kind(e, full);
+                let (kind, reason) = context::failure_kind(e, full);
                 app::arm(Op::Disable { device, kind, reason });
             }
         }
@@ -590,19 +589,4 @@ fn merge(d: &mut Dev, agg: Agg, totals: (u64, u64)) {
     }
     d.totals.0 += totals.0;
     d.totals.1 += totals.1;
-}
-
-/// What a failed read means: a hardware buffer stuck full is healed (disable, enable again);
-/// HARDWARE_BUSY or 999 (what `GetData` returns when an outside client took the monitor)
-/// stands down; anything else fails.
-fn failure_kind(e: CuptiError, full: bool) -> (PcEventKind, String) {
-    if full || e.code == ids::CUPTI_ERROR_OUT_OF_MEMORY {
-        return (PcEventKind::Healed, format!("hardware buffer full ({e}); sampling restarted"));
-    }
-    log!(Warn, "PC sampling stopped: {e}");
-    if e.is_hardware_busy() || e.code == ids::CUPTI_ERROR_UNKNOWN {
-        (PcEventKind::HardwareBusy, e.to_string())
-    } else {
-        (PcEventKind::Failed, e.to_string())
-    }
 }
