@@ -186,6 +186,34 @@ pub(super) struct NcclKernel {
     dev: u32,
 }
 
+/// How far NCCL's time of a collective's start in its kernel may lie outside the run CUPTI
+/// recorded for that kernel, or CUPTI's start before the host's time of the enqueue: the two
+/// clocks agree only to a few microseconds, and a small collective's kernel runs for ~5 us.
+const CLOCK_SLACK_NS: u64 = 50_000;
+
+/// The NCCL kernel (of `ks`, sorted by start) that ran a collective enqueued at `enqueued`:
+/// where NCCL reported the execution's start (`gpu_start`, 0: not reported), the kernel whose
+/// run holds it, else the nearest within [`CLOCK_SLACK_NS`]; without that, the first to start
+/// after the enqueue (less the slack).
+fn pick(ks: &[NcclKernel], enqueued: u64, gpu_start: u64) -> Option<NcclKernel> {
+    if gpu_start != 0 {
+        let i = ks.partition_point(|k| k.start <= gpu_start);
+        let before = i.checked_sub(1).map(|j| (ks[j], gpu_start.saturating_sub(ks[j].end)));
+        let after = ks.get(i).map(|k| (*k, k.start - gpu_start));
+        let near = match (before, after) {
+            (Some(b), Some(a)) => Some(if a.1 < b.1 { a } else { b }),
+            (b, a) => b.or(a),
+        };
+        if let Some((k, d)) = near
+            && d <= CLOCK_SLACK_NS
+        {
+            return Some(k);
+        }
+    }
+    let i = ks.partition_point(|k| k.start < enqueued.saturating_sub(CLOCK_SLACK_NS));
+    ks.get(i).copied()
+}
+
 /// The NCCL kernels of the processes asked about, read once per process.
 #[derive(Default)]
 pub(super) struct NcclKernels {
@@ -196,9 +224,7 @@ pub(super) struct NcclKernels {
 }
 
 impl NcclKernels {
-    /// The NCCL kernel that ran a collective of `proc` enqueued at `enqueued`: the one whose
-    /// run holds `gpu_start` where NCCL reported the execution's start (0: not reported), else
-    /// the first to start after the enqueue.
+    /// The NCCL kernel that ran a collective of `proc` enqueued at `enqueued` ([`pick`]).
     pub(super) fn ran(
         &mut self,
         c: &Connection,
@@ -211,17 +237,7 @@ impl NcclKernels {
             let list = self.read(c, session, proc)?;
             self.by_proc.insert(proc, list);
         }
-        let ks = &self.by_proc[&proc];
-        if gpu_start != 0 {
-            let i = ks.partition_point(|k| k.start <= gpu_start);
-            if let Some(k) = i.checked_sub(1).map(|i| ks[i])
-                && k.end >= gpu_start
-            {
-                return Ok(Some(k));
-            }
-        }
-        let i = ks.partition_point(|k| k.start < enqueued);
-        Ok(ks.get(i).copied())
+        Ok(pick(&self.by_proc[&proc], enqueued, gpu_start))
     }
 
     fn read(&mut self, c: &Connection, session: u64, proc: u64) -> rusqlite::Result<Vec<NcclKernel>> {
@@ -258,5 +274,34 @@ impl NcclKernels {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CLOCK_SLACK_NS, NcclKernel, pick};
+
+    fn k(start: u64, end: u64, corr: u32) -> NcclKernel {
+        NcclKernel { start, end, corr, dev: 0 }
+    }
+
+    #[test]
+    fn a_collective_joins_the_kernel_that_ran_it_across_clock_skew() {
+        // Kernels of 5 us every ms; the last one alone at the end.
+        let ks = [k(1_000_000, 1_005_000, 1), k(2_000_000, 2_005_000, 2), k(3_000_000, 3_005_000, 3)];
+        let corr = |enq, gpu| pick(&ks, enq, gpu).map(|k| k.corr);
+        // NCCL's start inside the run.
+        assert_eq!(corr(1_900_000, 2_001_000), Some(2));
+        // NCCL's start a few us before CUPTI's (clocks differ), or just after the end.
+        assert_eq!(corr(2_990_000, 2_997_000), Some(3));
+        assert_eq!(corr(2_990_000, 3_008_000), Some(3));
+        // The last collective, its kernel starting before the host's enqueue time: no later
+        // kernel, yet it joins its own (not none, and never the next one's).
+        assert_eq!(corr(3_002_000, 0), Some(3));
+        assert_eq!(corr(1_990_000, 1_999_000), Some(2));
+        // Far from every kernel: NCCL's time is not trusted, the first after the enqueue is.
+        assert_eq!(corr(1_500_000, 1_500_000 + 2 * CLOCK_SLACK_NS), Some(2));
+        assert_eq!(corr(3_500_000, 0), None);
+        assert_eq!(pick(&[], 1, 1).map(|k| k.corr), None);
     }
 }

@@ -2,16 +2,21 @@
 //! it is due and closes once it has lasted its length; the gap to the next is set by what
 //! the windows cost the application (the budget).
 //!
-//! Two costs decide how a window ends. Enabling and disabling took 50-140 ms each on the H100
-//! and H200, with the application stalled meanwhile: a 20 ms window of an enable and a disable
-//! cost ~150 ms. But while sampling is enabled, CUPTI adds ~1.5-2 µs to every kernel launch
-//! (CUPTI's own sampler cost 17-29 % on a loop of small PyTorch kernels, 0.5 % on a matmul
-//! loop). So the context is enabled with CUPTI's start/stop control and a window is
-//! `cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read; launches are counted while the
-//! window is open, and when the launch rate says that staying enabled would cost more than
-//! the budget, the window's close disables too (the next window enables again) and the gap
-//! grows to pay for that. `GPUPROF_PC_WINDOWS=reenable` disables at every close (no
-//! start/stop control), to measure one against the other.
+//! Measured on the H100: the first enable in a process takes 80-120 ms (CUPTI's set-up, once
+//! per process; later enables 0.3-0.8 ms); a disable 43-54 ms; and once PC sampling has been
+//! enabled on a context, every later kernel launch costs more, enabled (+1.5-2 µs: CUPTI's own
+//! sampler cost 17-29 % on a loop of small PyTorch kernels) and still after the disable (a C
+//! loop of small launches 1.25x after one enable and disable, 0.94x once `cuptiFinalize` ran
+//! too: `tests/gpu/pc_floor.sh`). So the context is enabled with CUPTI's start/stop control
+//! and a window is `cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read; launches are
+//! counted while the window is open, and while staying enabled costs at most half the budget
+//! (compute-bound work) the context stays enabled between windows. Else (launch-bound work)
+//! the close disables too and, when nothing else of CUPTI is on, CUPTI is finalized at the
+//! synchronization's outermost exit ([`DETACH_AT_EXIT`], carried out in `app.rs`); the
+//! background thread subscribes again shortly before the next window is due. Every cost,
+//! being enabled included, counts against the budget that spaces the windows.
+//! `GPUPROF_PC_WINDOWS=reenable` disables at every close (no start/stop control) and
+//! `GPUPROF_PC_DETACH=0` keeps CUPTI attached between windows, to measure one against the other.
 // Safety: CUPTI calls on the context current on the synchronizing thread; each is commented.
 #![allow(unsafe_code)]
 
@@ -84,13 +89,16 @@ pub(super) struct Win {
     since: Instant,
     /// Windows closed so far.
     closes: u64,
-    /// What the windows cost so far: added to synchronizations, and launches' cost inside
-    /// windows that disabled.
+    /// What the windows cost so far: added to synchronizations, and what being enabled cost
+    /// the launches (inside windows, and between them while kept enabled).
     spent: Duration,
     /// [`LAUNCHES`] when the window opened (None: launches are not being counted).
     launch_mark: Option<u64>,
     /// Kernel launches per second in the last windows (a moving average; None: not yet).
     launch_rate: Option<f64>,
+    /// The last close kept sampling enabled (start/stop control) then: what staying enabled
+    /// costs until the next close counts against the budget too.
+    kept_since: Option<Instant>,
 }
 
 impl Win {
@@ -107,6 +115,7 @@ impl Win {
             spent: Duration::ZERO,
             launch_mark: count_launches(cupti),
             launch_rate: None,
+            kept_since: None,
         }
     }
 
@@ -150,7 +159,9 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                 let rate = LAUNCHES.load(Ordering::Relaxed).saturating_sub(mark) as f64 / open.as_secs_f64();
                 w.launch_rate = Some(w.launch_rate.map_or(rate, |old| 0.5 * old + 0.5 * rate));
             }
-            let keep = w.enabled_cost().is_some_and(|c| c <= w.cfg.budget);
+            // Kept enabled only while that costs at most half the budget (the other half is for
+            // the windows themselves).
+            let keep = w.enabled_cost().is_some_and(|c| c <= w.cfg.budget / 2.0);
             let t = Instant::now();
             let mut failure = None;
             let before = l.totals.0;
@@ -197,9 +208,12 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                 w.spent += measured;
             }
             w.closes += 1;
-            if !kept && let Some(c) = w.enabled_cost() {
-                w.spent += open.mul_f64(c.min(10.0));
+            if let Some(c) = w.enabled_cost() {
+                // Enabled since the last close (kept then), or inside this window only.
+                let on = w.kept_since.take().map_or(open, |t| now.duration_since(t));
+                w.spent += on.mul_f64(c.min(10.0));
             }
+            w.kept_since = kept.then_some(now);
             // The next window opens when what the windows cost since the first stays within
             // the budget of the time since (and the duty under MAX_DUTY while the launches'
             // cost is not known).
