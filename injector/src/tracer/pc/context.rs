@@ -88,18 +88,21 @@ pub(super) fn enable(
     let t_reasons = t0.elapsed();
     // Safety: `at_disable` is boxed and kept in `Enabled` until disable.
     unsafe { cupti.pc_configure(c, &cfg, &mut at_disable) }.map_err(undo)?;
-    if WINDOWS.load(Ordering::Relaxed) < 20 {
-        crate::log::log!(
-            Info,
-            "PC sampling enable: cuptiPCSamplingEnable {:.2} ms, stall reasons {:.2} ms, configure {:.2} ms",
-            t_enable.as_secs_f64() * 1e3,
-            (t_reasons - t_enable).as_secs_f64() * 1e3,
-            (t0.elapsed() - t_reasons).as_secs_f64() * 1e3
-        );
-    }
+    let t_configure = t0.elapsed();
     if ranged {
         // Safety: enabled and configured with start/stop control just above.
         unsafe { cupti.pc_start(c) }.map_err(undo)?;
+    }
+    if WINDOWS.load(Ordering::Relaxed) < 20 {
+        crate::log::log!(
+            Info,
+            "PC sampling enable: cuptiPCSamplingEnable {:.2} ms, stall reasons {:.2} ms, configure {:.2} ms, \
+             start {:.2} ms",
+            t_enable.as_secs_f64() * 1e3,
+            (t_reasons - t_enable).as_secs_f64() * 1e3,
+            (t_configure - t_reasons).as_secs_f64() * 1e3,
+            (t0.elapsed() - t_configure).as_secs_f64() * 1e3
+        );
     }
     Ok((Enabled { at_disable, read: PcBuffer::new(PCS_PER_READ, n), ranged, running: ranged }, reasons, unknown))
 }
