@@ -127,6 +127,11 @@ impl Daemon {
     }
 
     /// Who owns session `id`, for [`access::authorize_session`].
+    /// What an OTLP metrics snapshot reads ([`otlp::Snapshot::take`]).
+    pub fn otlp_sources(&self) -> otlp::Sources<'_> {
+        otlp::Sources { pm: &self.pm, gpus: &self.gpus, registry: &self.registry, stats: &self.stats }
+    }
+
     /// What the sessions' CUPTI PM sampling uses ([`sessions::pm`]).
     pub(crate) fn pm(&self) -> sessions::pm::Pm<'_> {
         sessions::pm::Pm { sampler: &self.config.sampler, arbiter: &self.arbiter }

@@ -12,7 +12,7 @@
 //! (`gpuprof_otlp_points_dropped_total` on /metrics) and the next interval sends current values;
 //! nothing queues up and ingest never waits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -30,10 +30,12 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::Daemon;
 use crate::config::OtlpConfig;
-use crate::pmstream::Latest;
-use crate::registry::Placement;
+use crate::otlp_profiles::{ProcInfo, Taken};
+use crate::pmstream::{Latest, PmHub};
+use crate::registry::{Placement, Registry};
+use crate::sampler::Gpus;
+use crate::stats::Stats;
 
 /// What one export reports, taken from the daemon at one instant.
 #[derive(Debug, Clone, Default)]
@@ -67,8 +69,18 @@ pub struct ProcSnap {
     pub rank: Option<u32>,
 }
 
+/// What a metrics snapshot reads: the latest device values, the GPUs, the connected agents and
+/// the daemon's counters.
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    pub pm: &'a PmHub,
+    pub gpus: &'a Gpus,
+    pub registry: &'a Registry,
+    pub stats: &'a Stats,
+}
+
 impl Snapshot {
-    pub fn take(d: &Daemon) -> Snapshot {
+    pub fn take(d: Sources<'_>) -> Snapshot {
         let now_ns = crate::clock::now_ns();
         let mut latest = d.pm.latest();
         let mut gpus: Vec<GpuSnap> = d
@@ -334,9 +346,37 @@ pub fn channel(cfg: &OtlpConfig) -> Result<Channel> {
     Ok(ep.connect_lazy())
 }
 
+/// What the export task uses: its settings, the counters it adds to, and how it reads what it
+/// sends (a metrics [`Snapshot`]; the PC samples taken since the last export, with the
+/// processes they name).
+pub struct Exporter {
+    pub config: OtlpConfig,
+    pub stats: Arc<Stats>,
+    pub snapshot: Box<dyn Fn() -> Snapshot + Send + Sync>,
+    pub pc: Box<dyn Fn() -> (Taken, HashMap<u64, ProcInfo>) + Send + Sync>,
+}
+
+/// The processes PC samples name, for their profiles' resources.
+pub fn proc_infos(registry: &Registry) -> HashMap<u64, ProcInfo> {
+    registry
+        .all()
+        .into_iter()
+        .map(|a| {
+            let info = ProcInfo {
+                pid: a.pid,
+                exe: a.exe.clone(),
+                placement: a.placement.clone(),
+                job_id: a.job.job_id.clone(),
+                rank: a.job.rank,
+            };
+            (a.id, info)
+        })
+        .collect()
+}
+
 /// The export task: one request per interval until shutdown.
-pub async fn run(d: Arc<Daemon>, channel: Channel, shutdown: CancellationToken) {
-    let cfg = d.config.otlp.clone();
+pub async fn run(d: Exporter, channel: Channel, shutdown: CancellationToken) {
+    let cfg = d.config.clone();
     let mut profiles = ProfilesServiceClient::new(channel.clone());
     let mut client = MetricsServiceClient::new(channel);
     let mut tick = tokio::time::interval(cfg.interval.0);
@@ -347,7 +387,7 @@ pub async fn run(d: Arc<Daemon>, channel: Channel, shutdown: CancellationToken) 
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let (req, points) = request(&Snapshot::take(&d));
+        let (req, points) = request(&(d.snapshot)());
         let r = tokio::time::timeout(cfg.timeout.0 + Duration::from_millis(100), client.export(req)).await;
         let err = match r {
             Ok(Ok(resp)) => {
@@ -381,28 +421,13 @@ pub async fn run(d: Arc<Daemon>, channel: Channel, shutdown: CancellationToken) 
 }
 
 /// Sends the PC samples taken since the last export as OTLP profiles; a failure costs them.
-async fn export_profiles(d: &Daemon, client: &mut ProfilesServiceClient<Channel>, timeout: Duration) {
-    let taken = d.otlp_pc.take();
+async fn export_profiles(d: &Exporter, client: &mut ProfilesServiceClient<Channel>, timeout: Duration) {
+    let (taken, procs) = (d.pc)();
     d.stats.otlp_pc_samples_dropped.fetch_add(taken.dropped, Relaxed);
     let n = taken.samples();
     if n == 0 {
         return;
     }
-    let procs = d
-        .registry
-        .all()
-        .into_iter()
-        .map(|a| {
-            let info = crate::otlp_profiles::ProcInfo {
-                pid: a.pid,
-                exe: a.exe.clone(),
-                placement: a.placement.clone(),
-                job_id: a.job.job_id.clone(),
-                rank: a.job.rank,
-            };
-            (a.id, info)
-        })
-        .collect();
     let req = crate::otlp_profiles::request(&host_name(), &taken, &procs, crate::clock::now_ns());
     match tokio::time::timeout(timeout + Duration::from_millis(100), client.export(req)).await {
         Ok(Ok(_)) => {
@@ -420,127 +445,4 @@ async fn export_profiles(d: &Daemon, client: &mut ProfilesServiceClient<Channel>
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn snap() -> Snapshot {
-        let pod = Placement {
-            container_id: "7e2b6c0a4f1d3e5b9a8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a".into(),
-            container_runtime: "containerd",
-            pod_uid: "1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c".into(),
-            pod_name: "trainer-0".into(),
-            pod_namespace: "ml".into(),
-            container_name: "pytorch".into(),
-        };
-        Snapshot {
-            host: "gpu-node-17".into(),
-            start_ns: 1_000,
-            now_ns: 2_000,
-            gpus: vec![
-                GpuSnap {
-                    index: 0,
-                    uuid: "GPU-0f9e8d7c-6b5a-4321-9876-543210fedcba".into(),
-                    model: "NVIDIA H100 80GB HBM3".into(),
-                    latest: Some(Latest {
-                        metrics: vec!["sm__cycles_active.avg.pct_of_peak_sustained_elapsed".into()],
-                        values: vec![42.5],
-                        end_ns: 1_900,
-                        samples: 77,
-                        ..Default::default()
-                    }),
-                },
-                // No sampler data yet: no resource.
-                GpuSnap { index: 1, uuid: "GPU-1".into(), ..Default::default() },
-            ],
-            procs: vec![
-                ProcSnap {
-                    pid: 10,
-                    exe: "python3".into(),
-                    placement: pod.clone(),
-                    tracing: true,
-                    job_id: "run-7".into(),
-                    rank: Some(3),
-                },
-                ProcSnap {
-                    pid: 11,
-                    exe: "python3".into(),
-                    placement: pod,
-                    tracing: false,
-                    job_id: String::new(),
-                    rank: None,
-                },
-                ProcSnap {
-                    pid: 12,
-                    exe: "bench".into(),
-                    placement: Placement::default(),
-                    tracing: false,
-                    job_id: String::new(),
-                    rank: None,
-                },
-            ],
-            records: vec![("kernel", 5, 1)],
-            connected_agents: 4,
-        }
-    }
-
-    fn attr(r: &ResourceMetrics, key: &str) -> Option<String> {
-        r.resource.as_ref()?.attributes.iter().find(|a| a.key == key).and_then(|a| match &a.value.as_ref()?.value {
-            Some(any_value::Value::StringValue(s)) => Some(s.clone()),
-            Some(any_value::Value::IntValue(i)) => Some(i.to_string()),
-            _ => None,
-        })
-    }
-
-    #[test]
-    fn resources_per_gpu_workload_and_daemon() {
-        let (req, points) = request(&snap());
-        let rms = &req.resource_metrics;
-        // GPU 0, the pod, the process outside containers, the daemon.
-        assert_eq!(rms.len(), 4, "{rms:#?}");
-        for r in rms {
-            assert_eq!(attr(r, "host.name").as_deref(), Some("gpu-node-17"));
-            assert_eq!(attr(r, "service.name").as_deref(), Some("gpuprofd"));
-        }
-        let gpu = &rms[0];
-        assert_eq!(attr(gpu, "hw.id").as_deref(), Some("GPU-0f9e8d7c-6b5a-4321-9876-543210fedcba"));
-        assert_eq!(attr(gpu, "hw.model").as_deref(), Some("NVIDIA H100 80GB HBM3"));
-        assert_eq!(attr(gpu, "gpu.index").as_deref(), Some("0"));
-        let m = &gpu.scope_metrics[0].metrics;
-        assert_eq!(m[0].name, "gpuprof.pm.value");
-        let Some(metric::Data::Gauge(g)) = &m[0].data else { panic!("{m:?}") };
-        assert_eq!(g.data_points[0].value, Some(number_data_point::Value::AsDouble(42.5)));
-        assert_eq!(g.data_points[0].time_unix_nano, 1_900);
-        let Some(metric::Data::Sum(sum)) = &m[1].data else { panic!("{m:?}") };
-        assert!(sum.is_monotonic && sum.aggregation_temporality == AggregationTemporality::Cumulative as i32);
-        assert_eq!(sum.data_points[0].start_time_unix_nano, 1_000);
-
-        // Processes outside containers sort first (empty pod and container).
-        assert_eq!(attr(&rms[1], "k8s.pod.uid"), None);
-        let pod = &rms[2];
-        assert_eq!(attr(pod, "k8s.pod.uid").as_deref(), Some("1f0a9d3c-5a4e-4f6b-9f2a-0c7d1e2b3a4c"));
-        assert_eq!(attr(pod, "k8s.pod.name").as_deref(), Some("trainer-0"));
-        assert_eq!(attr(pod, "k8s.namespace.name").as_deref(), Some("ml"));
-        assert!(attr(pod, "container.id").unwrap().starts_with("7e2b6c0a4f1d"));
-        let Some(metric::Data::Gauge(g)) = &pod.scope_metrics[0].metrics[0].data else { panic!() };
-        let tracing: Vec<_> = g.data_points.iter().map(|p| p.value).collect();
-        assert_eq!(tracing, [Some(number_data_point::Value::AsInt(1)), Some(number_data_point::Value::AsInt(0))]);
-        // The rank's point carries its job; the other has none.
-        let keys = |i: usize| g.data_points[i].attributes.iter().map(|a| a.key.as_str()).collect::<Vec<_>>();
-        assert_eq!(keys(0), ["process.pid", "process.executable.name", "gpuprof.job.id", "gpuprof.job.rank"]);
-        assert_eq!(keys(1), ["process.pid", "process.executable.name"]);
-        // 1 PM value + 1 sample count + 1 + 2 process points + 2 record counters + 1 gauge.
-        assert_eq!(points, 8);
-    }
-
-    #[tokio::test]
-    async fn tls_files_are_checked_at_start() {
-        let mut cfg = crate::config::Config::from_toml("").unwrap().otlp;
-        cfg.endpoint = "https://collector:4317".into();
-        cfg.ca_file = "/nonexistent/ca.pem".into();
-        let e = format!("{:#}", channel(&cfg).unwrap_err());
-        assert!(e.contains("otlp.ca_file"), "{e}");
-        cfg.ca_file.clear();
-        cfg.endpoint = "http://127.0.0.1:4317".into();
-        assert!(channel(&cfg).is_ok(), "plain gRPC, connected lazily");
-    }
-}
+mod tests;

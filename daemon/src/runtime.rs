@@ -197,7 +197,14 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
         tasks.push(tokio::spawn(prometheus::serve(l, d.clone(), shutdown.clone())));
     }
     if let Some(channel) = otlp {
-        tasks.push(tokio::spawn(otlp::run(d.clone(), channel, shutdown.clone())));
+        let (ds, dp) = (d.clone(), d.clone());
+        let exporter = otlp::Exporter {
+            config: d.config.otlp.clone(),
+            stats: d.stats.clone(),
+            snapshot: Box::new(move || otlp::Snapshot::take(ds.otlp_sources())),
+            pc: Box::new(move || (dp.otlp_pc.take(), otlp::proc_infos(&dp.registry))),
+        };
+        tasks.push(tokio::spawn(otlp::run(exporter, channel, shutdown.clone())));
     }
     let (n, note) = d.gpus.summary(&d.arbiter);
     tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");

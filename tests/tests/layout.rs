@@ -221,7 +221,6 @@ fn cuptis_public_unsafe_functions_are_the_listed_ones() {
 const DAEMON_USERS: &[&str] = &[
     "agent.rs",
     "api.rs",
-    "otlp.rs",
     "pmstream.rs",
     "prometheus.rs",
     "runtime.rs",
