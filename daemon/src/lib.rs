@@ -127,6 +127,20 @@ impl Daemon {
     }
 
     /// Who owns session `id`, for [`access::authorize_session`].
+    /// What a Prometheus scrape reads ([`prometheus::render`]).
+    pub fn scrape(&self) -> prometheus::Scrape<'_> {
+        prometheus::Scrape {
+            stats: &self.stats,
+            registry: &self.registry,
+            pm: &self.pm,
+            arbiter: &self.arbiter,
+            gpus: &self.gpus,
+            nvml: &self.nvml,
+            db_path: &self.db_path,
+            pc: &self.pc,
+        }
+    }
+
     /// What an OTLP metrics snapshot reads ([`otlp::Snapshot::take`]).
     pub fn otlp_sources(&self) -> otlp::Sources<'_> {
         otlp::Sources { pm: &self.pm, gpus: &self.gpus, registry: &self.registry, stats: &self.stats }

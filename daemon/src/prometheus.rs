@@ -18,16 +18,41 @@ use axum::response::{IntoResponse, Response};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::Daemon;
+use crate::NvmlState;
+use crate::arbiter::Arbiter;
 use crate::catalog::Kind;
+use crate::config::PrometheusConfig;
 use crate::nvml::Source;
+use crate::pcsamp::PcHub;
+use crate::pmstream::PmHub;
+use crate::registry::Registry;
+use crate::sampler::Gpus;
+use crate::stats::Stats;
+
+/// What a scrape reads: the daemon's counters, the connected agents, the latest device values,
+/// the performance monitors' holders, the samplers, NVML's inventory, the database's size and
+/// PC sampling's states.
+#[derive(Clone, Copy)]
+pub struct Scrape<'a> {
+    pub stats: &'a Stats,
+    pub registry: &'a Registry,
+    pub pm: &'a PmHub,
+    pub arbiter: &'a Arbiter,
+    pub gpus: &'a Gpus,
+    pub nvml: &'a NvmlState,
+    pub db_path: &'a std::path::Path,
+    pub pc: &'a PcHub,
+}
+
+/// Renders the exposition text of a scrape (the endpoint calls it per request).
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// Binds the endpoint if configured.
-pub async fn bind(d: &Daemon) -> Result<Option<TcpListener>> {
-    if d.config.prometheus.listen.is_empty() {
+pub async fn bind(cfg: &PrometheusConfig) -> Result<Option<TcpListener>> {
+    if cfg.listen.is_empty() {
         return Ok(None);
     }
-    let addr = &d.config.prometheus.listen;
+    let addr = &cfg.listen;
     let l = TcpListener::bind(addr).await.with_context(|| format!("binding prometheus.listen {addr}"))?;
     tracing::info!(%addr, "serving Prometheus metrics at /metrics");
     Ok(Some(l))
@@ -38,8 +63,8 @@ fn closing(mut r: Response) -> Response {
     r
 }
 
-async fn metrics(axum::extract::State(d): axum::extract::State<Arc<Daemon>>) -> Response {
-    let body = render(&d);
+async fn metrics(axum::extract::State(render): axum::extract::State<Render>) -> Response {
+    let body = render();
     closing(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response())
 }
 
@@ -48,8 +73,8 @@ async fn not_found() -> Response {
 }
 
 /// Serves until shutdown.
-pub async fn serve(listener: TcpListener, d: Arc<Daemon>, shutdown: CancellationToken) {
-    let app = axum::Router::new().route("/metrics", axum::routing::get(metrics)).fallback(not_found).with_state(d);
+pub async fn serve(listener: TcpListener, render: Render, shutdown: CancellationToken) {
+    let app = axum::Router::new().route("/metrics", axum::routing::get(metrics)).fallback(not_found).with_state(render);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::warn!(error = %e, "the Prometheus endpoint stopped");
     }
@@ -57,8 +82,8 @@ pub async fn serve(listener: TcpListener, d: Arc<Daemon>, shutdown: Cancellation
 
 /// DCGM exporter's GPU labels, with `pod`, `namespace` and `container` when the CUDA processes
 /// on the GPU all belong to one known Kubernetes container.
-fn gpu_labels(d: &Daemon, dev: u32, host: &str, agents: &[Arc<crate::registry::Agent>]) -> String {
-    let g = d.gpus.found.iter().find(|g| g.index == dev);
+fn gpu_labels(gpus: &Gpus, dev: u32, host: &str, agents: &[Arc<crate::registry::Agent>]) -> String {
+    let g = gpus.found.iter().find(|g| g.index == dev);
     let (uuid, pci) = (g.map_or("", |g| g.uuid.as_str()), g.map_or("", |g| g.pci_bus_id.as_str()));
     let mut l = format!(
         "gpu=\"{dev}\",UUID=\"{}\",pci_bus_id=\"{}\",modelName=\"{}\",Hostname=\"{}\"",
@@ -132,9 +157,9 @@ fn esc(v: &str) -> String {
 }
 
 /// The exposition text.
-pub fn render(d: &Daemon) -> String {
+pub fn render(d: Scrape<'_>) -> String {
     let mut o = String::with_capacity(4096);
-    let s = &d.stats;
+    let s = d.stats;
     let family = |o: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
     };
@@ -143,7 +168,7 @@ pub fn render(d: &Daemon) -> String {
     // Each GPU's labels are built once per scrape (they look through every connected process).
     let cache = std::cell::RefCell::new(std::collections::HashMap::<u32, String>::new());
     let labels = |dev: u32| -> String {
-        cache.borrow_mut().entry(dev).or_insert_with(|| gpu_labels(d, dev, &host, &agents)).clone()
+        cache.borrow_mut().entry(dev).or_insert_with(|| gpu_labels(d.gpus, dev, &host, &agents)).clone()
     };
     let latest = d.pm.latest();
     // NVML and GPM: a family per metric, its unit in its name.
@@ -257,7 +282,7 @@ pub fn render(d: &Daemon) -> String {
     family(&mut o, "gpuprof_protocol_errors_total", "counter", "Agent connections closed for protocol errors.");
     let _ = writeln!(o, "gpuprof_protocol_errors_total {}", s.protocol_errors.load(Relaxed));
     family(&mut o, "gpuprof_database_bytes", "gauge", "Database size (main file and WAL).");
-    let _ = writeln!(o, "gpuprof_database_bytes {}", crate::store::database_bytes(&d.db_path));
+    let _ = writeln!(o, "gpuprof_database_bytes {}", crate::store::database_bytes(d.db_path));
     for (name, help, v) in [
         ("gpuprof_otlp_points_sent_total", "OTLP data points the collector accepted.", &s.otlp_points_sent),
         (
@@ -285,7 +310,7 @@ pub fn render(d: &Daemon) -> String {
 
 /// Per connected injector: identity labels with its container and pod, so that dashboards
 /// join GPU processes to workloads.
-fn processes(o: &mut String, d: &Daemon) {
+fn processes(o: &mut String, d: Scrape<'_>) {
     let _ = writeln!(
         o,
         "# HELP gpuprof_process_tracing 1 while a session traces the process, 0 while it is idle; one series per \
@@ -340,6 +365,62 @@ fn processes(o: &mut String, d: &Daemon) {
 mod tests {
     use super::*;
     use crate::registry::Placement;
+
+    /// The endpoint built from its parts, no daemon: a scrape of empty parts has the daemon's
+    /// own families (a counter per record kind, build info, the database's size); GET /metrics
+    /// serves what the render gives, anything else is 404.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_endpoint_without_a_daemon() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let cfg = crate::config::Config::from_toml("").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let conn = crate::store::open_writer(&db, &cfg.storage).unwrap();
+        let arbiter = crate::arbiter::open(&conn, &cfg).unwrap();
+        let (stats, registry, pm, nvml) =
+            (Stats::default(), Registry::default(), PmHub::default(), NvmlState::default());
+        let gpus = Gpus::from_config_in(&cfg, dir.path());
+        let pc = PcHub::new(16, crate::pcsamp::sched::SchedConfig::from_config(&cfg.pc));
+        let (registry, pm) = (&registry, &pm);
+        let text = render(Scrape {
+            stats: &stats,
+            registry,
+            pm,
+            arbiter: &arbiter,
+            gpus: &gpus,
+            nvml: &nvml,
+            db_path: &db,
+            pc: &pc,
+        });
+        for k in Kind::ALL {
+            let line = format!("gpuprof_records_ingested_total{{kind=\"{}\"}} 0", k.name());
+            assert!(text.contains(&line), "{line} missing");
+        }
+        assert!(text.contains("gpuprof_build_info{version=\""), "{text}");
+        let bytes: u64 = text.lines().find_map(|l| l.strip_prefix("gpuprof_database_bytes ")).unwrap().parse().unwrap();
+        assert!(bytes > 0);
+
+        let mut pcfg = cfg.prometheus.clone();
+        pcfg.listen = "127.0.0.1:0".into();
+        let l = bind(&pcfg).await.unwrap().unwrap();
+        let addr = l.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(l, Arc::new(|| "gpuprof_test 1\n".to_string()), shutdown.clone()));
+        let get = |path: &'static str| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        let ok = get("/metrics").await;
+        assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("gpuprof_test 1\n"), "{ok}");
+        assert!(get("/other").await.starts_with("HTTP/1.1 404"));
+        shutdown.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(5), task).await.unwrap().unwrap();
+    }
 
     fn at(pod: &str, container: &str) -> Placement {
         Placement {

@@ -188,13 +188,15 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
         };
         tokio::spawn(sampler::supervise(parts, dev, shutdown.clone()))
     }));
-    let prometheus = prometheus::bind(d).await?;
+    let prometheus = prometheus::bind(&d.config.prometheus).await?;
     let otlp = if d.config.otlp.endpoint.is_empty() { None } else { Some(otlp::channel(&d.config.otlp)?) };
     if prometheus.is_some() || otlp.is_some() {
         tasks.push(tokio::spawn(pmstream::track_latest(d.clone(), shutdown.clone())));
     }
     if let Some(l) = prometheus {
-        tasks.push(tokio::spawn(prometheus::serve(l, d.clone(), shutdown.clone())));
+        let dd = d.clone();
+        let render: prometheus::Render = Arc::new(move || prometheus::render(dd.scrape()));
+        tasks.push(tokio::spawn(prometheus::serve(l, render, shutdown.clone())));
     }
     if let Some(channel) = otlp {
         let (ds, dp) = (d.clone(), d.clone());

@@ -222,7 +222,6 @@ const DAEMON_USERS: &[&str] = &[
     "agent.rs",
     "api.rs",
     "pmstream.rs",
-    "prometheus.rs",
     "runtime.rs",
     "sessions/api.rs",
     "sessions/node.rs",
