@@ -172,6 +172,7 @@ impl Backend for CuptiBackend {
     }
 
     fn start(&mut self, cfg: &pb::TraceConfig) -> StartOutcome {
+        let _cupti = hooks::background();
         if !self.enabled.is_empty() || !self.apis.is_empty() {
             self.stop();
         }
@@ -195,6 +196,8 @@ impl Backend for CuptiBackend {
             }
             log!(Warn, "subscriber probe: {e}");
         }
+        // A finalize between PC-sampling windows must not come while this trace switches on.
+        hooks::set_activity(true);
         self.detacher.prepare(&cupti, self.tuning.detach);
         self.apply_tuning();
         if let Err(e) = self.cupti().register_callbacks(Some(buffer_requested), Some(buffer_completed)) {
@@ -236,6 +239,7 @@ impl Backend for CuptiBackend {
     }
 
     fn stop(&mut self) {
+        let _cupti = hooks::background();
         TRACING.store(false, Ordering::SeqCst);
         hooks::set_activity(false);
         if self.displaced {
@@ -262,6 +266,7 @@ impl Backend for CuptiBackend {
     }
 
     fn detach(&mut self) -> String {
+        let _cupti = hooks::background();
         let cupti = self.shared.cupti.clone();
         let d = self.detacher.detach(&cupti, self.tuning.detach, self.displaced);
         log!(Info, "trace stopped, {}", d.detail());
@@ -274,12 +279,14 @@ impl Backend for CuptiBackend {
     }
 
     fn poll_detach(&mut self) -> Option<String> {
+        let _cupti = hooks::background();
         let d = self.detacher.poll(&self.shared.cupti.clone())?;
         self.after_detach(&d);
         Some(d.detail())
     }
 
     fn tick(&mut self) -> Option<String> {
+        let _cupti = hooks::background();
         // A trace with nothing on (a PC-only session) has no records to flush, and no CUPTI
         // call may initialise CUPTI again while PC sampling has it finalized between windows.
         if self.displaced || (self.enabled.is_empty() && self.apis.is_empty()) {
@@ -311,6 +318,7 @@ impl Backend for CuptiBackend {
     }
 
     fn reapply_api(&mut self) -> bool {
+        let _cupti = hooks::background();
         if self.displaced || self.apis.is_empty() {
             return false;
         }
@@ -347,18 +355,22 @@ impl Backend for CuptiBackend {
 
 impl PcBackend for CuptiBackend {
     fn pc_start(&mut self, req: PcRequest) -> Result<(), String> {
+        let _cupti = hooks::background();
         if self.displaced {
             return Err("another CUPTI client holds CUPTI".into());
         }
         self.pc.start(req)
     }
     fn pc_stop(&mut self, device: u32, reason: &str) {
+        let _cupti = hooks::background();
         self.pc.stop(device, reason);
     }
     fn pc_collect(&mut self) -> PcOutput {
+        let _cupti = hooks::background();
         self.pc.collect(Duration::ZERO)
     }
     fn pc_finish(&mut self) -> PcOutput {
+        let _cupti = hooks::background();
         self.pc.collect(detach::CALLBACK_WAIT * 4)
     }
     fn pc_exit(&mut self) -> PcOutput {

@@ -219,6 +219,12 @@ fn outcome() -> Option<Detached> {
     }
 }
 
+/// Whether a trace's detach waits for a synchronization's exit (PC sampling must not finalize
+/// before it).
+pub fn armed() -> bool {
+    ARMED.load(Ordering::SeqCst)
+}
+
 /// Calls off a pending detach for good (process exit, fork child): a CUDA call made while the
 /// process tears down must not finalize CUPTI. Async-signal-safe.
 pub fn disarm() {

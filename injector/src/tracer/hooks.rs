@@ -13,7 +13,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpuprof_cupti::activity::Subscriber;
@@ -177,6 +177,58 @@ pub fn ended_by_finalize() {
     ENDED.store(true, Ordering::SeqCst);
 }
 
+/// gpuprof's own thread working in CUPTI, and a finalize on an application thread (PC sampling
+/// between windows), exclude each other: finalizing while another thread is inside CUPTI is
+/// undefined, and a subscriber made meanwhile would be lost. gpuprof's thread waits for a
+/// finalize under way; an application thread never waits (it finalizes at a later
+/// synchronization instead).
+static BG_IN_CUPTI: AtomicU32 = AtomicU32::new(0);
+static FINALIZING: AtomicBool = AtomicBool::new(false);
+
+/// gpuprof's thread works in CUPTI while this lives ([`background`]).
+pub struct Background(());
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        BG_IN_CUPTI.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Marks gpuprof's thread as working in CUPTI until the guard drops (nesting is fine); waits
+/// while an application thread finalizes.
+pub fn background() -> Background {
+    loop {
+        BG_IN_CUPTI.fetch_add(1, Ordering::SeqCst);
+        if !FINALIZING.load(Ordering::SeqCst) {
+            return Background(());
+        }
+        BG_IN_CUPTI.fetch_sub(1, Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// An application thread's right to finalize CUPTI, while it lives ([`try_finalizing`]).
+pub struct Finalizing(());
+
+impl Drop for Finalizing {
+    fn drop(&mut self) {
+        FINALIZING.store(false, Ordering::SeqCst);
+    }
+}
+
+/// On an application thread: the right to finalize, or None while gpuprof's thread works in
+/// CUPTI or another thread finalizes. Never waits.
+pub fn try_finalizing() -> Option<Finalizing> {
+    if FINALIZING.swap(true, Ordering::SeqCst) {
+        return None;
+    }
+    if BG_IN_CUPTI.load(Ordering::SeqCst) > 0 {
+        FINALIZING.store(false, Ordering::SeqCst);
+        return None;
+    }
+    Some(Finalizing(()))
+}
+
 /// Times CUPTI was finalized in this process (a trace's detach, PC sampling between windows):
 /// whatever was registered with CUPTI before went with it.
 static FINALIZED: AtomicU64 = AtomicU64::new(0);
@@ -220,5 +272,36 @@ extern "C" fn on_callback(
         && let Some(f) = DETACH_API.get()
     {
         f(&cb);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// gpuprof's thread in CUPTI and a finalize on an application thread exclude each other:
+    /// the application thread is refused (never waits) while gpuprof's thread works; gpuprof's
+    /// thread waits while a finalize is under way, and goes on once it ends.
+    #[test]
+    fn a_finalize_and_gpuprofs_cupti_work_exclude_each_other() {
+        {
+            let _bg = background();
+            let _nested = background();
+            assert!(try_finalizing().is_none());
+        }
+        let fin = try_finalizing().expect("nothing in CUPTI");
+        assert!(try_finalizing().is_none(), "one finalize at a time");
+        let (tx, rx) = mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let _bg = background();
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err(), "waited for the finalize");
+        drop(fin);
+        rx.recv_timeout(Duration::from_secs(5)).expect("went on after it");
+        t.join().unwrap();
+        assert!(try_finalizing().is_some());
     }
 }

@@ -29,7 +29,7 @@ use super::context::{Agg, Live as Sampled, absorb, drain_into, enable, stop_rang
 use super::cubins;
 use super::meter::{add_extra, at_entry, charge, count_sync, outside_syncs, own_thread, read_gap, set_detached, timed};
 pub use super::meter::{app_cost, app_cost_extra};
-use super::window::{DETACH_AT_EXIT, DETACHED, Win, WinCfg, window};
+use super::window::{DETACHED, Win, WinCfg, detach_request, window};
 use crate::tracer::hooks;
 
 /// A context being sampled, with its windows' state (windows mode).
@@ -132,11 +132,16 @@ pub fn arm(op: Op) {
 /// `horizon` (CUPTI must be attached again for it to open at a synchronization). Contexts
 /// destroyed meanwhile (no callback said so) are dropped first, and reported gone.
 pub fn window_due(horizon: Duration) -> bool {
-    let mut s = state();
+    // The driver is asked outside the lock: releasing a context may run CUPTI's teardown
+    // callback, which takes it.
+    let devices: Vec<u32> = state().live.keys().copied().collect();
     let driver = super::DRIVER.get();
-    let devices: Vec<u32> = s.live.keys().copied().collect();
-    for device in devices {
-        let current = driver.and_then(|d| d.active_primary_context(device)).map(|p| p.context().id());
+    let current: Vec<(u32, Option<usize>)> = devices
+        .iter()
+        .map(|&d| (d, driver.and_then(|drv| drv.active_primary_context(d)).map(|p| p.context().id())))
+        .collect();
+    let mut s = state();
+    for (device, current) in current {
         if s.live.get(&device).is_some_and(|l| l.on.is_none() && current != Some(l.ctx.id()))
             && let Some(mut l) = s.live.remove(&device)
         {
@@ -152,27 +157,34 @@ pub fn windowed() -> bool {
     state().live.values().any(|l| l.win.is_some())
 }
 
-/// At the outermost exit of a synchronization after a window closed with a disable
-/// ([`DETACH_AT_EXIT`]):
-/// `cuptiFinalize`, where CUPTI documents it safe (an API exit callback), when nothing else of
-/// CUPTI is on: no context enabled, no operation armed, no trace's activity, NVTX not routed
-/// through CUPTI. The subscriber goes with it; the background thread subscribes again before
-/// the next window ([`window_due`]).
+/// No finalize between windows any more: the process exits (set by [`stop_all`]).
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// At the outermost exit of a synchronization on the thread whose window closed with a disable
+/// ([`detach_request`]): `cuptiFinalize`, where CUPTI documents it safe (an API exit
+/// callback), when nothing else of CUPTI is on: no context enabled or failed, no operation
+/// armed, no trace's activity or pending detach, NVTX not routed through CUPTI, gpuprof's
+/// thread not in CUPTI ([`hooks::try_finalizing`]). When something is busy the request waits
+/// for this thread's next synchronization. The subscriber goes with the finalize; the
+/// background thread subscribes again before the next window ([`window_due`]).
 fn detach_at_exit(cupti: &Cupti) {
-    if !DETACH_AT_EXIT.swap(false, Ordering::SeqCst) {
+    if !detach_request(None) || EXITING.load(Ordering::SeqCst) {
         return;
     }
-    let Ok(s) = STATE.try_lock() else {
-        DETACH_AT_EXIT.store(true, Ordering::SeqCst);
-        return;
+    let again = || {
+        detach_request(Some(true));
     };
-    if !s.pending.is_empty()
-        || s.live.values().any(|l| l.on.is_some() || l.win.is_none())
-        || hooks::activity()
+    let Ok(s) = STATE.try_lock() else { return again() };
+    if !s.pending.is_empty() || s.live.values().any(|l| l.on.is_some() || l.win.is_none() || l.failure.is_some()) {
+        return;
+    }
+    if hooks::activity()
+        || crate::tracer::detach::armed()
         || crate::tracer::detach::NVTX_FORWARDED.load(Ordering::SeqCst)
     {
         return;
     }
+    let Some(_finalizing) = hooks::try_finalizing() else { return again() };
     let t = Instant::now();
     let r = cupti.finalize();
     let took = charge(t);
@@ -373,6 +385,7 @@ fn context_destroying(ctx: Context) {
 /// so what the last second sampled is kept and nothing of CUPTI's sampling outlives its
 /// context. Results come with [`take`].
 pub fn stop_all(reason: &str) {
+    EXITING.store(true, Ordering::SeqCst);
     let Some(cupti) = CUPTI.get() else { return };
     let mut s = state();
     s.pending.clear();

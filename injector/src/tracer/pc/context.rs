@@ -152,3 +152,12 @@ pub(super) fn failure_kind(e: CuptiError, full: bool) -> (crate::tracer::PcEvent
         (crate::tracer::PcEventKind::Failed, e.to_string())
     }
 }
+
+/// Adds what a read or a disable returned to a device's aggregate and totals.
+pub(super) fn merge(into: &mut Agg, into_totals: &mut (u64, u64), agg: Agg, totals: (u64, u64)) {
+    for (k, v) in agg {
+        *into.entry(k).or_default() += v;
+    }
+    into_totals.0 += totals.0;
+    into_totals.1 += totals.1;
+}

@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::tracer::hooks;
+
 /// Windows mode: the most of the time a window may be open while what sampling costs inside
 /// windows is not known (CUPTI's enable floor on launch-bound work was 1.18-1.29x on the H100,
 /// so a duty of 1.5 % keeps that part under 0.5 %).
@@ -37,6 +39,10 @@ thread_local! {
     /// This thread's synchronization in progress: nesting depth (a runtime call wraps a driver
     /// call), its start, and this thread's work time then.
     static SYNC: std::cell::Cell<(u32, Option<Instant>, u64)> = const { std::cell::Cell::new((0, None, 0)) };
+    /// [`hooks::finalizations`] when this thread last entered a synchronization: a finalize
+    /// on another thread while this one waited ends the callbacks, so its exit never came and
+    /// its depth starts again from 0.
+    static EPOCH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Time this thread spent in PC-sampling calls.
     static WORK_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// How long this thread's synchronizations take without PC-sampling work (a moving average, ns).
@@ -54,8 +60,12 @@ pub(super) fn charge(t: Instant) -> Duration {
 /// PC-sampling work ran adds what it took beyond a plain one (work at an exit adds all of its
 /// time: the GPU waited) to [`EXTRA_NS`]; a plain one updates the average.
 pub(super) fn timed(exit: bool) {
-    let (depth, t0, w0) = SYNC.with(|s| s.get());
+    let (mut depth, t0, w0) = SYNC.with(|s| s.get());
     if !exit {
+        let epoch = hooks::finalizations();
+        if EPOCH.with(|e| e.replace(epoch)) != epoch {
+            depth = 0;
+        }
         let start = if depth == 0 { (Some(Instant::now()), WORK_NS.with(|w| w.get())) } else { (t0, w0) };
         SYNC.with(|s| s.set((depth + 1, start.0, start.1)));
         return;
@@ -165,14 +175,17 @@ pub(super) fn read_gap() -> Duration {
     })
 }
 
-/// The contexts whose windows left CUPTI finalized, as they synchronized in their last window
-/// (see [`set_detached`]).
-static DETACHED_CTX: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+/// The contexts whose windows left CUPTI finalized (see [`set_detached`]); atomics, since an
+/// application thread sets them.
+static DETACHED_CTX: [std::sync::atomic::AtomicUsize; SYNC_SLOTS] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; SYNC_SLOTS];
 
-/// Sets the contexts that are between windows with CUPTI finalized and synchronized in their
-/// last window (empty once CUPTI is attached again).
+/// Sets the contexts that are between windows with CUPTI finalized (empty once CUPTI is
+/// attached again).
 pub(super) fn set_detached(ctxs: Vec<usize>) {
-    *DETACHED_CTX.lock().unwrap_or_else(|p| p.into_inner()) = ctxs;
+    for (i, slot) in DETACHED_CTX.iter().enumerate() {
+        slot.store(ctxs.get(i).copied().unwrap_or(0), Ordering::SeqCst);
+    }
 }
 
 /// Per device of `devices`: whether the process has an active primary context there, and the
@@ -186,7 +199,7 @@ pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
     }
     let Some(driver) = super::DRIVER.get() else { return Vec::new() };
     let syncs = take_syncs();
-    let detached = DETACHED_CTX.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let detached: Vec<usize> = DETACHED_CTX.iter().map(|c| c.load(Ordering::SeqCst)).filter(|&c| c != 0).collect();
     let out: Vec<(u32, bool, u64)> = devices
         .iter()
         .filter_map(|&dev| {

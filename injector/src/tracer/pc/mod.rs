@@ -147,23 +147,36 @@ impl PcSampler {
         Ok(())
     }
 
-    /// Between windows with CUPTI finalized: subscribes again when a window is due within
-    /// [`REATTACH_AHEAD`] (it opens at the application's next synchronization), or forgets the
-    /// detach once no context is sampled in windows.
+    /// With CUPTI finalized between windows: subscribes again when a window is due within
+    /// [`REATTACH_AHEAD`] or an enable waits; forgets the detach once nothing is windowed; ends
+    /// the windowed devices, saying why, if another CUPTI client took the subscriber.
     fn reattach_if_due(&mut self) {
         if !window::DETACHED.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        if !app::windowed() {
+        let waiting = app::pending();
+        if !app::windowed() && !waiting {
             window::DETACHED.store(false, std::sync::atomic::Ordering::SeqCst);
             meter::set_detached(Vec::new());
             return;
         }
-        if app::window_due(REATTACH_AHEAD) {
-            let t = Instant::now();
-            match self.subscribe() {
-                Ok(()) => log!(Debug, "PC sampling: CUPTI attached again for the next window ({:?})", t.elapsed()),
-                Err(e) => log!(Warn, "PC sampling: {e}"),
+        if !waiting && !app::window_due(REATTACH_AHEAD) {
+            return;
+        }
+        let t = Instant::now();
+        match self.subscribe() {
+            Ok(()) => log!(Debug, "PC sampling: CUPTI attached again for the next window ({:?})", t.elapsed()),
+            Err(e) => {
+                log!(Warn, "PC sampling: {e}");
+                window::DETACHED.store(false, std::sync::atomic::Ordering::SeqCst);
+                meter::set_detached(Vec::new());
+                for (&device, d) in &mut self.devs {
+                    if d.phase == Phase::Live && !d.req.continuous {
+                        d.phase = Phase::Disabling;
+                        // Between windows nothing is enabled: done at once, no CUDA call.
+                        app::arm(Op::Disable { device, kind: PcEventKind::Failed, reason: e.clone() });
+                    }
+                }
             }
         }
     }
@@ -299,7 +312,7 @@ impl PcSampler {
         }
         for (device, agg, totals, failure) in reads {
             let Some(d) = self.devs.get_mut(&device) else { continue };
-            merge(d, agg, totals);
+            context::merge(&mut d.agg, &mut d.totals, agg, totals);
             if let Some((e, full)) = failure
                 && d.phase == Phase::Live
             {
@@ -338,7 +351,7 @@ impl PcSampler {
                 }
                 Done::ContextGone { device, agg, totals } => {
                     let Some(d) = self.devs.get_mut(&device) else { continue };
-                    merge(d, agg, totals);
+                    context::merge(&mut d.agg, &mut d.totals, agg, totals);
                     log!(Info, "PC sampling on device {device}: its context was destroyed; waiting for a new one");
                     d.phase = match d.stop_after.take() {
                         Some(r) => Phase::Closed(PcEventKind::Stopped, r),
@@ -347,7 +360,7 @@ impl PcSampler {
                 }
                 Done::Disabled { device, kind, reason, agg, totals } => {
                     let Some(d) = self.devs.get_mut(&device) else { continue };
-                    merge(d, agg, totals);
+                    context::merge(&mut d.agg, &mut d.totals, agg, totals);
                     if kind != PcEventKind::Healed {
                         d.phase = Phase::Closed(kind, reason);
                         continue;
@@ -385,6 +398,8 @@ impl PcSampler {
                 self.arm_enable(*dev);
             }
         }
+        // An enable armed while CUPTI is finalized between windows needs the callbacks back.
+        self.reattach_if_due();
         let out = self.output();
         self.release_if_idle();
         out
@@ -581,12 +596,4 @@ pub(super) fn register_hooks() {
 /// still sampled (see [`app::stop_all`]); [`PcSampler::collect_at_exit`] then sends it.
 pub fn stop_at_exit() {
     app::stop_all("process exit");
-}
-
-fn merge(d: &mut Dev, agg: Agg, totals: (u64, u64)) {
-    for (k, v) in agg {
-        *d.agg.entry(k).or_default() += v;
-    }
-    d.totals.0 += totals.0;
-    d.totals.1 += totals.1;
 }

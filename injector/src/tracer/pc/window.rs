@@ -12,7 +12,7 @@
 //! counted while the window is open, and while staying enabled costs at most half the budget
 //! (compute-bound work) the context stays enabled between windows. Else (launch-bound work)
 //! the close disables too and, when nothing else of CUPTI is on, CUPTI is finalized at the
-//! synchronization's outermost exit ([`DETACH_AT_EXIT`], carried out in `app.rs`); the
+//! synchronization's outermost exit ([`detach_request`], carried out in `app.rs`); the
 //! background thread subscribes again shortly before the next window is due. Every cost,
 //! being enabled included, counts against the budget that spaces the windows.
 //! `GPUPROF_PC_WINDOWS=reenable` disables at every close (no start/stop control) and
@@ -41,9 +41,21 @@ const MAX_GAP: Duration = Duration::from_secs(60);
 /// rounded up.
 const ENABLED_COST_PER_LAUNCH: Duration = Duration::from_micros(2);
 
-/// The close of a window that disabled asks for `cuptiFinalize` at the exit of the same
-/// synchronization ([`super::app`] carries it out when nothing else of CUPTI is on).
-pub(super) static DETACH_AT_EXIT: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    /// The close of a window that disabled asks for `cuptiFinalize` at the outermost exit of
+    /// the same synchronization, on the same thread ([`super::app`] carries it out when
+    /// nothing else of CUPTI is on; else at a later synchronization of this thread).
+    static DETACH_AT_EXIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Asks this thread's next outermost synchronization exit for a finalize (`on`), or takes the
+/// request back; returns whether one was asked for.
+pub(super) fn detach_request(on: Option<bool>) -> bool {
+    DETACH_AT_EXIT.with(|d| match on {
+        Some(v) => d.replace(v),
+        None => d.replace(false),
+    })
+}
 /// CUPTI is finalized between windows: no callback comes until the background thread
 /// subscribes again before the next window is due.
 pub(super) static DETACHED: AtomicBool = AtomicBool::new(false);
@@ -190,7 +202,7 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             if !kept {
                 l.on = None;
                 if detach_between() {
-                    DETACH_AT_EXIT.store(true, Ordering::SeqCst);
+                    detach_request(Some(true));
                 }
             }
             if let Some(t) = l.on_since.take() {
