@@ -12,8 +12,9 @@
 #     at least its loop's broadcasts, matched across ranks by sequence number, joined to their
 #     NCCL kernels;
 #   - `job top` names the slow rank the straggler, and the others wait in collectives;
-#   - what tracing the job costs: the step time traced / untraced (medians of REPS, default 3,
-#     alternating runs of SECS, default 12, seconds).
+#   - what tracing the job costs: the step time traced / untraced, and traced without NCCL's
+#     profiler plugin (COST_MODES, default "off traced noplugin"; medians of REPS, default 3,
+#     alternating runs of SECS, default 12, seconds; each torchrun also takes ~12 s to start).
 # Writes the first collective rows to $OUT/collectives.txt. Binaries: release builds in .gpu/
 # (or GPUPROF_BIN).
 set -uo pipefail
