@@ -76,6 +76,7 @@ impl CuptiBackend {
     pub fn new(shared: Arc<Shared>, tuning: Tuning) -> CuptiBackend {
         // The subscriber's callback runs what these register (before any subscriber is made).
         pc::register_hooks();
+        pc::set_detach_mode(tuning.detach);
         detach::register_hooks();
         CuptiBackend {
             tuning,

@@ -29,7 +29,7 @@ use super::context::{Agg, Live as Sampled, absorb, drain_into, enable, stop_rang
 use super::cubins;
 use super::meter::{add_extra, at_entry, charge, count_sync, outside_syncs, own_thread, read_gap, set_detached, timed};
 pub use super::meter::{app_cost, app_cost_extra};
-use super::window::{DETACHED, Win, WinCfg, detach_request, window};
+use super::window::{DETACHED, Win, WinCfg, ask_detach, take_detach, window};
 use crate::tracer::hooks;
 
 /// A context being sampled, with its windows' state (windows mode).
@@ -161,20 +161,17 @@ pub fn windowed() -> bool {
 static EXITING: AtomicBool = AtomicBool::new(false);
 
 /// At the outermost exit of a synchronization on the thread whose window closed with a disable
-/// ([`detach_request`]): `cuptiFinalize`, where CUPTI documents it safe (an API exit
+/// ([`ask_detach`]): `cuptiFinalize`, where CUPTI documents it safe (an API exit
 /// callback), when nothing else of CUPTI is on: no context enabled or failed, no operation
 /// armed, no trace's activity or pending detach, NVTX not routed through CUPTI, gpuprof's
 /// thread not in CUPTI ([`hooks::try_finalizing`]). When something is busy the request waits
 /// for this thread's next synchronization. The subscriber goes with the finalize; the
 /// background thread subscribes again before the next window ([`window_due`]).
 fn detach_at_exit(cupti: &Cupti) {
-    if !detach_request(None) || EXITING.load(Ordering::SeqCst) {
+    if !take_detach() || EXITING.load(Ordering::SeqCst) {
         return;
     }
-    let again = || {
-        detach_request(Some(true));
-    };
-    let Ok(s) = STATE.try_lock() else { return again() };
+    let Ok(s) = STATE.try_lock() else { return ask_detach() };
     if !s.pending.is_empty() || s.live.values().any(|l| l.on.is_some() || l.win.is_none() || l.failure.is_some()) {
         return;
     }
@@ -184,7 +181,7 @@ fn detach_at_exit(cupti: &Cupti) {
     {
         return;
     }
-    let Some(_finalizing) = hooks::try_finalizing() else { return again() };
+    let Some(_finalizing) = hooks::try_finalizing() else { return ask_detach() };
     let t = Instant::now();
     let r = cupti.finalize();
     let took = charge(t);

@@ -18,6 +18,7 @@ mod stalls;
 mod window;
 
 pub use stalls::{STALL_PREFIX, select_stalls};
+pub use window::set_detach_mode;
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -389,7 +390,6 @@ impl PcSampler {
     /// out the batches and events.
     pub fn collect(&mut self, wait: Duration) -> PcOutput {
         meter::mark_own_thread();
-        self.reattach_if_due();
         self.settle(wait);
         self.take_results();
         let keys: Vec<u32> = self.devs.keys().copied().collect();
@@ -398,7 +398,8 @@ impl PcSampler {
                 self.arm_enable(*dev);
             }
         }
-        // An enable armed while CUPTI is finalized between windows needs the callbacks back.
+        // A window due soon, or an enable armed while CUPTI is finalized between windows,
+        // needs the callbacks back.
         self.reattach_if_due();
         let out = self.output();
         self.release_if_idle();

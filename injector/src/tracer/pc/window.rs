@@ -12,7 +12,7 @@
 //! counted while the window is open, and while staying enabled costs at most half the budget
 //! (compute-bound work) the context stays enabled between windows. Else (launch-bound work)
 //! the close disables too and, when nothing else of CUPTI is on, CUPTI is finalized at the
-//! synchronization's outermost exit ([`detach_request`], carried out in `app.rs`); the
+//! synchronization's outermost exit ([`ask_detach`], carried out in `app.rs`); the
 //! background thread subscribes again shortly before the next window is due. Every cost,
 //! being enabled included, counts against the budget that spaces the windows.
 //! `GPUPROF_PC_WINDOWS=reenable` disables at every close (no start/stop control) and
@@ -48,17 +48,27 @@ thread_local! {
     static DETACH_AT_EXIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Asks this thread's next outermost synchronization exit for a finalize (`on`), or takes the
-/// request back; returns whether one was asked for.
-pub(super) fn detach_request(on: Option<bool>) -> bool {
-    DETACH_AT_EXIT.with(|d| match on {
-        Some(v) => d.replace(v),
-        None => d.replace(false),
-    })
+/// Asks this thread's next outermost synchronization exit for a finalize.
+pub(super) fn ask_detach() {
+    DETACH_AT_EXIT.with(|d| d.set(true));
 }
+
+/// Takes this thread's request for a finalize: whether there was one.
+pub(super) fn take_detach() -> bool {
+    DETACH_AT_EXIT.with(|d| d.replace(false))
+}
+
 /// CUPTI is finalized between windows: no callback comes until the background thread
 /// subscribes again before the next window is due.
 pub(super) static DETACHED: AtomicBool = AtomicBool::new(false);
+
+/// The trace's detach setting (`GPUPROF_DETACH`, [`crate::config::DetachMode`]), given once by
+/// the backend: `off` keeps CUPTI attached between windows too.
+static DETACH_MODE: OnceLock<crate::config::DetachMode> = OnceLock::new();
+
+pub fn set_detach_mode(mode: crate::config::DetachMode) {
+    let _ = DETACH_MODE.set(mode);
+}
 
 /// Whether a window that disables also leaves CUPTI (`cuptiFinalize`) until the next one: on
 /// by default; `GPUPROF_PC_DETACH=0` (or `GPUPROF_DETACH=off`) keeps the subscriber between
@@ -68,9 +78,9 @@ pub(super) static DETACHED: AtomicBool = AtomicBool::new(false);
 pub fn detach_between() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let off =
-            |k: &str, v: &[&str]| std::env::var(k).is_ok_and(|x| v.contains(&x.trim().to_ascii_lowercase().as_str()));
-        !off("GPUPROF_PC_DETACH", &["0", "off", "no", "false"]) && !off("GPUPROF_DETACH", &["off", "none"])
+        let off = std::env::var("GPUPROF_PC_DETACH")
+            .is_ok_and(|v| ["0", "off", "no", "false"].contains(&v.trim().to_ascii_lowercase().as_str()));
+        !off && DETACH_MODE.get() != Some(&crate::config::DetachMode::Off)
     })
 }
 
@@ -202,7 +212,7 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             if !kept {
                 l.on = None;
                 if detach_between() {
-                    detach_request(Some(true));
+                    ask_detach();
                 }
             }
             if let Some(t) = l.on_since.take() {
