@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use crate::export::Format;
 use crate::fleet_perfetto::merge_perfetto;
-use crate::output::{print_summary, session_json, state_name, summary_json};
+use crate::output::{print_summary, session_json, session_line, summary_json};
 use crate::sessions::Client;
 use crate::trace::TraceArgs;
 
@@ -182,14 +182,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
                 "summary": summary_json(&summary),
             }));
         } else {
-            println!(
-                "== {host}: session {id}: {} ({}), {} records from {} process{}",
-                state_name(s.state),
-                s.stop_reason,
-                s.records,
-                s.processes.len(),
-                if s.processes.len() == 1 { "" } else { "es" }
-            );
+            println!("== {host}: {}", session_line(s));
             print_summary(&summary, 80, false);
             println!();
         }

@@ -203,6 +203,19 @@ pub fn shorten(s: &str, max: usize) -> String {
     format!("{start}…{end}")
 }
 
+/// "session 3: completed (duration), 1200 records from 2 processes": how a trace ended.
+pub fn session_line(s: &pb::Session) -> String {
+    let n = s.processes.len();
+    format!(
+        "session {}: {} ({}), {} records from {n} process{}",
+        s.id,
+        state_name(s.state),
+        s.stop_reason,
+        s.records,
+        if n == 1 { "" } else { "es" }
+    )
+}
+
 pub fn state_name(s: i32) -> String {
     pb::SessionState::try_from(s)
         .map(|s| s.as_str_name().trim_start_matches("SESSION_STATE_").to_lowercase())

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use gpuprofctl::pb;
 
-use crate::output::{print_summary, session_json, state_name, summary_json};
+use crate::output::{print_summary, session_json, session_line, summary_json};
 use crate::sessions::{Client, CollectArgs, TargetArgs};
 
 #[derive(Args, Debug)]
@@ -103,14 +103,7 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
         if interrupted {
             eprintln!();
         }
-        println!(
-            "session {id}: {} ({}), {} records from {} process{}",
-            state_name(final_session.state),
-            final_session.stop_reason,
-            final_session.records,
-            final_session.processes.len(),
-            if final_session.processes.len() == 1 { "" } else { "es" }
-        );
+        println!("{}", session_line(&final_session));
         for p in final_session.processes.iter().filter(|p| p.displaced || p.state == "failed" || p.dropped > 0) {
             println!(
                 "  pid {}: {}{}",
