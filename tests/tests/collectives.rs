@@ -95,6 +95,18 @@ fn rank(rank: u32, t0: u64, late: u64, clockless_first: bool) -> Script {
     }
 }
 
+/// The two ranks' agents, connected, their steps from 10 s ago (returned): rank 1 2 ms late;
+/// `clockless_first`: rank 0's first all-reduce comes with a run on another clock.
+fn two_ranks(d: &TestDaemon, clockless_first: bool) -> (u64, [ScriptedAgent; 2]) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let t0 = now - 10_000 * MS;
+    let agents = [
+        ScriptedAgent::start(&d.agent_socket, rank(0, t0, 0, clockless_first)).unwrap(),
+        ScriptedAgent::start(&d.agent_socket, rank(1, t0, 2 * MS, false)).unwrap(),
+    ];
+    (t0, agents)
+}
+
 fn ok(out: &std::process::Output) -> String {
     assert!(out.status.success(), "gpuprofctl failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout.clone()).unwrap()
@@ -104,12 +116,7 @@ fn ok(out: &std::process::Output) -> String {
 fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared() {
     let dir = tempfile::tempdir().unwrap();
     let d = TestDaemon::start(&dir.path().join("state")).unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    let t0 = now - 10_000 * MS;
-    let agents = [
-        ScriptedAgent::start(&d.agent_socket, rank(0, t0, 0, true)).unwrap(),
-        ScriptedAgent::start(&d.agent_socket, rank(1, t0, 2 * MS, false)).unwrap(),
-    ];
+    let (t0, agents) = two_ranks(&d, true);
     let id: Value = serde_json::from_str(&ok(&d.ctl(&["session", "start", "--all", "--json"]))).unwrap();
     let id = id["id"].as_u64().unwrap();
     for a in &agents {
@@ -243,12 +250,7 @@ fn collectives_are_stored_queried_joined_to_their_kernel_exported_and_compared()
 fn tracing_a_job_by_its_id_compares_its_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let d = TestDaemon::start(&dir.path().join("state")).unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    let t0 = now - 10_000 * MS;
-    let agents = [
-        ScriptedAgent::start(&d.agent_socket, rank(0, t0, 0, false)).unwrap(),
-        ScriptedAgent::start(&d.agent_socket, rank(1, t0, 2 * MS, false)).unwrap(),
-    ];
+    let (_, agents) = two_ranks(&d, false);
     // The trace's file in the format its name says: Perfetto here.
     let pf = dir.path().join("job.pftrace");
     let out = ok(&d.ctl(&["trace", "--job", "run-c", "--duration", "2s", "--json", "-o", pf.to_str().unwrap()]));
