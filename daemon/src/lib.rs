@@ -151,6 +151,19 @@ impl Daemon {
         sessions::pm::Pm { sampler: &self.config.sampler, arbiter: &self.arbiter }
     }
 
+    /// What the sessions' PC sampling of their members uses ([`sessions::pc`]).
+    pub(crate) fn session_pc(&self) -> sessions::pc::Pc<'_> {
+        sessions::pc::Pc {
+            settings: &self.config.pc,
+            busy_retry: self.config.sampler.pc_busy_retry.0,
+            hub: &self.pc,
+            arbiter: &self.arbiter,
+            found: &self.gpus.found,
+            registry: &self.registry,
+            sessions: &self.sessions,
+        }
+    }
+
     pub fn session_owners(&self, id: u64) -> access::SessionOwners<'_> {
         access::SessionOwners {
             live: self.sessions.live_owner(id),

@@ -225,7 +225,6 @@ const DAEMON_USERS: &[&str] = &[
     "runtime.rs",
     "sessions/api.rs",
     "sessions/node.rs",
-    "sessions/pc.rs",
     "sessions/supervisor.rs",
 ];
 

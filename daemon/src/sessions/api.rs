@@ -264,7 +264,7 @@ async fn fill_counts_all(d: &Daemon, sessions: Vec<pb::Session>) -> Vec<pb::Sess
             // Open sessions: PC sampling as it is now.
             for s in &mut v {
                 if pb::SessionState::try_from(s.state).ok().and_then(State::from_pb).is_some_and(State::is_open) {
-                    super::pc::overlay(d, s);
+                    super::pc::overlay(d.session_pc(), s);
                 }
             }
             v

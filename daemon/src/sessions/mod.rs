@@ -29,7 +29,7 @@
 mod api;
 mod hints;
 mod node;
-mod pc;
+pub(crate) mod pc;
 pub(crate) mod pm;
 mod spec;
 mod state;

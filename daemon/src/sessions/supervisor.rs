@@ -65,7 +65,7 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
     let sent = a.send(start_trace(id, &l.collect));
     let (state, detail) = l.join(a.id, a.pid, &a.exe, now, sent);
     if state == MemberState::Starting {
-        super::pc::request(d, id, &l.collect, a);
+        super::pc::request(d.session_pc(), id, &l.collect, a);
         g.busy.insert(a.id, id);
     }
     tracing::info!(session = id, process = a.id, pid = a.pid, state = state.as_str(), "process joined session");
@@ -78,7 +78,7 @@ fn try_join(d: &Daemon, g: &mut Inner, id: u64, a: &Agent) -> bool {
 fn yield_to(d: &Daemon, g: &mut Inner, node: u64, proc: u64, to: u64) {
     g.busy.remove(&proc);
     if g.open.get_mut(&node).and_then(|l| l.procs.remove(&proc)).is_some() {
-        super::pc::forget(d, node, proc, &format!("stopped (traced by session {to})"), true);
+        super::pc::forget(d.session_pc(), node, proc, &format!("stopped (traced by session {to})"), true);
         d.sessions.op(Op::Member {
             session: node,
             proc,
@@ -125,7 +125,7 @@ pub(super) fn begin_stop(d: &Daemon, g: &mut Inner, id: u64, reason: &str) {
             m.settled = true;
         }
     }
-    super::pc::stop(d, id);
+    super::pc::stop(d.session_pc(), id);
     super::pm::stop(&mut g.pm, id);
     tracing::info!(session = id, reason, "session stopping");
     publish_hint(&d.config.agent, &d.config.agent_socket, g);
@@ -173,7 +173,7 @@ fn finish(d: &Daemon, g: &mut Inner, id: u64, forced: Option<State>) {
         stopped_ns: Some(now),
         reason: Some(l.stop_reason.clone()),
     });
-    super::pc::finish(d, id);
+    super::pc::finish(d.session_pc(), id);
     let waiters = std::mem::take(&mut l.waiters);
     d.sessions.op(Op::Finished { id, waiters });
     d.session_records.remove(&id);
@@ -254,8 +254,8 @@ fn next_wakeup(d: &Daemon) -> Option<Instant> {
         }
     }
     consider(super::pm::next_renewal(d.pm(), &g.pm));
-    consider(super::pc::next_busy_retry(d));
-    consider(super::pc::next_schedule(d));
+    consider(super::pc::next_busy_retry(d.session_pc()));
+    consider(super::pc::next_schedule(d.session_pc()));
     next
 }
 
@@ -274,8 +274,8 @@ fn tick(d: &Daemon) {
         }
     }
     super::pm::renew_due(d.pm(), &mut g.pm, now);
-    super::pc::retry_busy(d, &g);
-    super::pc::schedule(d);
+    super::pc::retry_busy(d.session_pc(), &g);
+    super::pc::schedule(d.session_pc());
 }
 
 fn on_event(d: &Daemon, ev: AgentEvent) {
@@ -289,7 +289,7 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
             for s in sessions {
                 if let Some(m) = g.open.get_mut(&s).and_then(|l| l.procs.get_mut(&id)) {
                     m.leave(&reason);
-                    super::pc::left(d, s, id, "stopped (process left)");
+                    super::pc::left(d.session_pc(), s, id, "stopped (process left)");
                     d.sessions.op(Op::Member {
                         session: s,
                         proc: id,
@@ -303,7 +303,7 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
                     && let Some(l) = g.open.get_mut(&s)
                 {
                     l.procs.remove(&id);
-                    super::pc::forget(d, s, id, "stopped (process left)", false);
+                    super::pc::forget(d.session_pc(), s, id, "stopped (process left)", false);
                 }
                 maybe_finish(d, &mut g, s);
             }
@@ -327,7 +327,7 @@ fn on_event(d: &Daemon, ev: AgentEvent) {
                 // A process that cannot be traced (CUPTI held by another profiler, or failing)
                 // gives its PC-sampling leases back.
                 if m.state.fell_out() {
-                    super::pc::left(d, sid, id, &format!("stopped (process {})", m.state));
+                    super::pc::left(d.session_pc(), sid, id, &format!("stopped (process {})", m.state));
                 }
                 d.sessions.op(Op::Member { session: sid, proc: id, state: m.state, detail, left_ns: None });
             }
