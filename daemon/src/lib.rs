@@ -164,6 +164,19 @@ impl Daemon {
         }
     }
 
+    /// What the sessions' transitions and their supervisor use ([`sessions::supervise`]).
+    pub(crate) fn session_supervisor(&self) -> sessions::supervisor::Supervisor<'_> {
+        sessions::supervisor::Supervisor {
+            sessions: &self.sessions,
+            registry: &self.registry,
+            session_records: &self.session_records,
+            agent: &self.config.agent,
+            agent_socket: &self.config.agent_socket,
+            pm: self.pm(),
+            pc: self.session_pc(),
+        }
+    }
+
     pub fn session_owners(&self, id: u64) -> access::SessionOwners<'_> {
         access::SessionOwners {
             live: self.sessions.live_owner(id),

@@ -89,7 +89,10 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         };
         pm_tasks.push(tokio::spawn(devmetrics::run(parts, n, shutdown.clone())));
     }
-    let sessions_task = tokio::spawn(sessions::supervise(d.clone(), d.registry.subscribe()));
+    let sessions_task = {
+        let (d, events, shutdown) = (d.clone(), d.registry.subscribe(), shutdown.clone());
+        tokio::spawn(async move { sessions::supervise(d.session_supervisor(), events, shutdown).await })
+    };
     sessions::start_always_on(&d).await;
     let rollup_task = {
         let d = d.clone();

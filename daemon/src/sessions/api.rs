@@ -149,7 +149,7 @@ pub(super) async fn create(
         let mut g = s.lock();
         g.open.insert(id, live);
         if !pending {
-            activate(d, &mut g, id, now);
+            activate(d.session_supervisor(), &mut g, id, now);
         }
         g.open.get(&id).map(Live::to_pb)
     };
@@ -170,7 +170,7 @@ pub async fn stop(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session
             }
             Some(_) => {
                 let (tx, rx) = oneshot::channel();
-                begin_stop(d, &mut g, id, "stopped by user");
+                begin_stop(d.session_supervisor(), &mut g, id, "stopped by user");
                 if let Some(l) = g.open.get_mut(&id) {
                     l.waiters.push(tx);
                 }

@@ -34,7 +34,7 @@ pub(crate) mod pm;
 mod spec;
 mod state;
 mod store;
-mod supervisor;
+pub(crate) mod supervisor;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,7 +46,7 @@ pub use self::node::{NODE_NAME, start_always_on};
 pub use self::spec::{Collect, TargetSpec};
 pub use self::state::{STOP_FLUSH_TIMEOUT, State};
 pub use self::store::{load, recover};
-pub use self::supervisor::supervise;
+pub(crate) use self::supervisor::supervise;
 
 use self::state::Inner;
 use self::store::{Op, persist};
