@@ -57,7 +57,7 @@ for r in $(seq "$REPS"); do
     v=$(grep -oE 'us_per_launch=[0-9.]+' <<<"$o" | cut -d= -f2)
     [ -z "$v" ] && echo "$m: $o"
     F[$m]="${F[$m]:-} $v"
-    line="$line $m ${v:-?} ($(grep -oE 'samples=[0-9]+' <<<"$o")$(grep -oE ' (enable|disable|finalize|reenable)_ms=[0-9.]+' <<<"$o" | grep -v '=0.00$' | tr -d '\n'))"
+    line="$line $m ${v:-?} ($(grep -oE 'samples=[0-9]+' <<<"$o")$(grep -oE ' (max_chunk|enable|configure|start|stop|read|disable|finalize|reenable)[01]?_ms=[0-9.]+' <<<"$o" | grep -v '=0.00$' | tr -d '\n'))"
   done
   echo "$line"
 done

@@ -17,7 +17,8 @@
 #          synchronization exits, the old place; win16 windows with a 16 MiB hardware buffer;
 #          winkeep windows keeping CUPTI attached between them),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
-#          synchronization every 100 (small_sync.py; without synchronizations no window opens).
+#          synchronization every 100 (small_sync.py; without synchronizations no window opens);
+#          COST_MM_SECS=0 or COST_SMALL_N=0 leaves that loop out.
 #   residue  where the windows' cost goes on launch-bound work: the small-kernel loop (1.5M ops)
 #          untraced, in windows (CUPTI finalized between windows that disable, the default) and
 #          in windows keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks
@@ -219,11 +220,13 @@ if [[ $PARTS == *" cost "* ]]; then
   declare -A MM SM MMS SMS
   for r in $(seq "$REPS"); do
     for mode in $MODES; do
+      if [ "${COST_MM_SECS:-4}" != 0 ]; then
       o=$(cost_run $mode "$PY" "$STATE/mm.py" "${COST_MM_SECS:-4}" 1 2>&1)
       v=$(grep -oE 'ms_per_iter=[0-9.]+' <<<"$o" | cut -d= -f2); [ -z "$v" ] && echo "$mode mm: $o" | tail -3
       MM[$mode]="${MM[$mode]:-} $v"
       s=$(grep -oE '^SESSION [0-9]+' <<<"$o" | cut -d' ' -f2)
       [ -n "$s" ] && MMS[$mode]="${MMS[$mode]:-} $("${CTL[@]}" --json pc top "$s" | jq_py 'd["total_samples"]')"
+      fi
       [ "${COST_SMALL_N:-250000}" = 0 ] && continue
       o=$(cost_run $mode "$PY" "$HERE/small_sync.py" "${COST_SMALL_N:-250000}" 1.5 2>&1)
       v=$(grep -oE 'per_op_us=[0-9.]+' <<<"$o" | cut -d= -f2); [ -z "$v" ] && echo "$mode small: $o" | tail -3
@@ -236,18 +239,18 @@ if [[ $PARTS == *" cost "* ]]; then
   for m in win winre; do
     [ -e "$STATE/logs/cost_$m.log" ] && { echo "--- $m: the first windows"; grep -h "enable:\|window closed" "$STATE/logs/cost_$m.log" | head -6; }
   done
-  mo=$(echo "${MM[off]}" | median); so=$(echo "${SM[off]:-}" | median)
+  mo=$(echo "${MM[off]:-}" | median); so=$(echo "${SM[off]:-}" | median)
   fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="small-kernel loop (${COST_SMALL_N:-250000} ops, a synchronization every 100) us/op medians of $REPS: untraced $so"
   for m in $MODES; do
     [ "$m" = off ] && continue
-    mm=$(echo "${MM[$m]}" | median); sm=$(echo "${SM[$m]:-}" | median)
-    fl="$fl, $m $mm ($(calc "($mm / $mo - 1) * 100") %; samples ${MMS[$m]:-n/a})"
+    mm=$(echo "${MM[$m]:-}" | median); sm=$(echo "${SM[$m]:-}" | median)
+    [ -n "$mo" ] && fl="$fl, $m $mm ($(calc "($mm / $mo - 1) * 100") %; samples ${MMS[$m]:-n/a})"
     [ -n "$so" ] && fs="$fs, $m $sm ($(calc "($sm / $so - 1) * 100") %; samples ${SMS[$m]:-n/a})"
   done
-  figure "$fl (${COST_MM_SECS:-4} s runs)"; [ "${COST_SMALL_N:-250000}" != 0 ] && figure "$fs"
+  [ -n "$mo" ] && figure "$fl (${COST_MM_SECS:-4} s runs)"; [ -n "$so" ] && figure "$fs"
   pct() { awk "BEGIN { printf \"%.3f\", ($(echo "$1" | median) / $2 - 1) * 100 }"; }
-  pass_if "windows (default) on the matmul loop <= 0.5 %" "$(awk "BEGIN { print $(pct "${MM[win]}" "$mo") <= 0.5 ? 1 : 0 }")" "$(pct "${MM[win]}" "$mo") %"
-  [ "${COST_SMALL_N:-250000}" != 0 ] && pass_if "windows (default) on the small-kernel loop <= 3 %" "$(awk "BEGIN { print $(pct "${SM[win]}" "$so") <= 3 ? 1 : 0 }")" "$(pct "${SM[win]}" "$so") %"
+  [ -n "$mo" ] && pass_if "windows (default) on the matmul loop <= 0.5 %" "$(awk "BEGIN { print $(pct "${MM[win]}" "$mo") <= 0.5 ? 1 : 0 }")" "$(pct "${MM[win]}" "$mo") %"
+  [ -n "$so" ] && pass_if "windows (default) on the small-kernel loop <= 3 %" "$(awk "BEGIN { print $(pct "${SM[win]}" "$so") <= 3 ? 1 : 0 }")" "$(pct "${SM[win]}" "$so") %"
   if [ -n "$FLOOR_LIB" ] && [ -n "${MM[cont]:-}" ]; then
     pass_if "continuous on the matmul loop <= CUPTI's sample + 0.5 points" \
       "$(awk "BEGIN { print $(pct "${MM[cont]}" "$mo") <= $(pct "${MM[floor]:-}" "$mo") + 0.5 ? 1 : 0 }")" \
