@@ -299,17 +299,17 @@ impl Gpuprof for Api {
 
     async fn start_session(&self, req: Request<pb::StartSessionRequest>) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::sessions::start(&self.d, &caller, req.into_inner()).await?))
+        Ok(Response::new(crate::sessions::start(self.d.session_api(), &caller, req.into_inner()).await?))
     }
 
     async fn stop_session(&self, req: Request<pb::StopSessionRequest>) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::sessions::stop(&self.d, &caller, req.into_inner().session_id).await?))
+        Ok(Response::new(crate::sessions::stop(self.d.session_api(), &caller, req.into_inner().session_id).await?))
     }
 
     async fn get_session(&self, req: Request<pb::GetSessionRequest>) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::sessions::get(&self.d, &caller, req.into_inner().session_id).await?))
+        Ok(Response::new(crate::sessions::get(self.d.session_api(), &caller, req.into_inner().session_id).await?))
     }
 
     async fn list_sessions(
@@ -317,7 +317,7 @@ impl Gpuprof for Api {
         req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let caller = self.caller(&req);
-        Ok(Response::new(crate::sessions::list(&self.d, &caller, req.into_inner()).await?))
+        Ok(Response::new(crate::sessions::list(self.d.session_api(), &caller, req.into_inner()).await?))
     }
 
     type QueryRecordsStream = Stream<pb::QueryRecordsResponse>;

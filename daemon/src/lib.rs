@@ -177,6 +177,17 @@ impl Daemon {
         }
     }
 
+    /// What the session handlers use ([`sessions::start`] and the others).
+    pub(crate) fn session_api(&self) -> sessions::api::Handlers<'_> {
+        sessions::api::Handlers {
+            supervisor: self.session_supervisor(),
+            writer: &self.writer,
+            db_path: &self.db_path,
+            rollup: &self.rollup,
+            admin_group: &self.config.api.admin_group,
+        }
+    }
+
     pub fn session_owners(&self, id: u64) -> access::SessionOwners<'_> {
         access::SessionOwners {
             live: self.sessions.live_owner(id),

@@ -93,7 +93,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         let (d, events, shutdown) = (d.clone(), d.registry.subscribe(), shutdown.clone());
         tokio::spawn(async move { sessions::supervise(d.session_supervisor(), events, shutdown).await })
     };
-    sessions::start_always_on(&d).await;
+    sessions::start_always_on(d.session_api(), d.config.pc.always_on).await;
     let rollup_task = {
         let d = d.clone();
         tokio::spawn(async move { rollup::run(&d.rollup, || d.sessions.open_count() > 0, d.shutdown.clone()).await })

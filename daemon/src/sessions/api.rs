@@ -1,6 +1,7 @@
 //! The session API handlers: StartSession, StopSession, GetSession and ListSessions.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuprof_proto::api as pb;
@@ -10,11 +11,25 @@ use tokio::sync::oneshot;
 use super::spec::{Collect, TargetSpec};
 use super::state::{Live, STOP_FLUSH_TIMEOUT, State};
 use super::store::{fill_counts_from, list_page, load};
-use super::supervisor::{activate, begin_stop};
-use crate::Daemon;
+use super::supervisor::{Supervisor, activate, begin_stop};
 use crate::access::{Caller, process_uid};
 use crate::clock::now_ns;
 use crate::error::{ApiError, ApiResult};
+use crate::ingest::WriterHandle;
+use crate::rollup::Rollup;
+
+/// What the session handlers use: the transitions' parts (the sessions, the connected agents,
+/// the record counts, PM and PC sampling), the writer that inserts sessions and flushes before a
+/// read, the database read for ended sessions, the rollup brought up to date before counting,
+/// and the admin group named in a refusal.
+#[derive(Clone, Copy)]
+pub(crate) struct Handlers<'a> {
+    pub supervisor: Supervisor<'a>,
+    pub writer: &'a WriterHandle,
+    pub db_path: &'a Path,
+    pub rollup: &'a Rollup,
+    pub admin_group: &'a str,
+}
 
 /// Open sessions at most (pending, active or stopping).
 const MAX_OPEN_SESSIONS: usize = 1024;
@@ -24,14 +39,14 @@ const MAX_NAME: usize = 256;
 const MAX_START_DELAY_NS: u64 = 30 * 24 * 3600 * 1_000_000_000;
 
 /// StartSession.
-pub async fn start(d: &Daemon, caller: &Caller, req: pb::StartSessionRequest) -> ApiResult<pb::Session> {
+pub(crate) async fn start(d: Handlers<'_>, caller: &Caller, req: pb::StartSessionRequest) -> ApiResult<pb::Session> {
     create(d, caller, req, false).await
 }
 
 /// Creates a session; `node`: the node's always-on PC profile ([`super::node`]), known as such
 /// before any process joins it.
 pub(super) async fn create(
-    d: &Daemon,
+    d: Handlers<'_>,
     caller: &Caller,
     req: pb::StartSessionRequest,
     node: bool,
@@ -51,7 +66,7 @@ pub(super) async fn create(
     if collect.pm_sampling_rate_hz > 0 {
         // CUPTI PM sampling takes the GPUs' performance monitors from everyone else.
         crate::access::require_operator(caller, "start CUPTI PM sampling with a session")?;
-        super::pm::check(d.pm())?;
+        super::pm::check(d.supervisor.pm)?;
     }
     let now = now_ns();
     if req.start_at_ns > now.saturating_add(MAX_START_DELAY_NS) {
@@ -61,7 +76,8 @@ pub(super) async fn create(
     // Pid targets: the process must exist, be the caller's (unless admin) and be free.
     for t in &targets {
         let TargetSpec::Pid(pid) = t else { continue };
-        let agents: Vec<_> = d.registry.all().into_iter().filter(|a| a.pid == *pid && a.kind == "injector").collect();
+        let agents: Vec<_> =
+            d.supervisor.registry.all().into_iter().filter(|a| a.pid == *pid && a.kind == "injector").collect();
         let owner = match agents.first() {
             Some(a) => Some(a.uid),
             None => process_uid(*pid),
@@ -70,18 +86,18 @@ pub(super) async fn create(
             return Err(ApiError::NotFound(format!("no process with pid {pid} on this host")));
         };
         if !caller.may_access(owner) {
-            return Err(caller.denied(&format!("process {pid}"), owner, &d.config.api.admin_group));
+            return Err(caller.denied(&format!("process {pid}"), owner, d.admin_group));
         }
         for a in &agents {
             // The always-on profile yields its processes to any other session.
-            if let Some(s) = d.sessions.session_of(a.id).filter(|s| *s != d.sessions.node()) {
+            if let Some(s) = d.supervisor.sessions.session_of(a.id).filter(|s| *s != d.supervisor.sessions.node()) {
                 return Err(ApiError::FailedPrecondition(format!(
                     "process {pid} is already traced by session {s}; stop it first (gpuprofctl session stop {s})"
                 )));
             }
         }
     }
-    if d.sessions.open_count() >= MAX_OPEN_SESSIONS {
+    if d.supervisor.sessions.open_count() >= MAX_OPEN_SESSIONS {
         return Err(ApiError::ResourceExhausted(format!(
             "{MAX_OPEN_SESSIONS} sessions are open; stop some before starting more"
         )));
@@ -140,8 +156,8 @@ pub(super) async fn create(
         stop_reason: String::new(),
         waiters: Vec::new(),
     };
-    d.session_records.entry(id).or_default();
-    let s = &d.sessions;
+    d.supervisor.session_records.entry(id).or_default();
+    let s = d.supervisor.sessions;
     if node {
         s.node.store(id, std::sync::atomic::Ordering::Relaxed);
     }
@@ -149,7 +165,7 @@ pub(super) async fn create(
         let mut g = s.lock();
         g.open.insert(id, live);
         if !pending {
-            activate(d.session_supervisor(), &mut g, id, now);
+            activate(d.supervisor, &mut g, id, now);
         }
         g.open.get(&id).map(Live::to_pb)
     };
@@ -160,17 +176,17 @@ pub(super) async fn create(
 }
 
 /// StopSession: stops a pending or active session and waits (bounded) until it is completed.
-pub async fn stop(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session> {
+pub(crate) async fn stop(d: Handlers<'_>, caller: &Caller, id: u64) -> ApiResult<pb::Session> {
     let rx = {
-        let mut g = d.sessions.lock();
+        let mut g = d.supervisor.sessions.lock();
         // An ended session stays in memory until its rows are written: not running either.
         match g.open.get(&id).filter(|l| l.state.is_open()) {
             Some(l) if !caller.may_access(l.owner_uid) => {
-                return Err(caller.denied(&format!("session {id}"), l.owner_uid, &d.config.api.admin_group));
+                return Err(caller.denied(&format!("session {id}"), l.owner_uid, d.admin_group));
             }
             Some(_) => {
                 let (tx, rx) = oneshot::channel();
-                begin_stop(d.session_supervisor(), &mut g, id, "stopped by user");
+                begin_stop(d.supervisor, &mut g, id, "stopped by user");
                 if let Some(l) = g.open.get_mut(&id) {
                     l.waiters.push(tx);
                 }
@@ -181,7 +197,7 @@ pub async fn stop(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session
     };
     match rx {
         Some(rx) => {
-            d.sessions.wake.notify_one();
+            d.supervisor.sessions.wake.notify_one();
             let _ = tokio::time::timeout(STOP_FLUSH_TIMEOUT + Duration::from_secs(2), rx).await;
             // Records a process sent before reporting idle are queued ahead of this flush: once
             // it returns they are committed, so the caller's next query sees all of them.
@@ -201,15 +217,15 @@ pub async fn stop(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session
 }
 
 /// GetSession.
-pub async fn get(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session> {
+pub(crate) async fn get(d: Handlers<'_>, caller: &Caller, id: u64) -> ApiResult<pb::Session> {
     if id == 0 {
         return Err(ApiError::invalid("session_id", "session ids start at 1"));
     }
-    let live = d.sessions.lock().open.get(&id).map(|l| (l.owner_uid, l.state.is_open(), l.to_pb()));
+    let live = d.supervisor.sessions.lock().open.get(&id).map(|l| (l.owner_uid, l.state.is_open(), l.to_pb()));
     let s = match live {
         Some((owner, open, s)) => {
             if !caller.may_access(owner) {
-                return Err(caller.denied(&format!("session {id}"), owner, &d.config.api.admin_group));
+                return Err(caller.denied(&format!("session {id}"), owner, d.admin_group));
             }
             if !open {
                 // Ended but not yet written: the records its processes sent before they
@@ -219,7 +235,7 @@ pub async fn get(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session>
             s
         }
         None => {
-            let path = d.db_path.clone();
+            let path = d.db_path.to_path_buf();
             let row = tokio::task::spawn_blocking(move || -> ApiResult<Option<pb::Session>> {
                 let c = crate::store::open_reader(&path)?;
                 Ok(load(&c, id)?)
@@ -231,7 +247,7 @@ pub async fn get(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session>
                 )));
             };
             if !caller.may_access(s.owner_uid) {
-                return Err(caller.denied(&format!("session {id}"), s.owner_uid, &d.config.api.admin_group));
+                return Err(caller.denied(&format!("session {id}"), s.owner_uid, d.admin_group));
             }
             s
         }
@@ -240,17 +256,17 @@ pub async fn get(d: &Daemon, caller: &Caller, id: u64) -> ApiResult<pb::Session>
 }
 
 /// Adds record and drop counts (from the database) to a session.
-async fn fill_counts(d: &Daemon, s: pb::Session) -> pb::Session {
+async fn fill_counts(d: Handlers<'_>, s: pb::Session) -> pb::Session {
     let fallback = s.clone();
     fill_counts_all(d, vec![s]).await.pop().unwrap_or(fallback)
 }
 
 /// Adds record and drop counts to sessions after one rollup pass, on one read connection.
-async fn fill_counts_all(d: &Daemon, sessions: Vec<pb::Session>) -> Vec<pb::Session> {
+async fn fill_counts_all(d: Handlers<'_>, sessions: Vec<pb::Session>) -> Vec<pb::Session> {
     if let Err(e) = d.rollup.catch_up().await {
         tracing::warn!(error = %e, "rollup pass failed");
     }
-    let path = d.db_path.clone();
+    let path = d.db_path.to_path_buf();
     let original = sessions.clone();
     let mut sessions = sessions;
     let r = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<pb::Session>> {
@@ -264,7 +280,7 @@ async fn fill_counts_all(d: &Daemon, sessions: Vec<pb::Session>) -> Vec<pb::Sess
             // Open sessions: PC sampling as it is now.
             for s in &mut v {
                 if pb::SessionState::try_from(s.state).ok().and_then(State::from_pb).is_some_and(State::is_open) {
-                    super::pc::overlay(d.session_pc(), s);
+                    super::pc::overlay(d.supervisor.pc, s);
                 }
             }
             v
@@ -281,7 +297,11 @@ async fn fill_counts_all(d: &Daemon, sessions: Vec<pb::Session>) -> Vec<pb::Sess
 }
 
 /// ListSessions: newest first, filtered, paged by id.
-pub async fn list(d: &Daemon, caller: &Caller, req: pb::ListSessionsRequest) -> ApiResult<pb::ListSessionsResponse> {
+pub(crate) async fn list(
+    d: Handlers<'_>,
+    caller: &Caller,
+    req: pb::ListSessionsRequest,
+) -> ApiResult<pb::ListSessionsResponse> {
     let page = match req.page_size {
         0 => 50,
         n if n > 1000 => return Err(ApiError::invalid("page_size", format!("{n} is above the maximum of 1000"))),
@@ -307,7 +327,7 @@ pub async fn list(d: &Daemon, caller: &Caller, req: pb::ListSessionsRequest) -> 
     if !caller.authenticated {
         return Ok(pb::ListSessionsResponse::default());
     }
-    let path = d.db_path.clone();
+    let path = d.db_path.to_path_buf();
     let name = req.name_contains.clone();
     let (mut sessions, more) = tokio::task::spawn_blocking(move || -> ApiResult<(Vec<pb::Session>, bool)> {
         let c = crate::store::open_reader(&path)?;
@@ -316,7 +336,7 @@ pub async fn list(d: &Daemon, caller: &Caller, req: pb::ListSessionsRequest) -> 
     .await??;
     // Open sessions: the in-memory state is the freshest.
     let ended_unwritten = {
-        let g = d.sessions.lock();
+        let g = d.supervisor.sessions.lock();
         let mut ended = false;
         for s in &mut sessions {
             if let Some(l) = g.open.get(&s.id) {
@@ -332,4 +352,127 @@ pub async fn list(d: &Daemon, caller: &Caller, req: pb::ListSessionsRequest) -> 
     }
     let next = if more { sessions.last().map(|s| s.id.to_string()).unwrap_or_default() } else { String::new() };
     Ok(pb::ListSessionsResponse { sessions: fill_counts_all(d, sessions).await, next_page_token: next })
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use dashmap::DashMap;
+
+    use super::*;
+    use crate::arbiter::Arbiter;
+    use crate::ingest::TestWriter;
+    use crate::pcsamp::PcHub;
+    use crate::registry::Registry;
+    use crate::sessions::Sessions;
+    use crate::sessions::pc::Pc;
+    use crate::sessions::pm::Pm;
+
+    /// The handlers' parts, owned, on a fresh database: no daemon.
+    pub(in crate::sessions) struct Parts {
+        _dir: tempfile::TempDir,
+        db: std::path::PathBuf,
+        cfg: crate::config::Config,
+        arbiter: std::sync::Arc<Arbiter>,
+        writer: TestWriter,
+        pub sessions: Sessions,
+        hub: PcHub,
+        registry: Registry,
+        records: DashMap<u64, std::sync::atomic::AtomicU64>,
+        rollup: Rollup,
+        persister: tokio::task::JoinHandle<()>,
+    }
+
+    impl Parts {
+        pub(in crate::sessions) fn new() -> Parts {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = crate::config::Config::from_toml("").unwrap();
+            cfg.agent_socket = dir.path().join("agent.sock");
+            let db = dir.path().join("t.db");
+            let conn = crate::store::open_writer(&db, &cfg.storage).unwrap();
+            let arbiter = crate::arbiter::open(&conn, &cfg).unwrap();
+            let writer = TestWriter::start(conn, &cfg.ingest);
+            let (sessions, persister) = Sessions::new(writer.handle.clone());
+            let hub = PcHub::new(16, crate::pcsamp::sched::SchedConfig::from_config(&cfg.pc));
+            let rollup = Rollup::new(db.clone(), writer.handle.clone());
+            let persister = tokio::spawn(persister);
+            let records = DashMap::new();
+            let registry = Registry::default();
+            Parts { _dir: dir, db, cfg, arbiter, writer, sessions, hub, registry, records, rollup, persister }
+        }
+
+        pub(in crate::sessions) fn handlers(&self) -> Handlers<'_> {
+            let pc = Pc {
+                settings: &self.cfg.pc,
+                busy_retry: self.cfg.sampler.pc_busy_retry.0,
+                hub: &self.hub,
+                arbiter: &self.arbiter,
+                found: &[],
+                registry: &self.registry,
+                sessions: &self.sessions,
+            };
+            Handlers {
+                supervisor: Supervisor {
+                    sessions: &self.sessions,
+                    registry: &self.registry,
+                    session_records: &self.records,
+                    agent: &self.cfg.agent,
+                    agent_socket: &self.cfg.agent_socket,
+                    pm: Pm { sampler: &self.cfg.sampler, arbiter: &self.arbiter },
+                    pc,
+                },
+                writer: &self.writer.handle,
+                db_path: &self.db,
+                rollup: &self.rollup,
+                admin_group: &self.cfg.api.admin_group,
+            }
+        }
+
+        pub(in crate::sessions) async fn stop(self) {
+            self.sessions.persisted().await;
+            drop(self.sessions);
+            self.persister.await.unwrap();
+            self.writer.stop().await;
+        }
+    }
+
+    fn all(name: &str) -> pb::StartSessionRequest {
+        pb::StartSessionRequest {
+            name: name.into(),
+            targets: vec![pb::Target { target: Some(pb::target::Target::All(true)) }],
+            ..Default::default()
+        }
+    }
+
+    /// Built from their parts, no daemon: a session without targets is refused; one started
+    /// is active, read back and listed; another user may not read it; stopped, it has ended
+    /// and a second stop says it is not running.
+    #[tokio::test]
+    async fn session_handlers_without_a_daemon() {
+        let p = Parts::new();
+        let h = p.handlers();
+        let root = Caller::root();
+        let e = start(h, &root, pb::StartSessionRequest::default()).await.unwrap_err();
+        assert!(e.to_string().contains("at least one target"), "{e}");
+
+        let s = start(h, &root, all("first")).await.unwrap();
+        assert_eq!(s.state, pb::SessionState::Active as i32);
+        assert!(p.sessions.is_open(s.id));
+        let got = get(h, &root, s.id).await.unwrap();
+        assert_eq!((got.name.as_str(), got.state), ("first", pb::SessionState::Active as i32));
+        let listed = list(h, &root, pb::ListSessionsRequest::default()).await.unwrap();
+        assert_eq!(listed.sessions.iter().map(|x| x.id).collect::<Vec<_>>(), [s.id]);
+        let user = Caller { uid: 1000, gid: 1000, pid: None, admin: false, authenticated: true };
+        assert!(get(h, &user, s.id).await.is_err());
+        assert!(list(h, &user, pb::ListSessionsRequest::default()).await.unwrap().sessions.is_empty());
+
+        let stopped = stop(h, &root, s.id).await.unwrap();
+        assert!(!p.sessions.is_open(s.id));
+        let state = pb::SessionState::try_from(stopped.state).ok().and_then(State::from_pb);
+        assert!(state.is_some_and(|st| !st.is_open()), "{state:?}");
+        let e = stop(h, &root, s.id).await.unwrap_err();
+        assert!(e.to_string().contains("is not running"), "{e}");
+        let e = get(h, &root, 99).await.unwrap_err();
+        assert!(e.to_string().contains("no session 99"), "{e}");
+        p.stop().await;
+    }
 }

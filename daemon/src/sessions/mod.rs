@@ -26,7 +26,7 @@
 //! - [`api`]: the StartSession, StopSession, GetSession and ListSessions handlers;
 //! - [`node`]: the node's always-on PC profile, a session gpuprofd starts itself.
 
-mod api;
+pub(crate) mod api;
 mod hints;
 mod node;
 pub(crate) mod pc;
@@ -41,8 +41,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
-pub use self::api::{get, list, start, stop};
-pub use self::node::{NODE_NAME, start_always_on};
+pub(crate) use self::api::{get, list, start, stop};
+pub use self::node::NODE_NAME;
+pub(crate) use self::node::start_always_on;
 pub use self::spec::{Collect, TargetSpec};
 pub use self::state::{STOP_FLUSH_TIMEOUT, State};
 pub use self::store::{load, recover};

@@ -6,16 +6,16 @@
 
 use gpuprof_proto::api as pb;
 
-use crate::Daemon;
+use super::api::Handlers;
 use crate::access::Caller;
 
 /// The always-on session's name.
 pub const NODE_NAME: &str = "always-on PC profile";
 
-/// Starts the always-on session when `[pc] always_on` is set (at daemon start; a session of
-/// a previous run was marked interrupted by then).
-pub async fn start_always_on(d: &Daemon) {
-    if !d.config.pc.always_on {
+/// Starts the always-on session when `always_on` (`[pc] always_on`) is set (at daemon start;
+/// a session of a previous run was marked interrupted by then).
+pub(crate) async fn start_always_on(d: Handlers<'_>, always_on: bool) {
+    if !always_on {
         return;
     }
     let req = pb::StartSessionRequest {
@@ -34,5 +34,29 @@ pub async fn start_always_on(d: &Daemon) {
             tracing::info!(session = s.id, "always-on PC profile started ([pc] always_on)");
         }
         Err(e) => tracing::error!(error = %e, "always-on PC profile not started"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::api::tests::Parts;
+    use super::*;
+
+    /// Built from the handlers' parts, no daemon: nothing starts unless `[pc] always_on`; when
+    /// set, the always-on session is active, named, collects PC samples in windows, and is the
+    /// sessions' node profile.
+    #[tokio::test]
+    async fn always_on_profile_without_a_daemon() {
+        let p = Parts::new();
+        start_always_on(p.handlers(), false).await;
+        assert_eq!((p.sessions.open_count(), p.sessions.node()), (0, 0));
+        start_always_on(p.handlers(), true).await;
+        let id = p.sessions.node();
+        assert!(id != 0 && p.sessions.is_open(id));
+        let s = super::super::api::get(p.handlers(), &Caller::root(), id).await.unwrap();
+        assert_eq!((s.name.as_str(), s.state), (NODE_NAME, pb::SessionState::Active as i32));
+        let collect = s.collect.unwrap_or_default();
+        assert!(collect.pc_sampling && collect.pc_mode == "windows", "{collect:?}");
+        p.stop().await;
     }
 }
