@@ -91,7 +91,7 @@ session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'd["id"]'; }
 
 # ---------------------------------------------------------------- 1. CUDA C from its start
 S1=$(session_start --exe pc_kernel --pc-sampling --name pc-cuda)
-CUDA_INJECTION64_PATH="$INJ" "$STATE/pc_kernel" 6 500 >"$STATE/pc_kernel.txt" 2>&1
+GPUPROF_LOG=${PC_LOG:-info} GPUPROF_LOG_FILE="$STATE/inj_pc_kernel.txt" CUDA_INJECTION64_PATH="$INJ" "$STATE/pc_kernel" 6 500 >"$STATE/pc_kernel.txt" 2>&1
 "${CTL[@]}" session stop "$S1" >/dev/null
 sleep 0.5
 echo "--- session $S1"; "${CTL[@]}" session show "$S1" | tail -8
@@ -120,7 +120,7 @@ pass_if "PyTorch late attach: pc top names the GEMM kernel with stall reasons" \
   "$(grep -qiE '(gemm|nvjet|cutlass|sm90).*\| .*stall' <<<"$fn2" && echo 1)" "$fn2"
 
 # First row visible to pc watch after session start.
-CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/mm_watch.txt" 2>&1 &
+GPUPROF_LOG=${PC_LOG:-info} GPUPROF_LOG_FILE="$STATE/inj_mm_watch.txt" CUDA_INJECTION64_PATH="$INJ" "$PY" "$STATE/mm.py" 12 1 >"$STATE/mm_watch.txt" 2>&1 &
 MMPID=$!
 # The process first connects (torch initializes CUDA), then the session starts.
 for _ in $(seq 300); do "${CTL[@]}" --json procs 2>/dev/null | grep -q "\"pid\": *$MMPID\b" && break; sleep 0.05; done
@@ -135,6 +135,7 @@ for _ in $(seq 400); do
   sleep 0.02
 done
 wait $WPID 2>/dev/null
+"${CTL[@]}" session show "$S3" | tail -4
 "${CTL[@]}" session stop "$S3" >/dev/null
 wait $MMPID
 pass_if "first PC row in pc watch within 2 s of session start" "$([ -n "$first" ] && [ "$first" -le 2000 ] && echo 1)" "${first:-none} ms"

@@ -19,7 +19,10 @@
 //                  the finalize) and the longest 100-launch chunk (max_chunk_ms)
 //       loopcont, loopss  as loopinline, with PC sampling configured as gpuprof does (period
 //                  2^15) continuous (sampling from the configure on), or with start/stop control
-//                  and a cuptiPCSamplingStart (then Stop and a read before the disable)
+//                  and a cuptiPCSamplingStart (then Stop and a read before the disable); a number
+//                  after the mode sets the hardware buffer in MiB (loopss8: 8 MiB; else CUPTI's
+//                  default, 512 MiB), a "w" after it CUPTI's worker thread's sleep to 5 ms (as
+//                  gpuprof's windows; else 100 ms): loopss64w is what gpuprof's windows configure
 // Prints "FLOOR mode=... us_per_launch=... samples=..." (samples read once after the loop).
 // Build: nvcc -O2 -arch=sm_90 -I$CUPTI/include -o pc_floor pc_floor.cu -L$CUPTI/lib64 -lcupti -lcuda
 #include <cuda.h>
@@ -62,7 +65,8 @@ static double now_s() {
 
 // Configures PC sampling on `ctx` as gpuprof does: continuous, period 2^period, every stall
 // reason, parsed output into `data`, with or without start/stop control.
-static void configure_pc(CUcontext ctx, int period, int start_stop, CUpti_PCSamplingData *data) {
+static void configure_pc(CUcontext ctx, int period, int start_stop, CUpti_PCSamplingData *data, size_t hw_mib,
+                         unsigned worker_ms) {
   size_t nstall = 0;
   CUpti_PCSamplingGetNumStallReasonsParams np = {CUpti_PCSamplingGetNumStallReasonsParamsSize};
   np.ctx = ctx;
@@ -86,7 +90,7 @@ static void configure_pc(CUcontext ctx, int period, int start_stop, CUpti_PCSamp
     data->pPcData[i].size = sizeof(CUpti_PCSamplingPCData);
     data->pPcData[i].stallReason = (CUpti_PCSamplingStallReason *)calloc(nstall, sizeof(CUpti_PCSamplingStallReason));
   }
-  CUpti_PCSamplingConfigurationInfo info[6];
+  CUpti_PCSamplingConfigurationInfo info[8];
   memset(info, 0, sizeof info);
   info[0].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_COLLECTION_MODE;
   info[0].attributeData.collectionModeData.collectionMode = CUPTI_PC_SAMPLING_COLLECTION_MODE_CONTINUOUS;
@@ -101,9 +105,16 @@ static void configure_pc(CUcontext ctx, int period, int start_stop, CUpti_PCSamp
   info[4].attributeData.stallReasonData.pStallReasonIndex = idx;
   info[5].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER;
   info[5].attributeData.samplingDataBufferData.samplingDataBuffer = data;
+  info[6].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_HARDWARE_BUFFER_SIZE;
+  info[6].attributeData.hardwareBufferSizeData.hardwareBufferSize = hw_mib << 20;
   CUpti_PCSamplingConfigurationInfoParams cp = {CUpti_PCSamplingConfigurationInfoParamsSize};
   cp.ctx = ctx;
-  cp.numAttributes = 6;
+  int na = hw_mib ? 7 : 6;
+  if (worker_ms) {
+    info[na].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_WORKER_THREAD_PERIODIC_SLEEP_SPAN;
+    info[na++].attributeData.workerThreadPeriodicSleepSpanData.workerThreadPeriodicSleepSpan = worker_ms;
+  }
+  cp.numAttributes = na;
   cp.pPCSamplingConfigurationInfo = info;
   CK(cuptiPCSamplingSetConfigurationAttribute(&cp));
 }
@@ -129,6 +140,8 @@ static volatile int g_phase;  // 1, 3: enable now; 2, 4: disable and finalize no
 static double g_enable_ms[2], g_configure_ms[2], g_start_ms[2], g_stop_ms[2], g_read_ms[2], g_disable_ms[2], g_finalize_ms[2];
 static int g_cycle;
 static int g_configure;  // 0: enable only; 1: configured continuous; 2: with start/stop control
+static size_t g_hw_mib;  // the hardware buffer (0: CUPTI's default, 512 MiB)
+static unsigned g_worker_ms;  // CUPTI's worker thread's sleep (0: its default, 100 ms)
 static unsigned long long g_samples[2];
 static CUpti_PCSamplingData g_data;
 
@@ -148,7 +161,7 @@ static void pc_enable_disable(int what) {
     CK(cuptiPCSamplingEnable(&ep));
     g_enable_ms[c] = lap(&t);
     if (g_configure) {
-      configure_pc(g_ctx, 15, g_configure == 2, &g_data);
+      configure_pc(g_ctx, 15, g_configure == 2, &g_data, g_hw_mib, g_worker_ms);
       g_configure_ms[c] = lap(&t);
     }
     if (g_configure == 2) {
@@ -196,7 +209,9 @@ static void loop_mode(const char *mode, long n, float *x) {
   cuCtxGetCurrent(&g_ctx);
   warm(x);
   int sided = !strcmp(mode, "loopside"), inline_ = !sided && strcmp(mode, "loopoff");
-  g_configure = !strcmp(mode, "loopcont") ? 1 : !strcmp(mode, "loopss") ? 2 : 0;
+  g_configure = !strncmp(mode, "loopcont", 8) ? 1 : !strncmp(mode, "loopss", 6) ? 2 : 0;
+  g_hw_mib = g_configure == 1 ? atoi(mode + 8) : g_configure == 2 ? atoi(mode + 6) : 0;
+  g_worker_ms = g_configure && strchr(mode, 'w') ? 5 : 0;
   pthread_t th;
   if (sided) pthread_create(&th, NULL, side, NULL);
   double max_chunk = 0, c = now_s(), t0 = c;
@@ -277,7 +292,7 @@ int main(int argc, char **argv) {
     ep.ctx = ctx;
     CK(cuptiPCSamplingEnable(&ep));
     sampling = 1;
-    if (mode[0] == 'p') configure_pc(ctx, atoi(mode + 1), 0, &data);
+    if (mode[0] == 'p') configure_pc(ctx, atoi(mode + 1), 0, &data, 0, 0);
   }
   warm(x);
 

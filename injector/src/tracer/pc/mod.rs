@@ -40,9 +40,11 @@ use context::Agg;
 /// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
 /// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
 pub const DEFAULT_PERIOD_LOG2: u32 = 15;
-/// Windows mode: the hardware buffer when the session names none (a window of 20 ms at 2^15
-/// fills a few MiB on an H100; CUPTI's default is 512 MiB).
-const WINDOW_HW_BUFFER_MIB: usize = 64;
+/// Windows mode: the hardware buffer when the session names none (CUPTI's worker drains it
+/// every [`WINDOW_WORKER_MS`]; CUPTI's default is 512 MiB). A window's `cuptiPCSamplingStart`
+/// grows with it: 286-601 ms at 512 MiB, 90-97 at 64, 58-69 at 8, 58-65 at 2 (H100,
+/// `tests/gpu/pc_floor.sh` loop modes).
+const WINDOW_HW_BUFFER_MIB: usize = 16;
 /// Windows mode with CUPTI finalized between windows: how long before the next window is due
 /// CUPTI is attached again (collections run about once a second).
 const REATTACH_AHEAD: Duration = Duration::from_millis(1100);

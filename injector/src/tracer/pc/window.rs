@@ -2,19 +2,23 @@
 //! it is due and closes once it has lasted its length; the gap to the next is set by what
 //! the windows cost the application (the budget).
 //!
-//! Measured on the H100: the first enable in a process takes 80-120 ms (CUPTI's set-up, once
-//! per process; later enables 0.3-0.8 ms); a disable 43-54 ms; and once PC sampling has been
-//! enabled on a context, every later kernel launch costs more, enabled (+1.5-2 µs: CUPTI's own
-//! sampler cost 17-29 % on a loop of small PyTorch kernels) and still after the disable (a C
-//! loop of small launches 1.25x after one enable and disable, 0.94x once `cuptiFinalize` ran
-//! too: `tests/gpu/pc_floor.sh`). So the context is enabled with CUPTI's start/stop control
-//! and a window is `cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read; launches are
-//! counted while the window is open, and while staying enabled costs at most half the budget
-//! (compute-bound work) the context stays enabled between windows. Else (launch-bound work)
-//! the close disables too and, when nothing else of CUPTI is on, CUPTI is finalized at the
-//! synchronization's outermost exit ([`ask_detach`], carried out in `app.rs`); the
-//! background thread subscribes again shortly before the next window is due. Every cost,
-//! being enabled included, counts against the budget that spaces the windows.
+//! Measured on the H100 with CUPTI alone (`tests/gpu/pc_floor.sh`, its loop modes): the first
+//! enable in a process takes 82-126 ms (CUPTI's set-up, once per process; 15-18 ms after a
+//! `cuptiFinalize`, 0.3-0.8 ms otherwise); a configure 1 ms; a `cuptiPCSamplingStart` 58-69 ms
+//! with an 8 MiB hardware buffer (90-97 at 64 MiB, 286-601 at CUPTI's default 512), a stop
+//! 2 ms; a disable 36-51 ms. Each blocks the application's thread, called from another thread
+//! too. Once PC sampling has been enabled on a context, every later kernel launch costs more,
+//! enabled (+1.5-2 µs: CUPTI's own sampler cost 17-29 % on a loop of small PyTorch kernels)
+//! and still after the disable (a C loop of small launches 1.25x after one enable and disable,
+//! 0.94x once `cuptiFinalize` ran too). So the context is enabled with CUPTI's start/stop
+//! control and a window is `cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read; launches
+//! are counted while the window is open, and while staying enabled costs at most half the
+//! budget (compute-bound work) the context stays enabled between windows. Else (launch-bound
+//! work) the close disables too and, when nothing else of CUPTI is on, CUPTI is finalized at
+//! the synchronization's outermost exit ([`ask_detach`], carried out in `app.rs`); the
+//! background thread subscribes again shortly before the next window is due, and that window
+//! is an enable without start/stop control (no start to pay; it disables at its close). Every
+//! cost, being enabled included, counts against the budget that spaces the windows.
 //! `GPUPROF_PC_WINDOWS=reenable` disables at every close (no start/stop control) and
 //! `GPUPROF_PC_DETACH=0` keeps CUPTI attached between windows, to measure one against the other.
 // Safety: CUPTI calls on the context current on the synchronizing thread; each is commented.
@@ -26,13 +30,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuprof_cupti::Cupti;
+use gpuprof_cupti::pcsampling::PcConfig;
 
 use super::context::{Live as Sampled, absorb, drain_into, enable};
 use super::meter::{EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
 use crate::tracer::hooks;
 
 /// A context sampled in windows.
-type Live = Sampled<(Win, gpuprof_cupti::pcsampling::PcConfig, Vec<String>)>;
+type Live = Sampled<(Win, PcConfig, Vec<String>)>;
 
 /// The longest gap between windows (the budget decides below it).
 const MAX_GAP: Duration = Duration::from_secs(60);
@@ -276,7 +281,14 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                     on.running = r.is_ok();
                     r
                 }
-                None => enable(cupti, l.ctx, cfg.clone(), wanted).map(|(on, _, _)| l.on = Some(on)),
+                None => {
+                    // A window that will disable at its close (staying enabled costs more than
+                    // the budget allows) needs no start/stop control, whose start costs more
+                    // than the enable and configure together.
+                    let ranged = cfg.start_stop && !w.enabled_cost().is_some_and(|c| c > w.cfg.budget / 2.0);
+                    let cfg = PcConfig { start_stop: ranged, ..cfg.clone() };
+                    enable(cupti, l.ctx, cfg, wanted).map(|(on, _, _)| l.on = Some(on))
+                }
             };
             match opened {
                 Ok(()) => {
