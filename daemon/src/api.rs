@@ -369,7 +369,7 @@ impl Gpuprof for Api {
             // CUPTI PM sampling takes the GPU's performance monitor from everyone else.
             crate::access::require_operator(&self.caller(&req), "start CUPTI PM sampling")?;
         }
-        let s = crate::pmstream::subscribe(&self.d, req.into_inner())?;
+        let s = crate::pmstream::subscribe(self.d.pm_streams(), req.into_inner())?;
         Ok(Response::new(Box::pin(s)))
     }
 
@@ -379,7 +379,8 @@ impl Gpuprof for Api {
         req: Request<pb::StreamPcSamplesRequest>,
     ) -> Result<Response<Self::StreamPcSamplesStream>, Status> {
         let caller = self.caller(&req);
-        let s = crate::pmstream::pc_stream(&self.d, &caller, req.into_inner()).await?;
+        let req = req.into_inner();
+        let s = crate::pmstream::pc_stream(self.d.pc_streams(req.session_id), &caller, req).await?;
         Ok(Response::new(Box::pin(s)))
     }
 

@@ -112,9 +112,9 @@ pub struct Daemon {
     /// GPUs managed and their PM samplers (see [`sampler`]).
     pub gpus: Arc<sampler::Gpus>,
     /// PM stream subscribers and latest values (see [`pmstream`]).
-    pub pm: pmstream::PmHub,
+    pub pm: Arc<pmstream::PmHub>,
     /// PC sampling per (session, process, device), its leases and stream (see [`pcsamp`]).
-    pub pc: pcsamp::PcHub,
+    pub pc: Arc<pcsamp::PcHub>,
     /// PC samples waiting for the next OTLP profiles export (see [`otlp_profiles`]).
     pub otlp_pc: otlp_profiles::PcProfiles,
 }
@@ -186,6 +186,24 @@ impl Daemon {
             rollup: &self.rollup,
             admin_group: &self.config.api.admin_group,
         }
+    }
+
+    /// What a PM stream subscription uses ([`pmstream::subscribe`]).
+    pub fn pm_streams(&self) -> pmstream::Streams<'_> {
+        pmstream::Streams {
+            sampler: &self.config.sampler,
+            samples: &self.pm_samples,
+            hub: &self.pm,
+            arbiter: &self.arbiter,
+            nvml: &self.nvml,
+            no_gpu: self.no_gpu_reason(),
+            shutdown: &self.shutdown,
+        }
+    }
+
+    /// What a stream of session `id`'s PC samples uses ([`pmstream::pc_stream`]).
+    pub fn pc_streams(&self, id: u64) -> pmstream::PcStreams<'_> {
+        pmstream::PcStreams { owners: self.session_owners(id), hub: &self.pc, sessions: &self.sessions }
     }
 
     pub fn session_owners(&self, id: u64) -> access::SessionOwners<'_> {

@@ -16,11 +16,20 @@ use gpuprof_proto::agent::PmSampleBatch;
 use gpuprof_proto::api as pb;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::Daemon;
+use crate::access::{Caller, SessionOwners};
+use crate::arbiter::Arbiter;
+use crate::config::SamplerConfig;
 use crate::error::ApiError;
 use crate::nvml::Source;
+use crate::pcsamp::PcHub;
+use crate::sessions::Sessions;
+use crate::{NvmlState, PmPublished};
+
+#[cfg(test)]
+mod tests;
 
 /// Longest downsampling window accepted.
 const MAX_DOWNSAMPLE_MS: u32 = 3_600_000;
@@ -78,14 +87,14 @@ impl PmHub {
     }
 }
 
-/// Keeps `PmHub::latest` current (only run when something reads it, e.g. Prometheus).
-pub async fn track_latest(d: Arc<Daemon>, shutdown: tokio_util::sync::CancellationToken) {
-    let mut rx = d.pm_samples.subscribe();
+/// Keeps `hub`'s latest values current from the published samples `rx` (only run when
+/// something reads them, e.g. Prometheus).
+pub async fn track_latest(mut rx: broadcast::Receiver<Arc<PmPublished>>, hub: Arc<PmHub>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             r = rx.recv() => match r {
-                Ok(b) => d.pm.record_latest(b.source, &b.batch),
+                Ok(b) => hub.record_latest(b.source, &b.batch),
                 Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => return,
             }
@@ -232,8 +241,24 @@ impl Subscriber {
     }
 }
 
+/// What a PM stream subscription uses: the `[sampler]` settings (queue, on-demand sampler
+/// leases), the published samples it subscribes to, the hub it counts in, the arbiter (its
+/// devices, paused markers and sampler leases), NVML's devices, why there is no GPU (if so), and
+/// the shutdown that ends the stream.
+#[derive(Clone)]
+pub struct Streams<'a> {
+    pub sampler: &'a SamplerConfig,
+    pub samples: &'a broadcast::Sender<Arc<PmPublished>>,
+    pub hub: &'a Arc<PmHub>,
+    pub arbiter: &'a Arc<Arbiter>,
+    pub nvml: &'a NvmlState,
+    /// Why GPU commands cannot work here (`Daemon::no_gpu_reason`), if they cannot.
+    pub no_gpu: Option<String>,
+    pub shutdown: &'a CancellationToken,
+}
+
 /// Starts a subscription; the returned stream yields samples and paused markers.
-pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<ReceiverStream<Item>, Status> {
+pub fn subscribe(d: Streams<'_>, req: pb::StreamPmSamplesRequest) -> Result<ReceiverStream<Item>, Status> {
     if req.downsample_ms > MAX_DOWNSAMPLE_MS {
         return Err(ApiError::invalid(
             "downsample_ms",
@@ -241,7 +266,7 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
         )
         .into());
     }
-    if let Some(why) = d.no_gpu_reason() {
+    if let Some(why) = &d.no_gpu {
         return Err(ApiError::FailedPrecondition(format!("no GPU to stream: {why}")).into());
     }
     let mut managed = d.arbiter.devices();
@@ -264,11 +289,11 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
             })
         })
         .collect::<Result<Vec<_>, Status>>()?;
-    let leases = cupti_leases(d, &req.devices, req.cupti_rate_hz)?;
-    let queue = d.config.sampler.stream_queue;
+    let leases = cupti_leases(&d, &req.devices, req.cupti_rate_hz)?;
+    let queue = d.sampler.stream_queue;
     let (tx, rx) = mpsc::channel(queue);
     // Subscribe before answering, so nothing published after the call returns is missed.
-    let mut samples = d.pm_samples.subscribe();
+    let mut samples = d.samples.subscribe();
     let mut markers = d.arbiter.markers();
     let initial = d.arbiter.current_markers();
     let mut sub = Subscriber {
@@ -281,14 +306,14 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
         tx,
         queue,
     };
-    let d = d.clone();
-    d.pm.subscribers.fetch_add(1, Relaxed);
+    let (hub, shutdown) = (d.hub.clone(), d.shutdown.clone());
+    // The on-demand sampler leases live as long as this task, renewed on the way.
+    let renew_every = (d.sampler.lease_ttl.0 / 3).max(std::time::Duration::from_millis(300));
+    hub.subscribers.fetch_add(1, Relaxed);
     tokio::spawn(async move {
-        let hub = &d.pm;
+        let hub = &*hub;
         let closed = sub.tx.clone();
         let mut end = Ok(());
-        // The on-demand sampler leases live as long as this task, renewed on the way.
-        let renew_every = (d.config.sampler.lease_ttl.0 / 3).max(std::time::Duration::from_millis(300));
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
         for m in initial {
             if let Err(e) = sub.on_marker(hub, m) {
@@ -298,7 +323,7 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
         while end.is_ok() {
             tokio::select! {
                 _ = closed.closed() => end = Err(End::Gone),
-                _ = d.shutdown.cancelled() => {
+                _ = shutdown.cancelled() => {
                     let _ = sub.tx.try_send(Err(ApiError::Unavailable("gpuprofd is shutting down".into()).into()));
                     break;
                 }
@@ -333,7 +358,7 @@ pub fn subscribe(d: &Arc<Daemon>, req: pb::StreamPmSamplesRequest) -> Result<Rec
 }
 
 /// The on-demand CUPTI PM sampler leases a stream asked for with `cupti_rate_hz`.
-fn cupti_leases(d: &Arc<Daemon>, devices: &[u32], rate_hz: u32) -> Result<Vec<crate::arbiter::SamplerUse>, Status> {
+fn cupti_leases(d: &Streams<'_>, devices: &[u32], rate_hz: u32) -> Result<Vec<crate::arbiter::SamplerUse>, Status> {
     if rate_hz == 0 {
         return Ok(Vec::new());
     }
@@ -344,7 +369,7 @@ fn cupti_leases(d: &Arc<Daemon>, devices: &[u32], rate_hz: u32) -> Result<Vec<cr
         )
         .into());
     }
-    if !d.config.sampler.enabled {
+    if !d.sampler.enabled {
         return Err(ApiError::FailedPrecondition(
             "CUPTI PM sampling is disabled in this gpuprofd's config ([sampler] enabled = false)".into(),
         )
@@ -359,9 +384,17 @@ fn cupti_leases(d: &Arc<Daemon>, devices: &[u32], rate_hz: u32) -> Result<Vec<cr
         .into());
     }
     let interval = 1_000_000_000 / u64::from(rate_hz);
-    let ttl = d.config.sampler.lease_ttl.0;
+    let ttl = d.sampler.lease_ttl.0;
     let reason = format!("PM stream at {rate_hz} Hz");
     wanted.iter().map(|&dev| d.arbiter.acquire_sampler(dev, interval, ttl, &reason).map_err(Status::from)).collect()
+}
+
+/// What a PC stream uses: who owns the session asked for, the hub whose ring it reads, and
+/// the sessions (whether that one is open).
+pub struct PcStreams<'a> {
+    pub owners: SessionOwners<'a>,
+    pub hub: &'a Arc<PcHub>,
+    pub sessions: &'a Sessions,
 }
 
 /// `StreamPcSamples`: each PC sample batch of the session's processes, pushed as it arrives
@@ -369,8 +402,8 @@ fn cupti_leases(d: &Arc<Daemon>, devices: &[u32], rate_hz: u32) -> Result<Vec<cr
 /// A subscriber the ring overtakes (it read too slowly) is dropped with RESOURCE_EXHAUSTED;
 /// the stream ends when the session ends. A session that has ended streams nothing.
 pub async fn pc_stream(
-    d: &Arc<Daemon>,
-    caller: &crate::access::Caller,
+    d: PcStreams<'_>,
+    caller: &Caller,
     req: pb::StreamPcSamplesRequest,
 ) -> Result<impl tokio_stream::Stream<Item = Result<pb::StreamPcSamplesResponse, Status>> + Send + 'static, Status> {
     if !req.kernel.is_empty()
@@ -379,16 +412,16 @@ pub async fn pc_stream(
         return Err(ApiError::invalid("kernel", format!("{:?}: {e}", req.kernel)).into());
     }
     let session = req.session_id;
-    d.authorize_session(caller, session).await?;
+    crate::access::authorize_session(d.owners, caller, session).await?;
     // Subscribe first, then look: a session that ends in between closes the ring we hold.
-    let rx = d.pc.subscribe(session);
+    let rx = d.hub.subscribe(session);
     let open = d.sessions.is_open(session);
     if !open {
-        d.pc.close_stream(session);
+        d.hub.close_stream(session);
     }
     let kernel = req.kernel;
-    let hub = PcSub { d: d.clone() };
-    hub.d.pc.subscribers.fetch_add(1, Relaxed);
+    let hub = PcSub { hub: d.hub.clone() };
+    hub.hub.subscribers.fetch_add(1, Relaxed);
     let s = tokio_stream::StreamExt::map_while(
         tokio_stream::wrappers::BroadcastStream::new(rx),
         move |r| -> Option<Result<pb::StreamPcSamplesResponse, Status>> {
@@ -398,7 +431,7 @@ pub async fn pc_stream(
                 Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
                     let why = format!("subscriber fell {n} PC sample batches behind; dropped (read faster)");
                     tracing::info!(session, reason = %why, "dropping a slow PC stream subscriber");
-                    hub.d.pc.note_dropped();
+                    hub.hub.note_dropped();
                     Some(Err(ApiError::ResourceExhausted(why).into()))
                 }
             }
@@ -423,12 +456,12 @@ pub async fn pc_stream(
 
 /// Counts a PC stream subscriber for as long as its stream lives.
 struct PcSub {
-    d: Arc<Daemon>,
+    hub: Arc<PcHub>,
 }
 
 impl Drop for PcSub {
     fn drop(&mut self) {
-        self.d.pc.subscribers.fetch_sub(1, Relaxed);
+        self.hub.subscribers.fetch_sub(1, Relaxed);
     }
 }
 

@@ -61,11 +61,11 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         rollup: Arc::new(rollup::Rollup::new(config.database_path(), writer.clone())),
         arbiter,
         gpus,
-        pm: pmstream::PmHub::default(),
-        pc: crate::pcsamp::PcHub::new(
+        pm: Arc::default(),
+        pc: Arc::new(crate::pcsamp::PcHub::new(
             config.sampler.stream_queue,
             crate::pcsamp::sched::SchedConfig::from_config(&config.pc),
-        ),
+        )),
         otlp_pc: Default::default(),
         writer,
         config,
@@ -194,7 +194,7 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
     let prometheus = prometheus::bind(&d.config.prometheus).await?;
     let otlp = if d.config.otlp.endpoint.is_empty() { None } else { Some(otlp::channel(&d.config.otlp)?) };
     if prometheus.is_some() || otlp.is_some() {
-        tasks.push(tokio::spawn(pmstream::track_latest(d.clone(), shutdown.clone())));
+        tasks.push(tokio::spawn(pmstream::track_latest(d.pm_samples.subscribe(), d.pm.clone(), shutdown.clone())));
     }
     if let Some(l) = prometheus {
         let dd = d.clone();
