@@ -11,10 +11,12 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dashmap::DashMap;
 use gpuprof_proto::agent::{
     self as wire, AgentMessage, DaemonMessage, PROTOCOL_VERSION, agent_message::Msg, daemon_message,
 };
@@ -23,16 +25,25 @@ use prost::Message;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::Daemon;
+use crate::PmPublished;
+use crate::arbiter::Arbiter;
 use crate::catalog::batch_len;
 use crate::clock::now_ns;
-use crate::ingest::{ProcessInfo, WriterMsg};
-use crate::registry::{Agent, AgentEvent, Placement};
+use crate::config::AgentConfig;
+use crate::ingest::{ProcessInfo, WriterHandle, WriterMsg};
+use crate::kubelet::Pods;
+use crate::otlp_profiles::PcProfiles;
+use crate::pcsamp::PcHub;
+use crate::registry::{Agent, AgentEvent, Placement, Registry};
+use crate::sessions::Sessions;
+use crate::stats::Stats;
 
 pub mod check;
+#[cfg(test)]
+mod tests;
 
 /// Binds the agent socket (replacing a stale file) with mode 0666: any user's CUDA
 /// process may connect; identity comes from SO_PEERCRED.
@@ -69,17 +80,52 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
     Ok(l)
 }
 
-/// Accepts connections until `shutdown` fires.
-pub async fn serve(listener: UnixListener, d: Arc<Daemon>, shutdown: CancellationToken) {
+/// What the agent connections use: the `[agent]` settings, whether PC samples go to the OTLP
+/// profiles export, the writer and counters, the registry they join, the kubelet's pods (to
+/// place a process), the sessions (record counts, the always-on profile, waking the
+/// supervisor), PC sampling's hub and the arbiter whose leases an agent's report ends, the PC
+/// samples kept for OTLP, and the ring live PM samples are published on.
+#[derive(Clone, Copy)]
+pub struct Connections<'a> {
+    pub agent: &'a AgentConfig,
+    /// `[otlp] profiles` with an endpoint: PC samples are kept for the next profiles export.
+    pub otlp_profiles: bool,
+    pub writer: &'a WriterHandle,
+    pub stats: &'a Stats,
+    pub registry: &'a Registry,
+    pub pods: &'a Pods,
+    pub session_records: &'a DashMap<u64, AtomicU64>,
+    pub sessions: &'a Sessions,
+    pub pc: &'a PcHub,
+    pub arbiter: &'a Arbiter,
+    pub otlp_pc: &'a PcProfiles,
+    pub pm_samples: &'a broadcast::Sender<Arc<PmPublished>>,
+}
+
+impl Connections<'_> {
+    fn count_session_records(&self, session: u64, n: u64) {
+        if let Some(c) = self.session_records.get(&session) {
+            c.fetch_add(n, Relaxed);
+            return;
+        }
+        self.session_records.entry(session).or_default().fetch_add(n, Relaxed);
+    }
+}
+
+/// Accepts connections until `shutdown` fires; each is served by the future `connection`
+/// makes of it (one that runs [`handle`]) until it ends.
+pub async fn serve<F, Fut>(listener: UnixListener, connection: F, shutdown: CancellationToken)
+where
+    F: Fn(UnixStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
-                    let d = d.clone();
-                    let sd = shutdown.clone();
-                    tracker.spawn(async move { handle(stream, d, sd).await });
+                    tracker.spawn(connection(stream));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "agent accept failed");
@@ -158,7 +204,8 @@ async fn read_message(
     }
 }
 
-async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken) {
+/// Serves one agent connection until it ends (or `shutdown` fires).
+pub async fn handle(stream: UnixStream, d: Connections<'_>, shutdown: CancellationToken) {
     let cred = match stream.peer_cred() {
         Ok(c) => c,
         Err(e) => {
@@ -169,8 +216,8 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     let pid = cred.pid().unwrap_or(0) as u32;
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(256 * 1024, rd);
-    let max = d.config.agent.max_frame_bytes;
-    let timeout = Duration::from_millis(d.config.agent.liveness_timeout_ms);
+    let max = d.agent.max_frame_bytes;
+    let timeout = Duration::from_millis(d.agent.liveness_timeout_ms);
     let mut buf = Vec::with_capacity(64 * 1024);
 
     // Handshake: a small frame limit and a short deadline for a peer not yet identified.
@@ -182,16 +229,16 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
         Ok(h) => h,
         Err(ConnError::Closed) | Err(ConnError::Shutdown) => return,
         Err(ConnError::Timeout(t)) => {
-            reject(&d, pid, &format!("protocol error: no Hello within {t:?}"));
+            reject(d, pid, &format!("protocol error: no Hello within {t:?}"));
             return;
         }
         Err(e) => {
-            reject(&d, pid, &e.to_string());
+            reject(d, pid, &e.to_string());
             return;
         }
     };
     let base_ns = hello.clock.map(|c| c.realtime_ns).filter(|t| *t > 0).unwrap_or_else(now_ns);
-    let (cgroup, placement) = place(&d, pid, &hello.cgroup).await;
+    let (cgroup, placement) = place(d.pods, pid, &hello.cgroup).await;
     let info = ProcessInfo {
         pid,
         uid: cred.uid(),
@@ -225,7 +272,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
             protocol_version: PROTOCOL_VERSION,
             process_id: id,
             max_frame_bytes: max,
-            heartbeat_interval_ms: d.config.agent.heartbeat_interval_ms,
+            heartbeat_interval_ms: d.agent.heartbeat_interval_ms,
         })),
     };
     let _ = cmd_tx.try_send(welcome);
@@ -255,7 +302,7 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
     d.registry.insert(agent.clone());
     tracing::info!(id, pid, uid = cred.uid(), kind, exe = %agent.exe, "agent connected");
 
-    let mut conn = Conn { d: &d, agent: &agent, check: check::Checker::new(kind), names: Default::default() };
+    let mut conn = Conn { d, agent: &agent, check: check::Checker::new(kind), names: Default::default() };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
             Ok(m) => match conn.dispatch(m).await {
@@ -290,12 +337,12 @@ async fn handle(stream: UnixStream, d: Arc<Daemon>, shutdown: CancellationToken)
 /// `/proc/PID/cgroup` (trusted, and the host's view even inside a cgroup namespace); when that
 /// is not visible (the daemon in a pid namespace without the agent), taken from the path the
 /// agent reported. Pod name and namespace come from the kubelet when configured.
-async fn place(d: &Daemon, pid: u32, claimed: &str) -> (String, Placement) {
+async fn place(pods: &Pods, pid: u32, claimed: &str) -> (String, Placement) {
     let a = crate::cgroup::of_pid(pid).unwrap_or_else(|| crate::cgroup::parse_path(claimed));
     let cgroup = a.cgroup.clone();
     let mut p = Placement::from(a);
     if !p.pod_uid.is_empty()
-        && let Some(pod) = d.pods.lookup(&p.pod_uid).await
+        && let Some(pod) = pods.lookup(&p.pod_uid).await
     {
         p.pod_name = pod.name;
         p.pod_namespace = pod.namespace;
@@ -304,7 +351,7 @@ async fn place(d: &Daemon, pid: u32, claimed: &str) -> (String, Placement) {
     (cgroup, p)
 }
 
-fn reject(d: &Daemon, pid: u32, reason: &str) {
+fn reject(d: Connections<'_>, pid: u32, reason: &str) {
     d.stats.protocol_errors.fetch_add(1, Relaxed);
     tracing::warn!(pid, reason, "rejecting agent connection");
 }
@@ -339,7 +386,7 @@ fn msg_name(m: &Msg) -> &'static str {
 }
 
 struct Conn<'a> {
-    d: &'a Daemon,
+    d: Connections<'a>,
     agent: &'a Arc<Agent>,
     /// The protocol state: string ids, drop counters, cubins half received.
     check: check::Checker,
@@ -417,14 +464,14 @@ impl Conn<'_> {
             }
             Msg::Heartbeat(_) => {}
             Msg::PmSamples(b) => {
-                d.publish_pm(id, &b);
+                PmPublished::publish(d.pm_samples, id, crate::nvml::Source::CuptiPm, &b);
                 let n = (b.samples.len() * b.metrics.len()) as u64;
                 d.stats.queued_records.fetch_add(n, Relaxed);
                 d.writer.send(WriterMsg::PmSamples { proc: id, batch: b }).await.map_err(|_| ConnError::Shutdown)?;
             }
             Msg::PcSamples(b) => {
                 d.pc.add_batch(id, &b);
-                let otlp = d.config.otlp.profiles && !d.config.otlp.endpoint.is_empty();
+                let otlp = d.otlp_profiles;
                 let streamed = d.pc.has_subscribers(b.session_id);
                 if otlp || streamed {
                     let samples = self.names.rows(id, &b);
@@ -486,27 +533,5 @@ impl Conn<'_> {
             }
         }
         Ok(true)
-    }
-}
-
-#[cfg(test)]
-mod bind_tests {
-    use super::bind_unix;
-
-    #[tokio::test]
-    async fn a_stale_socket_is_replaced_and_anything_else_is_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("api.sock");
-        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
-        assert!(bind_unix(&sock, 0o600).is_ok(), "a stale socket (nobody listening) is replaced");
-        let file = dir.path().join("notes.txt");
-        std::fs::write(&file, "keep me").unwrap();
-        let e = bind_unix(&file, 0o600).unwrap_err().to_string();
-        assert!(e.contains("is not a Unix socket"), "{e}");
-        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
-        let sub = dir.path().join("a-directory");
-        std::fs::create_dir(&sub).unwrap();
-        assert!(bind_unix(&sub, 0o600).is_err());
-        assert!(sub.is_dir());
     }
 }

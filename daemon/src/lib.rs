@@ -46,7 +46,7 @@ pub use runtime::run;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 
 use dashmap::DashMap;
 use gpuprof_proto::agent::PmSampleBatch;
@@ -66,6 +66,15 @@ pub struct PmPublished {
     pub source: nvml::Source,
     /// `device_id` is the daemon's device index.
     pub batch: PmSampleBatch,
+}
+
+impl PmPublished {
+    /// Publishes batch `b` of `source` from connection `proc` on `to` (when anyone listens).
+    pub fn publish(to: &broadcast::Sender<Arc<PmPublished>>, proc: u64, source: nvml::Source, b: &PmSampleBatch) {
+        if to.receiver_count() > 0 {
+            let _ = to.send(Arc::new(PmPublished { proc, source, batch: b.clone() }));
+        }
+    }
 }
 
 /// NVML's answer at start.
@@ -234,21 +243,25 @@ impl Daemon {
         self.live.storage(&self.config.storage)
     }
 
-    pub fn count_session_records(&self, session: u64, n: u64) {
-        if let Some(c) = self.session_records.get(&session) {
-            c.fetch_add(n, Relaxed);
-            return;
-        }
-        self.session_records.entry(session).or_default().fetch_add(n, Relaxed);
-    }
-
-    pub fn publish_pm(&self, proc: u64, b: &PmSampleBatch) {
-        self.publish(proc, nvml::Source::CuptiPm, b);
-    }
-
     pub fn publish(&self, proc: u64, source: nvml::Source, b: &PmSampleBatch) {
-        if self.pm_samples.receiver_count() > 0 {
-            let _ = self.pm_samples.send(Arc::new(PmPublished { proc, source, batch: b.clone() }));
+        PmPublished::publish(&self.pm_samples, proc, source, b);
+    }
+
+    /// What the agent connections use ([`agent::handle`]).
+    pub fn agent_connections(&self) -> agent::Connections<'_> {
+        agent::Connections {
+            agent: &self.config.agent,
+            otlp_profiles: self.config.otlp.profiles && !self.config.otlp.endpoint.is_empty(),
+            writer: &self.writer,
+            stats: &self.stats,
+            registry: &self.registry,
+            pods: &self.pods,
+            session_records: &self.session_records,
+            sessions: &self.sessions,
+            pc: &self.pc,
+            arbiter: &self.arbiter,
+            otlp_pc: &self.otlp_pc,
+            pm_samples: &self.pm_samples,
         }
     }
 

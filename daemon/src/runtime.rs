@@ -109,7 +109,14 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
         shutdown: shutdown.clone(),
     }));
 
-    let agent_task = tokio::spawn(agent::serve(agent_listener, d.clone(), shutdown.clone()));
+    let agent_task = {
+        let (d, sd) = (d.clone(), shutdown.clone());
+        let connection = move |stream| {
+            let (d, sd) = (d.clone(), sd.clone());
+            async move { agent::handle(stream, d.agent_connections(), sd).await }
+        };
+        tokio::spawn(agent::serve(agent_listener, connection, shutdown.clone()))
+    };
     let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));
 
     tracing::info!(
