@@ -82,8 +82,9 @@ static EARLY_API: AtomicBool = AtomicBool::new(false);
 /// Switches the recorded runtime callback ids on here, inside `cuInit` and before the CUDA
 /// runtime initialises, when a session awaits this process; otherwise, when the daemon asks
 /// for it, hooks the runtime's API callbacks so that a later trace can switch them on (see
-/// [`gpuprof_proto::hint`]). This is the one step taken on the application's thread: CUPTI is
-/// loaded only in these cases.
+/// [`gpuprof_proto::hint`]); when a PC-sampling session awaits it, keeps the cubins of the
+/// modules it loads from here on. This is the one step taken on the application's thread:
+/// CUPTI is loaded only in these cases.
 fn early_api(cfg: &Config) {
     // A hint only counts while its daemon listens (a crashed one may have left it). Read only
     // when the environment leaves a choice to it.
@@ -102,6 +103,12 @@ fn early_api(cfg: &Config) {
             gpuprof_proto::hint::Me { pid: id.pid, uid, exe: id.exe, cmdline: id.cmdline, cgroup: id.cgroup }
         })
     };
+    if hint.as_deref().is_some_and(|text| gpuprof_proto::hint::asks_pc(text, me()))
+        && let Ok(cupti) = gpuprof_cupti::loader::shared()
+    {
+        let r = crate::tracer::pc_capture_from_start(cupti);
+        log!(Info, "a PC-sampling session awaits this process: module loads kept from initialisation ({r:?})");
+    }
     let wanted =
         cfg.api_at_init.unwrap_or_else(|| hint.as_deref().is_some_and(|text| gpuprof_proto::hint::covers(text, me())));
     if wanted {

@@ -110,6 +110,31 @@ pub fn asks_hook(text: &str, me: &Me) -> bool {
     })
 }
 
+/// The prefix of a PC line's kind: `<uid or *> pc:<kind> [value]` says that the processes
+/// `<uid or *> <kind> [value]` covers are targets of a PC-sampling session. The injector then
+/// keeps the cubins of the modules they load from `cuInit` on, before the sampling lease
+/// comes (a lease follows the process's first kernels on a device): a module JIT-compiled from
+/// PTX or loaded from memory at the first launch is in no file, and without its cubin its
+/// samples have no source lines. These lines cover nothing for [`covers`] and [`asks_hook`];
+/// older injectors ignore them.
+const PC_PREFIX: &str = "pc:";
+
+/// The PC line for the processes a target line of `kind` and `value` (and `uid`) covers
+/// (`None` where [`line`] gives none).
+pub fn pc_line(uid: Option<u32>, kind: &str, value: &str) -> Option<String> {
+    line(uid, &format!("{PC_PREFIX}{kind}"), value)
+}
+
+/// Whether `text` has a PC line ([`pc_line`]) whose target covers `me`.
+pub fn asks_pc(text: &str, me: &Me) -> bool {
+    text.lines().any(|l| {
+        let l = l.trim();
+        l.split_once(' ').is_some_and(|(uid, rest)| {
+            rest.strip_prefix(PC_PREFIX).is_some_and(|target| line_covers(&format!("{uid} {target}"), me))
+        })
+    })
+}
+
 /// Whether any line of `text` covers `me`.
 pub fn covers(text: &str, me: &Me) -> bool {
     text.lines().any(|l| line_covers(l, me))
@@ -224,5 +249,21 @@ mod tests {
         std::fs::write(hint_path(&sock), "* all\n").unwrap();
         assert_eq!(read_hint(&sock).as_deref(), Some("* all\n"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pc_lines_ask_for_cubins_and_cover_nothing_else() {
+        let m = me();
+        let all = pc_line(None, "all", "").unwrap();
+        assert_eq!(all, "* pc:all");
+        assert!(asks_pc(&all, &m));
+        assert!(!covers(&all, &m), "a PC line does not switch API records on");
+        assert!(!asks_hook(&all, &m), "nor asks for the runtime hook");
+        assert!(asks_pc(&pc_line(Some(1000), "exe_name", "python3").unwrap(), &m), "the owner's process");
+        assert!(!asks_pc(&pc_line(Some(0), "exe_name", "python3").unwrap(), &m), "another user's session");
+        assert!(!asks_pc(&pc_line(None, "pid", "43").unwrap(), &m));
+        assert!(asks_pc(&format!("* exe_name other\n{}\n", pc_line(None, "cgroup", "pod-abc").unwrap()), &m));
+        assert!(!asks_pc("* all\n* hook_runtime\n* hook:all\n", &m), "other lines ask for no cubins");
+        assert!(!asks_pc("* pc:\n* pc:unknown x\npc:all\n", &m), "malformed and unknown PC lines cover nothing");
     }
 }

@@ -351,8 +351,8 @@ fn daemon_over_a_stale_hint(dir: &std::path::Path, agent: &str) -> (TestDaemon, 
 }
 
 /// The new-process hint next to the agent socket lists the targets of the active sessions that
-/// record runtime API calls, follows sessions starting and stopping, and does not outlive them
-/// (nor a daemon that did not remove it).
+/// record runtime API calls, and as PC lines those of PC-sampling sessions; it follows sessions
+/// starting and stopping, and does not outlive them (nor a daemon that did not remove it).
 #[test]
 fn new_process_hint_follows_active_sessions() {
     use gpuprof_proto::hint;
@@ -391,6 +391,19 @@ fn new_process_hint_follows_active_sessions() {
             "* exe_name python3\n* exe_pattern *train*\n",
             "a kernels-only session records no API calls: not published"
         );
+
+        let mut req = start_req(vec![target(T::Pid(1234))]);
+        req.collect = Some(pb::CollectOptions { preset: "pc".into(), pc_sampling: true, ..Default::default() });
+        let pc = c.start_session(req).await.unwrap().into_inner();
+        wait_state(&mut c, pc.id, pb::SessionState::Active, Duration::from_secs(5)).await;
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text, "* exe_name python3\n* exe_pattern *train*\n* pc:pid 1234\n",
+            "a PC-sampling session's targets as PC lines (module loads kept from the start)"
+        );
+        assert!(hint::asks_pc(&text, &python) && !hint::asks_pc(&text, &trainer));
+        c.stop_session(pb::StopSessionRequest { session_id: pc.id }).await.unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "* exe_name python3\n* exe_pattern *train*\n");
 
         c.stop_session(pb::StopSessionRequest { session_id: api.id }).await.unwrap();
         assert!(!path.exists(), "no active session records API calls: the hint is gone");

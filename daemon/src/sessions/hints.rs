@@ -7,8 +7,9 @@ use super::spec::TargetSpec;
 use super::state::{Inner, State};
 use crate::config::AgentConfig;
 
-/// The new-process hint lines for the active sessions that record runtime API calls: the
-/// targets a process can be matched on when it starts (see [`gpuprof_proto::hint`]).
+/// The new-process hint lines: the runtime hook asked for; the targets of the active sessions
+/// that record runtime API calls; and, as PC lines, the targets of the active sessions that
+/// PC-sample (see [`gpuprof_proto::hint`]).
 fn hint_lines(agent: &AgentConfig, g: &Inner) -> String {
     let mut out = String::new();
     if agent.late_attach_hook {
@@ -23,47 +24,53 @@ fn hint_lines(agent: &AgentConfig, g: &Inner) -> String {
             }
         }
     }
-    if !agent.api_from_start {
-        return out;
-    }
-    for l in g.open.values().filter(|l| l.state == State::Active && l.collect.trace_config().runtime_api) {
-        let uid = l.own_only.then_some(l.owner_uid);
-        for t in &l.targets {
-            let lines = match t {
-                TargetSpec::All => vec![gpuprof_proto::hint::line(uid, "all", "")],
-                TargetSpec::Pid(p) => vec![gpuprof_proto::hint::line(uid, "pid", &p.to_string())],
-                TargetSpec::ExeName(n) => vec![gpuprof_proto::hint::line(uid, "exe_name", n)],
-                TargetSpec::Cgroup(c) => vec![gpuprof_proto::hint::line(uid, "cgroup", c)],
-                TargetSpec::ExePattern(p) => vec![gpuprof_proto::hint::line(uid, "exe_pattern", p)],
-                // A process matches these on its own /proc/self/cgroup, where the pod UID is
-                // written with dashes (cgroupfs driver) or underscores (systemd driver). Inside
-                // its own cgroup namespace it sees neither and records API calls the other way.
-                TargetSpec::PodUid(u) => vec![
-                    gpuprof_proto::hint::line(uid, "cgroup", u),
-                    gpuprof_proto::hint::line(uid, "cgroup", &u.replace('-', "_")),
-                ],
-                TargetSpec::ContainerId(c) => vec![gpuprof_proto::hint::line(uid, "cgroup", c)],
-                // The hint format has no job form: a rank that starts later joins when it
-                // connects, its runtime API calls recorded from then on.
-                TargetSpec::Job { .. } => Vec::new(),
-            };
-            for line in lines.into_iter().flatten() {
-                out.push_str(&line);
-                out.push('\n');
-            }
+    let active = || g.open.values().filter(|l| l.state == State::Active);
+    if agent.api_from_start {
+        for l in active().filter(|l| l.collect.trace_config().runtime_api) {
+            push_targets(&mut out, l.own_only.then_some(l.owner_uid), &l.targets, gpuprof_proto::hint::line);
         }
+    }
+    for l in active().filter(|l| l.collect.pc_sampling) {
+        push_targets(&mut out, l.own_only.then_some(l.owner_uid), &l.targets, gpuprof_proto::hint::pc_line);
     }
     out
 }
 
-/// With `agent.api_from_start` (on by default) or a runtime hook asked for, rewrites the
-/// new-process hint file next to `agent_socket` when its lines changed (removes it when it
-/// has none). A failure only costs new processes the cheaper way of recording API calls, so it
-/// is logged, not returned.
-pub(super) fn publish_hint(agent: &AgentConfig, agent_socket: &Path, g: &mut Inner) {
-    if !agent.api_from_start && !agent.late_attach_hook && agent.late_attach_hook_for.is_empty() {
-        return;
+/// Appends the lines (made by `line`: target or PC lines) that cover what `targets` match.
+fn push_targets(
+    out: &mut String,
+    uid: Option<u32>,
+    targets: &[TargetSpec],
+    line: fn(Option<u32>, &str, &str) -> Option<String>,
+) {
+    for t in targets {
+        let lines = match t {
+            TargetSpec::All => vec![line(uid, "all", "")],
+            TargetSpec::Pid(p) => vec![line(uid, "pid", &p.to_string())],
+            TargetSpec::ExeName(n) => vec![line(uid, "exe_name", n)],
+            TargetSpec::Cgroup(c) => vec![line(uid, "cgroup", c)],
+            TargetSpec::ExePattern(p) => vec![line(uid, "exe_pattern", p)],
+            // A process matches these on its own /proc/self/cgroup, where the pod UID is
+            // written with dashes (cgroupfs driver) or underscores (systemd driver). Inside
+            // its own cgroup namespace it sees neither and records API calls the other way.
+            TargetSpec::PodUid(u) => vec![line(uid, "cgroup", u), line(uid, "cgroup", &u.replace('-', "_"))],
+            TargetSpec::ContainerId(c) => vec![line(uid, "cgroup", c)],
+            // The hint format has no job form: a rank that starts later joins when it
+            // connects, its runtime API calls recorded from then on.
+            TargetSpec::Job { .. } => Vec::new(),
+        };
+        for l in lines.into_iter().flatten() {
+            out.push_str(&l);
+            out.push('\n');
+        }
     }
+}
+
+/// Rewrites the new-process hint file next to `agent_socket` when its lines changed (removes
+/// it when it has none). A failure only costs new processes the cheaper way of recording API
+/// calls, and the source lines of modules they load before a PC-sampling lease, so it is
+/// logged, not returned.
+pub(super) fn publish_hint(agent: &AgentConfig, agent_socket: &Path, g: &mut Inner) {
     let text = hint_lines(agent, g);
     if text == g.hint {
         return;

@@ -38,6 +38,16 @@ pub fn capture_on(cupti: &Arc<Cupti>, on: bool) {
     CAPTURE.store(on, Ordering::Relaxed);
 }
 
+/// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
+/// cubins are kept from here on, through the subscriber's module-load callback, so that modules
+/// loaded before the lease comes (JIT-compiled from PTX, or from memory, at the first launch)
+/// have source lines. CUPTI calls only; the driver API is not usable yet.
+pub fn capture_from_start(cupti: &Arc<Cupti>) -> Result<(), gpuprof_cupti::CuptiError> {
+    super::app::init(cupti);
+    capture_on(cupti, true);
+    crate::tracer::hooks::acquire(cupti, crate::tracer::hooks::User::Pc)
+}
+
 /// Whether cubins are being kept (a lease is held).
 pub fn capturing() -> bool {
     CAPTURE.load(Ordering::Relaxed)
@@ -104,8 +114,6 @@ pub extern "C" fn on_crc(cubin: *const c_void, size: usize, crc: *mut u64) {
 /// loaded before sampling is in no file and stays without lines.
 struct Late {
     tx: std::sync::mpsc::Sender<(Vec<(u64, String)>, u32)>,
-    /// CRCs being looked for.
-    pending: std::collections::HashSet<u64>,
     /// CRCs looked for and found nowhere.
     missing: std::collections::HashSet<u64>,
 }
@@ -117,7 +125,7 @@ fn late() -> std::sync::MutexGuard<'static, Option<Late>> {
 }
 
 /// Asks for the cubins of `wanted` (CRC, function name) in the mapped files, for SM `sm`
-/// (e.g. 90). They are kept when found; [`late_pending`] says which are still looked for.
+/// (e.g. 90). They are kept when found.
 pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
     if wanted.is_empty() || CUBINS.get().is_none() {
         return;
@@ -132,7 +140,6 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
                 let mut g = late();
                 if let Some(l) = g.as_mut() {
                     for (crc, _) in &wanted {
-                        l.pending.remove(crc);
                         if get(*crc).is_none() {
                             l.missing.insert(*crc);
                         }
@@ -143,19 +150,11 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
         if spawned.is_err() {
             return;
         }
-        *g = Some(Late { tx, pending: Default::default(), missing: Default::default() });
+        *g = Some(Late { tx, missing: Default::default() });
     }
     if let Some(l) = g.as_mut() {
-        l.pending.extend(wanted.iter().map(|(c, _)| *c));
-        if l.tx.send((wanted, sm)).is_err() {
-            l.pending.clear();
-        }
+        let _ = l.tx.send((wanted, sm));
     }
-}
-
-/// Whether the cubin of `crc` is still being looked for in the mapped files.
-pub fn late_pending(crc: u64) -> bool {
-    late().as_ref().is_some_and(|l| l.pending.contains(&crc))
 }
 
 /// Modules sampled whose cubin was found neither at load nor in a mapped file.

@@ -11,7 +11,7 @@
 
 mod app;
 mod context;
-mod cubins;
+pub(super) mod cubins;
 mod meter;
 pub use meter::device_activity;
 mod stalls;
@@ -438,14 +438,10 @@ impl PcSampler {
         for dev in keys {
             let Some(mut d) = self.devs.remove(&dev) else { continue };
             let mut rows = Vec::with_capacity(d.agg.len());
-            let closing = matches!(d.phase, Phase::Closed(..)) || self.exiting;
+            // Rows of a module whose cubin is still being looked for go out without lines (the
+            // look can take seconds in a large library; `pc watch` shows rows as they come);
+            // the rows after it is found have their lines.
             for ((fptr, crc, pc, stall), count) in std::mem::take(&mut d.agg) {
-                // A module whose cubin is being looked for: its rows wait (with their lines to
-                // come), unless sampling ends here.
-                if !closing && crc != 0 && cubins::late_pending(crc) {
-                    *d.agg.entry((fptr, crc, pc, stall)).or_default() += count;
-                    continue;
-                }
                 let function = self.name(fptr);
                 let stall_name = match &d.reasons {
                     Some(r) if !r.name(stall).is_empty() => self.intern(r.name(stall)),
@@ -503,7 +499,8 @@ impl PcSampler {
 
     /// Modules the samples name whose cubins were not captured at load (loaded before sampling
     /// began): looked for once, on a thread of their own, in the ELF files the process has
-    /// mapped ([`cubins::request_late`]) for the device's SM; their rows wait for the answer.
+    /// mapped ([`cubins::request_late`]) for the device's SM; rows read before the answer have
+    /// no lines.
     fn find_late_cubins(&mut self) {
         let mut asked = false;
         for (dev, d) in &self.devs {
