@@ -217,7 +217,7 @@ fn cuptis_public_unsafe_functions_are_the_listed_ones() {
 }
 
 /// The modules that still take the whole `Daemon` (`lib.rs`) instead of the configuration and
-/// handles they use; none may be added. `api` and `runtime` keep it; the others are to go.
+/// handles they use; none may be added. Only `api` and `runtime` keep it.
 const DAEMON_USERS: &[&str] = &["api.rs", "runtime.rs"];
 
 #[test]
