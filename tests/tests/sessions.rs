@@ -392,13 +392,13 @@ fn new_process_hint_follows_active_sessions() {
             "a kernels-only session records no API calls: not published"
         );
 
-        let mut req = start_req(vec![target(T::Pid(1234))]);
+        let mut req = start_req(vec![target(T::ExeName("python3".into()))]);
         req.collect = Some(pb::CollectOptions { preset: "pc".into(), pc_sampling: true, ..Default::default() });
         let pc = c.start_session(req).await.unwrap().into_inner();
         wait_state(&mut c, pc.id, pb::SessionState::Active, Duration::from_secs(5)).await;
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(
-            text, "* exe_name python3\n* exe_pattern *train*\n* pc:pid 1234\n",
+            text, "* exe_name python3\n* exe_pattern *train*\n* pc:exe_name python3\n",
             "a PC-sampling session's targets as PC lines (module loads kept from the start)"
         );
         assert!(hint::asks_pc(&text, &python) && !hint::asks_pc(&text, &trainer));

@@ -25,6 +25,6 @@ pub use backend::{
 };
 pub use callbacks::{Shared, TRACING, install, now_ms};
 pub use cupti_backend::{CuptiBackend, Tuning, hook_runtime};
-pub(crate) use pc::cubins::capture_from_start as pc_capture_from_start;
+pub(crate) use pc::capture_from_start as pc_capture_from_start;
 pub use pc::{STALL_PREFIX, select_stalls, stop_at_exit as pc_stop_at_exit};
 pub use trace_config::{apply_skip, default_config, effective_config, kinds_for};

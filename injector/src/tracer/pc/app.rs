@@ -109,6 +109,24 @@ pub fn init(cupti: &Arc<Cupti>) {
     let _ = CUPTI.set(cupti.clone());
 }
 
+/// Registers PC sampling's part of the subscriber's callback ([`hooks`]): module loads,
+/// context teardown and synchronizations; kernel and graph launches (switched on while a window
+/// is open) are counted.
+pub fn register_hooks() {
+    hooks::register(hooks::User::Pc, on_callback, Some(super::meter::on_launch));
+}
+
+/// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
+/// cubins are kept from here on, through the subscriber's module-load callback, so that modules
+/// loaded before the lease comes (JIT-compiled from PTX, or from memory, at the first launch)
+/// have source lines. CUPTI calls only; the driver API is not usable yet.
+pub fn capture_from_start(cupti: &Arc<Cupti>) -> Result<(), CuptiError> {
+    init(cupti);
+    register_hooks();
+    cubins::capture_on(cupti, true);
+    hooks::acquire(cupti, hooks::User::Pc)
+}
+
 /// Arms an operation for the next synchronization on its context. A disable of a context
 /// between windows (nothing enabled) needs no CUDA call: it is done here.
 pub fn arm(op: Op) {

@@ -38,16 +38,6 @@ pub fn capture_on(cupti: &Arc<Cupti>, on: bool) {
     CAPTURE.store(on, Ordering::Relaxed);
 }
 
-/// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
-/// cubins are kept from here on, through the subscriber's module-load callback, so that modules
-/// loaded before the lease comes (JIT-compiled from PTX, or from memory, at the first launch)
-/// have source lines. CUPTI calls only; the driver API is not usable yet.
-pub fn capture_from_start(cupti: &Arc<Cupti>) -> Result<(), gpuprof_cupti::CuptiError> {
-    super::app::init(cupti);
-    capture_on(cupti, true);
-    crate::tracer::hooks::acquire(cupti, crate::tracer::hooks::User::Pc)
-}
-
 /// Whether cubins are being kept (a lease is held).
 pub fn capturing() -> bool {
     CAPTURE.load(Ordering::Relaxed)

@@ -11,13 +11,14 @@
 
 mod app;
 mod context;
-pub(super) mod cubins;
+mod cubins;
 mod meter;
 pub use meter::device_activity;
 mod stalls;
 mod window;
 
 pub use stalls::{STALL_PREFIX, select_stalls};
+pub use app::{capture_from_start, register_hooks};
 pub use window::set_detach_mode;
 
 use std::collections::HashMap;
@@ -583,13 +584,6 @@ impl PcSampler {
         self.lines.insert((crc, fptr, pc), r.clone());
         r
     }
-}
-
-/// Registers PC sampling's part of the subscriber's callback ([`hooks`]): module loads,
-/// context teardown and synchronizations; kernel and graph launches (switched on while a window
-/// is open) are counted.
-pub(super) fn register_hooks() {
-    hooks::register(User::Pc, app::on_callback, Some(meter::on_launch));
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
