@@ -40,6 +40,8 @@ while True:
     if rank == slow:
         extra @ extra
     steps += 1
+    if steps == 1:
+        print(f"TRAINING rank={rank}", flush=True)
     # Every rank runs the same number of steps: rank 0 decides when to stop.
     done = torch.tensor([1 if time.perf_counter() - t0 > secs else 0], device="cuda")
     dist.broadcast(done, 0)

@@ -105,10 +105,12 @@ fi
 # A running DDP job (the injector in it, no session) traced afterwards by its launcher's pid:
 # `trace --pid LAUNCHER --pc-sampling --duration 10s` covers the ranks it started.
 if [[ $PARTS == *" ddptrace "* ]]; then
-  GPUPROF_LOG_FILE="$STATE/logs/ddptrace.log" CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 22 \
+  GPUPROF_LOG_FILE="$STATE/logs/ddptrace.log" CUDA_INJECTION64_PATH="$INJ" "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" "$HERE/ddp_pc.py" 25 \
     >"$STATE/ddptrace.txt" 2>&1 &
   LPID=$!
-  sleep 6
+  # Running: every rank past its first step (starting up takes the ranks 5-12 s).
+  for _ in $(seq 120); do [ "$(grep -c '^TRAINING rank=' "$STATE/ddptrace.txt")" -ge "$NGPU" ] && break; sleep 0.5; done
+  sleep 1
   "${CTL[@]}" trace --pid "$LPID" --pc-sampling --duration 10s >"$STATE/ddptrace_trace.txt" 2>&1
   S=$("${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))')
   wait $LPID

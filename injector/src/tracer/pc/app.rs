@@ -146,6 +146,18 @@ pub fn arm(op: Op) {
     ACTIVE.store(true, Ordering::SeqCst);
 }
 
+/// Takes back an enable armed for `device` that no synchronization has run yet: whether there
+/// was one (then nothing was enabled, and a stop needs no disable). A lease taken back before
+/// the process synchronized (ranks starting up) must not enable sampling afterwards.
+pub fn cancel_enable(device: u32) -> bool {
+    let mut s = state();
+    let before = s.pending.len();
+    s.pending.retain(|op| !matches!(op, Op::Enable { device: d, .. } if *d == device));
+    let cancelled = s.pending.len() != before;
+    ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
+    cancelled
+}
+
 /// Between windows with CUPTI finalized ([`DETACHED`]): whether a window is due within
 /// `horizon` (CUPTI must be attached again for it to open at a synchronization). Contexts
 /// destroyed meanwhile (no callback said so) are dropped first, and reported gone.
@@ -439,4 +451,23 @@ fn close(cupti: &Cupti, l: &mut Live) {
 fn drain(cupti: &Cupti, l: &mut Live) -> Option<(CuptiError, bool)> {
     let on = l.on.as_mut()?;
     drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_before_any_synchronization_takes_the_armed_enable_back() {
+        // Safety: a made-up context, never given to CUDA or CUPTI (the enable is taken back
+        // before any synchronization could run it).
+        let ctx = unsafe { Context::from_raw(0x1000 as _) };
+        arm(Op::Enable { device: 7, ctx, cfg: PcConfig::default(), wanted: Vec::new(), win: None });
+        assert!(pending());
+        assert!(!cancel_enable(8), "another device's enable is not there");
+        assert!(pending());
+        assert!(cancel_enable(7));
+        assert!(!pending(), "nothing left for a synchronization to run");
+        assert!(!cancel_enable(7), "taken back once");
+    }
 }

@@ -275,6 +275,7 @@ impl PcSampler {
                 d.stopping = true;
                 app::arm(Op::Disable { device, kind: PcEventKind::Stopped, reason: reason.to_string() });
             }
+            Phase::Enabling if app::cancel_enable(device) => d.phase = Phase::Closed(PcEventKind::Stopped, reason.into()),
             Phase::Enabling | Phase::Disabling => d.stop_after = Some(reason.to_string()),
             Phase::Closed(..) => {}
         }
