@@ -17,8 +17,8 @@ pub use meter::device_activity;
 mod stalls;
 mod window;
 
-pub use stalls::{STALL_PREFIX, select_stalls};
 pub use app::{capture_from_start, register_hooks};
+pub use stalls::{STALL_PREFIX, select_stalls};
 pub use window::set_detach_mode;
 
 use std::collections::HashMap;
@@ -275,7 +275,9 @@ impl PcSampler {
                 d.stopping = true;
                 app::arm(Op::Disable { device, kind: PcEventKind::Stopped, reason: reason.to_string() });
             }
-            Phase::Enabling if app::cancel_enable(device) => d.phase = Phase::Closed(PcEventKind::Stopped, reason.into()),
+            Phase::Enabling if app::cancel_enable(device) => {
+                d.phase = Phase::Closed(PcEventKind::Stopped, reason.into())
+            }
             Phase::Enabling | Phase::Disabling => d.stop_after = Some(reason.to_string()),
             Phase::Closed(..) => {}
         }
