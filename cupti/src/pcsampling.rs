@@ -446,13 +446,42 @@ impl Cupti {
     }
 }
 
+/// A cubin's CRC, from its bytes (`None`: no answer).
+pub type ComputeCrc = fn(&[u8]) -> Option<u64>;
+
+/// The function CUPTI's compute-CRC callback hands each cubin to ([`Cupti::register_compute_crc`]).
+static COMPUTE_CRC: std::sync::OnceLock<ComputeCrc> = std::sync::OnceLock::new();
+
+/// CUPTI's compute-CRC callback: the cubin as a slice to the registered function, its answer
+/// written back; nothing written when it has none, the arguments are null or it panics.
+unsafe extern "C" fn compute_crc(cubin: *const c_void, size: usize, crc: *mut u64) {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(f) = COMPUTE_CRC.get() else { return };
+        if cubin.is_null() || size == 0 || crc.is_null() {
+            return;
+        }
+        // Safety: CUPTI passes `size` bytes of cubin, valid during this call.
+        let bytes = unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) };
+        if let Some(v) = f(bytes) {
+            // Safety: CUPTI's out pointer for the CRC, checked non-null above.
+            unsafe { *crc = v };
+        }
+    });
+}
+
 impl Cupti {
-    /// `cuptiRegisterComputeCrcCallback(f)`: CUPTI calls `f` for each loaded module's cubin to
-    /// get the CRC its PC records carry.
-    pub fn register_compute_crc(&self, f: sys::CUpti_ComputeCrcCallbackFunc) -> Result<(), CuptiError> {
+    /// `cuptiRegisterComputeCrcCallback`: CUPTI asks for each loaded module's CRC, the one its
+    /// PC records carry; `f` gets the cubin (valid during the call) and answers it. The first
+    /// `f` given is kept for the process (registering again re-registers it, e.g. after a
+    /// `cuptiFinalize`).
+    pub fn register_compute_crc(&self, f: ComputeCrc) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiRegisterComputeCrcCallback)?;
-        // Safety: `f` is an `extern "C"` function with CUPTI's signature living for the process.
-        check_call("cuptiRegisterComputeCrcCallback", unsafe { self.raw.cuptiRegisterComputeCrcCallback(f) })
+        let _ = COMPUTE_CRC.set(f);
+        // Safety: `compute_crc` is an `extern "C"` function with CUPTI's signature, living for
+        // the process.
+        check_call("cuptiRegisterComputeCrcCallback", unsafe {
+            self.raw.cuptiRegisterComputeCrcCallback(Some(compute_crc))
+        })
     }
 }
 
@@ -480,6 +509,32 @@ fn attr_name(t: sys::CUpti_PCSamplingConfigurationAttributeType) -> &'static str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The compute-CRC trampoline hands CUPTI's cubin to the registered function and writes its
+    /// answer; null arguments, an empty cubin or no answer leave the CRC as it was.
+    #[test]
+    fn the_compute_crc_callback_answers_through_the_registered_function() {
+        fn crc_of(cubin: &[u8]) -> Option<u64> {
+            (cubin[0] != 0).then(|| cubin.iter().map(|&b| u64::from(b)).sum())
+        }
+        let _ = COMPUTE_CRC.set(crc_of);
+        let cubin = [1u8, 2, 3];
+        let mut crc = 7u64;
+        // Safety: a valid cubin of 3 bytes and a valid out pointer, as CUPTI passes them.
+        unsafe { compute_crc(cubin.as_ptr().cast(), cubin.len(), &mut crc) };
+        assert_eq!(crc, 6);
+        let mut crc = 7u64;
+        // Safety: as above; the function has no answer for this cubin.
+        unsafe { compute_crc([0u8, 5].as_ptr().cast(), 2, &mut crc) };
+        assert_eq!(crc, 7, "no answer: the CRC is left alone");
+        // Safety: null and empty arguments are refused before use.
+        unsafe {
+            compute_crc(std::ptr::null(), 3, &mut crc);
+            compute_crc(cubin.as_ptr().cast(), 0, &mut crc);
+            compute_crc(cubin.as_ptr().cast(), 3, std::ptr::null_mut());
+        }
+        assert_eq!(crc, 7);
+    }
 
     #[test]
     fn a_buffer_points_each_pc_at_its_own_stall_array() {

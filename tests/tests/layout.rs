@@ -166,7 +166,6 @@ const INJECTOR_UNSAFE: &[&str] = &[
     "injector/src/tracer/hooks.rs",
     "injector/src/tracer/pc/app.rs",
     "injector/src/tracer/pc/context.rs",
-    "injector/src/tracer/pc/cubins.rs",
     "injector/src/tracer/pc/window.rs",
     "injector/src/wake.rs",
 ];

@@ -1,11 +1,8 @@
 //! Cubins captured at module load (and when CUPTI asks for a module's CRC), kept once per CRC
 //! within `GPUPROF_PC_CUBIN_MAX_MIB` (default 512) while a PC-sampling lease is held, for
 //! resolving PCs to source lines.
-// Safety: the CRC callback receives raw pointers from CUPTI; each use is commented.
-#![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -81,18 +78,8 @@ pub fn stats() -> (u64, usize, u64) {
 }
 
 /// CUPTI asks for a module's CRC: it is CUPTI's own CRC, and the cubin is kept on the way.
-pub extern "C" fn on_crc(cubin: *const c_void, size: usize, crc: *mut u64) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if cubin.is_null() || size == 0 || crc.is_null() {
-            return;
-        }
-        // Safety: CUPTI passes `size` bytes of cubin, valid during this call.
-        let bytes = unsafe { std::slice::from_raw_parts(cubin as *const u8, size) };
-        if let Some(v) = capture(bytes) {
-            // Safety: CUPTI's out pointer for the CRC.
-            unsafe { *crc = v };
-        }
-    }));
+pub fn on_crc(cubin: &[u8]) -> Option<u64> {
+    capture(cubin)
 }
 
 /// Cubins of the ELF files the process has mapped, for modules loaded before PC sampling

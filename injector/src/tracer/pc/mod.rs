@@ -140,7 +140,7 @@ impl PcSampler {
         cubins::capture_on(&self.cupti, true);
         if !self.crc_registered {
             self.crc_registered = true;
-            if let Err(e) = self.cupti.register_compute_crc(Some(cubins::on_crc)) {
+            if let Err(e) = self.cupti.register_compute_crc(cubins::on_crc) {
                 log!(Debug, "PC sampling: compute-CRC callback: {e}");
             }
         }
