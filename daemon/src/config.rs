@@ -221,7 +221,8 @@ pub struct AgentConfig {
     pub max_frame_bytes: u32,
     pub heartbeat_interval_ms: u32,
     pub liveness_timeout_ms: u64,
-    /// Publish the new-process hint (see `sessions::hints::publish_hint`).
+    /// Publish the targets of the sessions that record API calls in the new-process hint (see
+    /// `sessions::hints::publish_hint`; PC-sampling sessions' PC lines are published either way).
     pub api_from_start: bool,
     /// Ask every injected process to hook the runtime's API callbacks inside cuInit
     /// (`gpuprof_proto::hint::HOOK_LINE`), so that late traces record API calls by id (off by

@@ -14,7 +14,8 @@
 //! switched on; whether and what the process traces is still the daemon's start-trace command.
 //!
 //! File format, one target per line: `<uid or *> <kind> [value]`, kind one of `all`, `pid`,
-//! `exe_name`, `exe_pattern`, `cgroup` (the daemon's session targets; others never match here). A uid limits
+//! `exe_name`, `exe_pattern`, `cgroup` (the daemon's session targets; others never match here),
+//! and the same prefixed `pc:` for the targets of PC-sampling sessions ([`pc_line`]). A uid limits
 //! the line to that user's processes (a session of a non-admin owner).
 //!
 //! Hook lines ask the processes that no target line covers to hook the runtime's API callbacks

@@ -70,6 +70,10 @@ fn the_always_on_profile_samples_every_gpu_process_and_yields_to_sessions() -> R
     assert_eq!(s1.mode, PcMode::Windows as i32);
     let list = ctl_ok(&d, &["session", "list"]);
     assert!(list.contains("always-on PC profile"), "{list}");
+    // The profile puts no PC line in the new-process hint: its `all` would have every CUDA
+    // process keep its cubins from cuInit on.
+    let hint = std::fs::read_to_string(gpuprof_proto::hint::hint_path(&d.agent_socket)).unwrap_or_default();
+    assert!(!hint.contains("pc:"), "{hint}");
     let cfg = trainer.last_trace_config().unwrap();
     assert!(cfg.activity_off && !cfg.kernels, "PC samples only: {cfg:?}");
     // The launcher never touched a GPU: it is in the profile but never sampled.

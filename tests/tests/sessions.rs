@@ -449,7 +449,8 @@ fn the_hint_asks_for_the_runtime_hook_when_configured() {
     assert!(!path.exists(), "the daemon removes the hint when it stops");
 }
 
-/// With `agent.api_from_start = false` and `agent.late_attach_hook = false` no hint is published.
+/// With `agent.api_from_start = false` and `agent.late_attach_hook = false` no hint is published
+/// for a session without PC sampling (a PC-sampling session's PC lines are, whatever these say).
 #[test]
 fn no_new_process_hint_when_switched_off() {
     let dir = tempfile::tempdir().unwrap();

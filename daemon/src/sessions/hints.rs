@@ -9,8 +9,9 @@ use crate::config::AgentConfig;
 
 /// The new-process hint lines: the runtime hook asked for; the targets of the active sessions
 /// that record runtime API calls; and, as PC lines, the targets of the active sessions that
-/// PC-sample (see [`gpuprof_proto::hint`]).
-fn hint_lines(agent: &AgentConfig, g: &Inner) -> String {
+/// PC-sample, but for the node's always-on profile (session `node`): its `all` would have every
+/// CUDA process keep its cubins from `cuInit` on (see [`gpuprof_proto::hint`]).
+fn hint_lines(agent: &AgentConfig, node: u64, g: &Inner) -> String {
     let mut out = String::new();
     if agent.late_attach_hook {
         out.push_str(gpuprof_proto::hint::HOOK_LINE);
@@ -30,7 +31,7 @@ fn hint_lines(agent: &AgentConfig, g: &Inner) -> String {
             push_targets(&mut out, l.own_only.then_some(l.owner_uid), &l.targets, gpuprof_proto::hint::line);
         }
     }
-    for l in active().filter(|l| l.collect.pc_sampling) {
+    for l in active().filter(|l| l.collect.pc_sampling && l.id != node) {
         push_targets(&mut out, l.own_only.then_some(l.owner_uid), &l.targets, gpuprof_proto::hint::pc_line);
     }
     out
@@ -56,7 +57,7 @@ fn push_targets(
             TargetSpec::PodUid(u) => vec![line(uid, "cgroup", u), line(uid, "cgroup", &u.replace('-', "_"))],
             TargetSpec::ContainerId(c) => vec![line(uid, "cgroup", c)],
             // The hint format has no job form: a rank that starts later joins when it
-            // connects, its runtime API calls recorded from then on.
+            // connects, its runtime API calls recorded (and its cubins kept) from then on.
             TargetSpec::Job { .. } => Vec::new(),
         };
         for l in lines.into_iter().flatten() {
@@ -70,8 +71,8 @@ fn push_targets(
 /// it when it has none). A failure only costs new processes the cheaper way of recording API
 /// calls, and the source lines of modules they load before a PC-sampling lease, so it is
 /// logged, not returned.
-pub(super) fn publish_hint(agent: &AgentConfig, agent_socket: &Path, g: &mut Inner) {
-    let text = hint_lines(agent, g);
+pub(super) fn publish_hint(agent: &AgentConfig, agent_socket: &Path, node: u64, g: &mut Inner) {
+    let text = hint_lines(agent, node, g);
     if text == g.hint {
         return;
     }
@@ -102,12 +103,12 @@ mod tests {
         let mut agent = crate::config::Config::from_toml("").unwrap().agent;
         let mut g = Inner::default();
         agent.late_attach_hook = true;
-        publish_hint(&agent, &socket, &mut g);
+        publish_hint(&agent, &socket, 0, &mut g);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text, format!("{}\n", gpuprof_proto::hint::HOOK_LINE));
         assert_eq!(g.hint, text);
         agent.late_attach_hook = false;
-        publish_hint(&agent, &socket, &mut g);
+        publish_hint(&agent, &socket, 0, &mut g);
         assert!(!path.exists(), "no session and no hook: no hint file");
         assert_eq!(g.hint, "");
     }

@@ -64,7 +64,7 @@ pub(super) fn activate(d: Supervisor<'_>, g: &mut Inner, id: u64, now: u64) {
         try_join(d, g, id, &a);
     }
     super::pm::start(d.pm, &mut g.pm, id, &collect);
-    publish_hint(d.agent, d.agent_socket, g);
+    publish_hint(d.agent, d.agent_socket, d.sessions.node(), g);
 }
 
 /// Joins `a` to session `id` if the session is active, covers it, and it is free (or held
@@ -148,7 +148,7 @@ pub(super) fn begin_stop(d: Supervisor<'_>, g: &mut Inner, id: u64, reason: &str
     super::pc::stop(d.pc, id);
     super::pm::stop(&mut g.pm, id);
     tracing::info!(session = id, reason, "session stopping");
-    publish_hint(d.agent, d.agent_socket, g);
+    publish_hint(d.agent, d.agent_socket, d.sessions.node(), g);
     maybe_finish(d, g, id);
 }
 
@@ -218,7 +218,7 @@ pub(crate) async fn supervise(
     shutdown: CancellationToken,
 ) {
     // The hint's hook line holds while no session is active.
-    publish_hint(d.agent, d.agent_socket, &mut d.sessions.lock());
+    publish_hint(d.agent, d.agent_socket, d.sessions.node(), &mut d.sessions.lock());
     loop {
         let next = next_wakeup(d);
         tokio::select! {

@@ -74,7 +74,7 @@ pub struct CuptiBackend {
 
 impl CuptiBackend {
     pub fn new(shared: Arc<Shared>, tuning: Tuning) -> CuptiBackend {
-        // The subscriber's callback runs what these register (before any subscriber is made).
+        // The subscriber's callback runs what these register.
         pc::register_hooks();
         pc::set_detach_mode(tuning.detach);
         detach::register_hooks();
@@ -243,6 +243,11 @@ impl Backend for CuptiBackend {
         let _cupti = hooks::background();
         TRACING.store(false, Ordering::SeqCst);
         hooks::set_activity(false);
+        if self.pc.devices().is_empty() {
+            // A PC-sampling session awaited this process but sampled nothing: what was taken
+            // at cuInit for it goes (before the finalize below looks at the subscriber).
+            pc::release_from_start(&self.shared.cupti);
+        }
         if self.displaced {
             // The other client owns the callbacks and the kinds now; disabling shared kinds
             // would break its trace. Leave CUPTI as it is.

@@ -4,7 +4,8 @@
 //! teardown. A leaf: each registers its part of the callback ([`register`]) when the backend is
 //! made, and the callback calls what was registered.
 //!
-//! The subscriber is made when a trace starts (or a PC lease begins) and kept until CUPTI is
+//! The subscriber is made when a trace starts, a PC lease begins, or inside `cuInit` when a
+//! PC-sampling session awaits the process (for its module loads), and kept until CUPTI is
 //! finalized or its last user lets go. It is never made when a trace stops: on the H100 a
 //! subscriber made at the stop of a trace whose process was launching kernels, and finalizing
 //! in its first callback, crashed the process in 4 of 4 runs; one made at attach, in none.
@@ -25,7 +26,7 @@ use gpuprof_cupti::{Callback, Cupti, CuptiError};
 pub enum User {
     /// A trace whose stop finalizes CUPTI.
     Detach,
-    /// PC sampling while a lease is held.
+    /// PC sampling while a lease is held (or awaited: from `cuInit`, until the trace stops).
     Pc,
 }
 
@@ -81,7 +82,8 @@ static PC_CALLBACK: OnceLock<Handler> = OnceLock::new();
 static PC_LAUNCH: OnceLock<Handler> = OnceLock::new();
 static DETACH_API: OnceLock<Handler> = OnceLock::new();
 
-/// Registers `user`'s handlers before any subscriber is made (later calls change nothing):
+/// Registers `user`'s handlers (later calls change nothing; the callback reads them at each
+/// call, so one registered after the subscriber was made runs from then on):
 /// PC sampling's `callback` runs for every callback but a launch, and `launch` for launches;
 /// the detach's `callback` for runtime and driver API calls, after PC sampling's.
 pub fn register(user: User, callback: Handler, launch: Option<Handler>) {

@@ -120,11 +120,37 @@ pub fn register_hooks() {
 /// cubins are kept from here on, through the subscriber's module-load callback, so that modules
 /// loaded before the lease comes (JIT-compiled from PTX, or from memory, at the first launch)
 /// have source lines. CUPTI calls only; the driver API is not usable yet.
+/// Ends at the trace's stop when no device is sampled then ([`release_from_start`]), and at the
+/// first lease's end.
 pub fn capture_from_start(cupti: &Arc<Cupti>) -> Result<(), CuptiError> {
     init(cupti);
     register_hooks();
+    hooks::acquire(cupti, hooks::User::Pc)?;
     cubins::capture_on(cupti, true);
-    hooks::acquire(cupti, hooks::User::Pc)
+    FROM_START.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// The subscriber and cubin capture were taken at `cuInit` ([`capture_from_start`]) and no
+/// lease has ended them yet.
+static FROM_START: AtomicBool = AtomicBool::new(false);
+
+/// A trace stops: what [`capture_from_start`] took is given back unless a device is sampled or
+/// an operation waits (then the lease's end gives it back).
+pub fn release_from_start(cupti: &Arc<Cupti>) {
+    if !FROM_START.load(Ordering::SeqCst) || pending() || !state().live.is_empty() {
+        return;
+    }
+    FROM_START.store(false, Ordering::SeqCst);
+    cubins::capture_on(cupti, false);
+    if hooks::held_by(hooks::User::Pc) {
+        hooks::release(cupti, hooks::User::Pc);
+    }
+}
+
+/// The first lease's end gives back what [`capture_from_start`] took.
+pub fn forget_from_start() {
+    FROM_START.store(false, Ordering::SeqCst);
 }
 
 /// Arms an operation for the next synchronization on its context. A disable of a context

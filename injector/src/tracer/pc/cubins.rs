@@ -1,6 +1,6 @@
 //! Cubins captured at module load (and when CUPTI asks for a module's CRC), kept once per CRC
-//! within `GPUPROF_PC_CUBIN_MAX_MIB` (default 512) while a PC-sampling lease is held, for
-//! resolving PCs to source lines.
+//! within `GPUPROF_PC_CUBIN_MAX_MIB` (default 512) while a PC-sampling lease is held (or, when a
+//! PC-sampling session awaits the process, from `cuInit` on), for resolving PCs to source lines.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -17,7 +17,7 @@ struct Cubins {
 }
 
 static CUBINS: OnceLock<Cubins> = OnceLock::new();
-/// Cubins are kept only while a lease is held.
+/// Cubins are kept only while a lease is held or awaited.
 static CAPTURE: AtomicBool = AtomicBool::new(false);
 /// Modules seen (logs).
 static SEEN: AtomicU64 = AtomicU64::new(0);

@@ -7,7 +7,10 @@
 //! While any device is leased the library holds the process's CUPTI subscriber (one per process
 //! on CUDA 13.0), with the module-load and synchronization callbacks on; it is given up when the
 //! last lease ends, before a trace's detach. Without it (another CUPTI client holds it) PC
-//! sampling is refused. Modules loaded before the lease are not seen: their PCs carry no line.
+//! sampling is refused. When a PC-sampling session awaits the process (the new-process hint)
+//! it is held from `cuInit` on, so that modules loaded before the lease have cubins; else
+//! modules loaded before the lease are looked for in the mapped ELF files, and those in no file
+//! (JIT-compiled, loaded from memory) carry no line.
 
 mod app;
 mod context;
@@ -17,7 +20,7 @@ pub use meter::device_activity;
 mod stalls;
 mod window;
 
-pub use app::{capture_from_start, register_hooks};
+pub use app::{capture_from_start, register_hooks, release_from_start};
 pub use stalls::{STALL_PREFIX, select_stalls};
 pub use window::set_detach_mode;
 
@@ -99,8 +102,6 @@ pub struct PcSampler {
     late_tried: std::collections::HashSet<u64>,
     /// Cubins kept when the line cache was last swept for modules found late.
     kept_seen: usize,
-    /// The process is exiting: nothing waits any more.
-    exiting: bool,
     /// [`hooks::finalizations`] when last subscribed.
     finalizations: u64,
 }
@@ -118,7 +119,6 @@ impl PcSampler {
             no_line: Arc::from(""),
             late_tried: Default::default(),
             kept_seen: 0,
-            exiting: false,
             finalizations: 0,
         }
     }
@@ -186,9 +186,12 @@ impl PcSampler {
     }
 
     fn release_if_idle(&mut self) {
-        if self.devs.is_empty() && !app::pending() && hooks::held_by(User::Pc) {
+        if self.devs.is_empty() && !app::pending() {
             cubins::capture_on(&self.cupti, false);
-            hooks::release(&self.cupti, User::Pc);
+            app::forget_from_start();
+            if hooks::held_by(User::Pc) {
+                hooks::release(&self.cupti, User::Pc);
+            }
         }
     }
 
@@ -415,7 +418,6 @@ impl PcSampler {
     /// At exit, after [`stop_at_exit`] ran on the exiting thread: what it read, and what was
     /// collected since the last collection. Touches neither CUDA nor the subscriber.
     pub fn collect_at_exit(&mut self) -> PcOutput {
-        self.exiting = true;
         self.take_results();
         for d in self.devs.values_mut() {
             if !matches!(d.phase, Phase::Closed(..)) {

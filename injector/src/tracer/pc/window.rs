@@ -285,7 +285,8 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                     // A window that will disable at its close (staying enabled costs more than
                     // the budget allows) needs no start/stop control, whose start costs more
                     // than the enable and configure together.
-                    let ranged = cfg.start_stop && !w.enabled_cost().is_some_and(|c| c > w.cfg.budget / 2.0);
+                    // (The close keeps it enabled only when that cost is known to be low.)
+                    let ranged = cfg.start_stop && w.enabled_cost().is_some_and(|c| c <= w.cfg.budget / 2.0);
                     let cfg = PcConfig { start_stop: ranged, ..cfg.clone() };
                     enable(cupti, l.ctx, cfg, wanted).map(|(on, _, _)| l.on = Some(on))
                 }
