@@ -46,6 +46,34 @@ pub struct Agent {
     pub commands: mpsc::Sender<DaemonMessage>,
 }
 
+#[cfg(test)]
+impl Agent {
+    /// An injector connection for tests: process id `id`, pid 100 + `id`, uid and gid 1000,
+    /// `/usr/bin/app`, idle, no devices; commands go to `commands`.
+    pub(crate) fn for_test(id: u64, commands: mpsc::Sender<DaemonMessage>) -> Agent {
+        Agent {
+            id,
+            pid: 100 + id as u32,
+            uid: 1000,
+            gid: 1000,
+            kind: "injector",
+            exe: "/usr/bin/app".into(),
+            cmdline: Vec::new(),
+            cgroup: String::new(),
+            placement: Default::default(),
+            ancestors: Vec::new(),
+            job: Default::default(),
+            cupti_version: 0,
+            sampler_device: 0,
+            devices: Vec::new(),
+            connected_at_ns: 0,
+            last_seen_ns: 0.into(),
+            trace_state: std::sync::Mutex::new("idle".into()),
+            commands,
+        }
+    }
+}
+
 /// Where a process runs: its container and Kubernetes pod (empty strings when unknown).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Placement {

@@ -212,26 +212,7 @@ mod tests {
     use crate::pcsamp::sched::SchedConfig;
 
     fn agent(id: u64, devices: Vec<wire::Device>) -> Arc<Agent> {
-        Arc::new(Agent {
-            id,
-            pid: 100 + id as u32,
-            uid: 1000,
-            gid: 1000,
-            kind: "injector",
-            exe: "/usr/bin/app".into(),
-            cmdline: Vec::new(),
-            cgroup: String::new(),
-            placement: Default::default(),
-            ancestors: Vec::new(),
-            job: Default::default(),
-            cupti_version: 0,
-            sampler_device: 0,
-            devices,
-            connected_at_ns: 0,
-            last_seen_ns: 0.into(),
-            trace_state: std::sync::Mutex::new("idle".into()),
-            commands: tokio::sync::mpsc::channel(8).0,
-        })
+        Arc::new(Agent { devices, ..Agent::for_test(id, tokio::sync::mpsc::channel(8).0) })
     }
 
     fn states(hub: &PcHub, session: u64, proc: u64) -> Vec<String> {

@@ -406,24 +406,14 @@ mod tests {
 
     fn agent(pid: u32, uid: u32, exe: &str, cmdline: &[&str], cgroup: &str) -> Agent {
         Agent {
-            id: 1,
             pid,
             uid,
             gid: uid,
-            kind: "injector",
             exe: exe.into(),
             cmdline: cmdline.iter().map(|s| s.to_string()).collect(),
             cgroup: cgroup.into(),
             placement: crate::cgroup::parse_path(cgroup).into(),
-            ancestors: Vec::new(),
-            job: Default::default(),
-            cupti_version: 0,
-            sampler_device: 0,
-            devices: Vec::new(),
-            connected_at_ns: 0,
-            last_seen_ns: 0.into(),
-            trace_state: std::sync::Mutex::new("idle".into()),
-            commands: tokio::sync::mpsc::channel(1).0,
+            ..Agent::for_test(1, tokio::sync::mpsc::channel(1).0)
         }
     }
 

@@ -392,27 +392,7 @@ mod tests {
 
     fn agent(id: u64) -> (Arc<Agent>, mpsc::Receiver<DaemonMessage>) {
         let (commands, rx) = mpsc::channel(8);
-        let a = Agent {
-            id,
-            pid: 100 + id as u32,
-            uid: 1000,
-            gid: 1000,
-            kind: "injector",
-            exe: "/usr/bin/app".into(),
-            cmdline: Vec::new(),
-            cgroup: String::new(),
-            placement: Default::default(),
-            ancestors: Vec::new(),
-            job: Default::default(),
-            cupti_version: 0,
-            sampler_device: 0,
-            devices: Vec::new(),
-            connected_at_ns: 0,
-            last_seen_ns: 0.into(),
-            trace_state: std::sync::Mutex::new("idle".into()),
-            commands,
-        };
-        (Arc::new(a), rx)
+        (Arc::new(Agent::for_test(id, commands)), rx)
     }
 
     fn session(id: u64) -> Live {

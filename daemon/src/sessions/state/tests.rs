@@ -76,26 +76,7 @@ fn params() -> impl Strategy<Value = Params> {
 }
 
 fn agent(id: u64) -> Agent {
-    Agent {
-        id,
-        pid: 100 + id as u32,
-        uid: 1000,
-        gid: 1000,
-        kind: "injector",
-        exe: format!("/usr/bin/app{id}"),
-        cmdline: Vec::new(),
-        cgroup: String::new(),
-        placement: Default::default(),
-        ancestors: Vec::new(),
-        job: Default::default(),
-        cupti_version: 0,
-        sampler_device: 0,
-        devices: Vec::new(),
-        connected_at_ns: 0,
-        last_seen_ns: 0.into(),
-        trace_state: std::sync::Mutex::new("idle".into()),
-        commands: tokio::sync::mpsc::channel(1).0,
-    }
+    Agent { exe: format!("/usr/bin/app{id}"), ..Agent::for_test(id, tokio::sync::mpsc::channel(1).0) }
 }
 
 /// The agents the steps have connected: id → whether its command queue takes commands;
