@@ -1,5 +1,6 @@
-//! Typed views of what CUPTI hands a subscriber's callback: the [`Context`] handle and the
-//! [`Callback`] data (API call site and context, a resource's context and module cubin).
+//! Typed views of what CUPTI hands a subscriber's callback: the [`Context`] handle, a context
+//! known to be alive ([`LiveContext`]) and the [`Callback`] data (API call site and context, a
+//! resource's context and module cubin).
 // Safety: `Callback::from_raw` states what the pointer it wraps must be; every accessor reads
 // only the struct CUPTI documents for the callback's domain (checked first).
 #![allow(unsafe_code)]
@@ -43,6 +44,9 @@ impl Context {
         self.0
     }
 
+    /// No context (what CUPTI reports where there is none).
+    pub const NULL: Context = Context(0);
+
     /// Whether CUPTI reported no context.
     pub fn is_null(self) -> bool {
         self.0 == 0
@@ -58,6 +62,32 @@ impl fmt::Debug for Context {
 impl fmt::LowerHex for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+/// A context that stays alive while this value lives (`'a`): the context of a runtime or driver
+/// API call (current on the calling thread) or the one a resource callback is about, for the
+/// callback's duration ([`Callback::live_context`]); or one the caller vouches for
+/// ([`LiveContext::assume`]). Never null. Calls that need a live context (PC sampling's, in
+/// [`crate::pcsession`]) take one instead of a bare [`Context`], and are safe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveContext<'a> {
+    ctx: Context,
+    _live: PhantomData<&'a ()>,
+}
+
+impl<'a> LiveContext<'a> {
+    /// Vouches that `ctx` is alive for `'a`; `None` for a null context.
+    ///
+    /// # Safety
+    /// `ctx` must be a CUDA context that is not destroyed while the value (`'a`) lives.
+    pub unsafe fn assume(ctx: Context) -> Option<LiveContext<'a>> {
+        (!ctx.is_null()).then_some(LiveContext { ctx, _live: PhantomData })
+    }
+
+    /// The context.
+    pub fn context(self) -> Context {
+        self.ctx
     }
 }
 
@@ -139,6 +169,16 @@ impl<'a> Callback<'a> {
         self.resource().map(|d| Context::from_handle(d.context))
     }
 
+    /// The context of a runtime or driver API call (current on the calling thread) or of a
+    /// resource callback, alive for the callback's duration; `None` for other callbacks, when
+    /// CUPTI passed no data or the context is null.
+    pub fn live_context(&self) -> Option<LiveContext<'a>> {
+        let ctx = self.api_context().or_else(|| self.resource_context()).filter(|c| !c.is_null())?;
+        // CUPTI calls back inside the API call (or the resource event) on that context, which
+        // cannot be destroyed before the callback returns.
+        Some(LiveContext { ctx, _live: PhantomData })
+    }
+
     /// The cubin of the module a `CUPTI_CBID_RESOURCE_MODULE_LOADED` or
     /// `..._MODULE_UNLOAD_STARTING` callback reports; `None` for other callbacks or when CUPTI
     /// describes no cubin. Valid only during the callback.
@@ -183,6 +223,7 @@ mod tests {
         assert!(cb.is_api_exit() && !cb.is_api_entry());
         assert_eq!(cb.api_context().map(Context::id), Some(0x1234));
         assert_eq!(cb.resource_context(), None);
+        assert_eq!(cb.live_context().map(|l| l.context().id()), Some(0x1234));
         assert!(cb.module_cubin().is_none());
         let e = api_data(sys::CUPTI_API_ENTER, 0);
         // Safety: as above.
@@ -191,6 +232,7 @@ mod tests {
         };
         assert!(cb.is_api_entry() && !cb.is_api_exit());
         assert!(cb.api_context().is_some_and(Context::is_null));
+        assert!(cb.live_context().is_none(), "no live context where CUPTI reported none");
     }
 
     #[test]
@@ -213,6 +255,7 @@ mod tests {
             unsafe { Callback::from_raw(sys::CUPTI_CB_DOMAIN_RESOURCE, sys::CUPTI_CBID_RESOURCE_MODULE_LOADED, data) };
         assert_eq!(cb.module_cubin(), Some(&cubin[..]));
         assert_eq!(cb.resource_context().map(Context::id), Some(0x10));
+        assert_eq!(cb.live_context().map(|l| l.context().id()), Some(0x10));
         assert!(!cb.is_api_exit() && cb.api_context().is_none());
         // Safety: as above.
         let other = unsafe {

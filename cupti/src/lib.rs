@@ -16,7 +16,9 @@
 //! - [`device`]: device facts from the driver, UUID and PCI bus id formats; [`clock`]: the clock
 //!   agents stamp with; [`cbid`]: callback id → API name.
 //!
-//! - [`pcsampling`]: continuous PC sampling per context, cubin CRCs, SASS-to-source lines.
+//! - [`pcsampling`]: PC sampling's configuration and buffers, cubin CRCs, SASS-to-source lines;
+//!   [`pcsession`]: sampling enabled on one live context as a value ([`PcSampling`]), its calls
+//!   safe.
 
 pub mod activity;
 pub mod callback;
@@ -28,9 +30,11 @@ pub mod error;
 pub mod ids;
 pub mod loader;
 pub mod pcsampling;
+pub mod pcsession;
 pub mod pm;
 mod sys;
 
-pub use callback::{Callback, Context};
+pub use callback::{Callback, Context, LiveContext};
 pub use error::CuptiError;
 pub use loader::{Cupti, LoadError, LoadFailure, Purpose};
+pub use pcsession::PcSampling;

@@ -127,7 +127,7 @@ impl PcBuffer {
         PcBuffer { data, pcs, stalls }
     }
 
-    fn as_ptr(&mut self) -> *mut c_void {
+    pub(crate) fn as_ptr(&mut self) -> *mut c_void {
         &mut *self.data as *mut sys::CUpti_PCSamplingData as *mut c_void
     }
 
@@ -184,7 +184,7 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context.
-    pub unsafe fn pc_enable(&self, ctx: Context) -> Result<(), CuptiError> {
+    pub(crate) unsafe fn pc_enable(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingEnable)?;
         let mut p = sys::CUpti_PCSamplingEnableParams {
             size: params_size!(sys::CUpti_PCSamplingEnableParams, ctx),
@@ -200,7 +200,7 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled.
-    pub unsafe fn pc_disable(&self, ctx: Context) -> Result<(), CuptiError> {
+    pub(crate) unsafe fn pc_disable(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingDisable)?;
         let mut p = sys::CUpti_PCSamplingDisableParams {
             size: params_size!(sys::CUpti_PCSamplingDisableParams, ctx),
@@ -216,7 +216,7 @@ impl Cupti {
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled and configured with
     /// [`PcConfig::start_stop`].
-    pub unsafe fn pc_start(&self, ctx: Context) -> Result<(), CuptiError> {
+    pub(crate) unsafe fn pc_start(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingStart)?;
         let mut p = sys::CUpti_PCSamplingStartParams {
             size: params_size!(sys::CUpti_PCSamplingStartParams, ctx),
@@ -232,7 +232,7 @@ impl Cupti {
     ///
     /// # Safety
     /// As for [`Cupti::pc_start`].
-    pub unsafe fn pc_stop(&self, ctx: Context) -> Result<(), CuptiError> {
+    pub(crate) unsafe fn pc_stop(&self, ctx: Context) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingStop)?;
         let mut p = sys::CUpti_PCSamplingStopParams {
             size: params_size!(sys::CUpti_PCSamplingStopParams, ctx),
@@ -247,7 +247,7 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled.
-    pub unsafe fn pc_stall_reasons(&self, ctx: Context) -> Result<StallReasons, CuptiError> {
+    pub(crate) unsafe fn pc_stall_reasons(&self, ctx: Context) -> Result<StallReasons, CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingGetNumStallReasons)?;
         let mut n: usize = 0;
         let mut p = sys::CUpti_PCSamplingGetNumStallReasonsParams {
@@ -290,7 +290,7 @@ impl Cupti {
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling was enabled; `at_disable` must stay
     /// alive and unmoved until sampling on `ctx` is disabled.
-    pub unsafe fn pc_configure(
+    pub(crate) unsafe fn pc_configure(
         &self,
         ctx: Context,
         cfg: &PcConfig,
@@ -373,7 +373,7 @@ impl Cupti {
     ///
     /// # Safety
     /// `ctx` must be a live CUDA context on which sampling is enabled.
-    pub unsafe fn pc_get_data(&self, ctx: Context, buf: &mut PcBuffer) -> Result<(), CuptiError> {
+    pub(crate) unsafe fn pc_get_data(&self, ctx: Context, buf: &mut PcBuffer) -> Result<(), CuptiError> {
         self.pc_fn(&self.raw.cuptiPCSamplingGetData)?;
         buf.reset();
         let mut p = sys::CUpti_PCSamplingGetDataParams {

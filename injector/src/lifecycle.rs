@@ -267,7 +267,8 @@ extern "C" fn at_exit() {
         crate::tracer::detach::disarm();
         // PC sampling is read and disabled here, on an application thread, while its contexts
         // are still there (one destroyed earlier was closed by its destroy callback).
-        crate::tracer::pc_stop_at_exit();
+        // Safety: so every context PC sampling still has is alive until this call returns.
+        crate::tracer::pc_stop_at_exit(&|ctx| unsafe { gpuprof_cupti::LiveContext::assume(ctx) });
         // Flush on this thread, as a plain CUPTI client would in its exit handler: the buffers
         // come back through buffer_completed into the queue. No activity kind is disabled here:
         // with a static CUDA runtime its own exit handler may already have torn CUDA down.

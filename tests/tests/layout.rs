@@ -155,18 +155,16 @@ fn only_the_cupti_crate_names_its_raw_bindings() {
     assert!(naming.is_empty(), "use gpuprof_cupti's typed API or gpuprof_cupti::ids instead: {naming:?}");
 }
 
-/// The injector's files that may use `unsafe`: the C ABI exports, libc calls, the buffer pool,
-/// the CUPTI callbacks, and the PC-sampling calls whose contract (a live context) only their
-/// bookkeeping knows. Everything else goes through gpuprof-cupti's safe wrappers.
+/// The injector's files that may use `unsafe`: the C ABI exports, libc calls (at exit: vouching
+/// that PC sampling's contexts are alive), the buffer pool, the CUPTI callbacks and the runtime
+/// hook. Everything else goes through gpuprof-cupti's safe wrappers (PC sampling included: its
+/// calls take a callback's `LiveContext`).
 const INJECTOR_UNSAFE: &[&str] = &[
     "injector/src/exports.rs",
     "injector/src/lifecycle.rs",
     "injector/src/pool.rs",
     "injector/src/tracer/callbacks.rs",
     "injector/src/tracer/hooks.rs",
-    "injector/src/tracer/pc/app.rs",
-    "injector/src/tracer/pc/context.rs",
-    "injector/src/tracer/pc/window.rs",
     "injector/src/wake.rs",
 ];
 
@@ -198,20 +196,8 @@ fn cuptis_public_unsafe_functions_are_the_listed_ones() {
             }
         }
     }
-    let expected: BTreeSet<String> = [
-        "activity::for_each_record",
-        "callback::from_raw",
-        "pcsampling::pc_configure",
-        "pcsampling::pc_disable",
-        "pcsampling::pc_enable",
-        "pcsampling::pc_get_data",
-        "pcsampling::pc_stall_reasons",
-        "pcsampling::pc_start",
-        "pcsampling::pc_stop",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let expected: BTreeSet<String> =
+        ["activity::for_each_record", "callback::assume", "callback::from_raw"].iter().map(|s| s.to_string()).collect();
     assert_eq!(found, expected, "a new public unsafe fn: make it safe, or list it here with its contract");
 }
 

@@ -11,9 +11,8 @@
 //! background thread only arms operations and takes their results, and its own
 //! synchronizations (before a trace's last flush) never run them: disabling from there while
 //! the application launched kernels hung it.
-// Safety: the PC-sampling calls need a live context (and the buffer given at configuration kept
-// until disable), which only this bookkeeping knows; each call says why that holds.
-#![allow(unsafe_code)]
+//! Every CUPTI call here takes the callback's [`LiveContext`] (at exit, the one
+//! `lifecycle` vouches for).
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -23,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use gpuprof_cupti::ids;
 use gpuprof_cupti::pcsampling::{PcConfig, StallReasons};
-use gpuprof_cupti::{Callback, Context, Cupti, CuptiError};
+use gpuprof_cupti::{Callback, Context, Cupti, CuptiError, LiveContext};
 
-use super::context::{Agg, Live as Sampled, absorb, drain_into, enable, stop_range};
+use super::context::{Agg, Live as Sampled, disable_into, drain_into, enable, stop_range};
 use super::cubins;
 use super::meter::{add_extra, at_entry, charge, count_sync, outside_syncs, own_thread, read_gap, set_detached, timed};
 pub use super::meter::{app_cost, app_cost_extra};
@@ -293,7 +292,7 @@ pub fn on_callback(cb: &Callback<'_>) {
                     cubins::capture(bytes);
                 }
             } else if cb.cbid() == ids::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING
-                && let Some(ctx) = cb.resource_context()
+                && let Some(ctx) = cb.live_context()
             {
                 context_destroying(ctx);
             }
@@ -301,6 +300,7 @@ pub fn on_callback(cb: &Callback<'_>) {
         }
         // The other domains switched on are the runtime and driver APIs.
         let Some(ctx) = cb.api_context() else { return };
+        let live = cb.live_context();
         if own_thread() {
             return;
         }
@@ -316,9 +316,10 @@ pub fn on_callback(cb: &Callback<'_>) {
         // Never wait here: the background thread holds the lock only briefly; try next time.
         if ACTIVE.load(Ordering::Relaxed)
             && exit != at_entry()
+            && let Some(live) = live
             && let Ok(mut s) = STATE.try_lock()
         {
-            run(&mut s, ctx);
+            run(&mut s, live);
         }
         if exit {
             timed(true);
@@ -331,15 +332,16 @@ pub fn on_callback(cb: &Callback<'_>) {
     }));
 }
 
-/// Runs on the thread whose current context is `ctx` (a synchronization just returned).
-fn run(s: &mut State, ctx: Context) {
+/// Runs on the thread whose current context is `cur` (a synchronization just returned).
+fn run(s: &mut State, cur: LiveContext<'_>) {
     let Some(cupti) = CUPTI.get() else { return };
+    let ctx = cur.context();
     let ops: Vec<Op> = std::mem::take(&mut s.pending);
     for op in ops {
         match op {
             Op::Enable { device, ctx: c, cfg, wanted, win } if c == ctx => {
                 let t = Instant::now();
-                let r = enable(cupti, ctx, cfg.clone(), &wanted);
+                let r = enable(cupti, cur, cfg.clone(), &wanted);
                 charge(t);
                 match r {
                     Ok((on, reasons, unknown)) => {
@@ -367,16 +369,12 @@ fn run(s: &mut State, ctx: Context) {
                 count_on(&mut s.sampled, device, &mut l, false);
                 let t = Instant::now();
                 super::window::end(cupti, &mut l);
-                if let Some(on) = l.on.as_mut() {
-                    stop_range(cupti, ctx, on);
+                if let Some(mut on) = l.on.take() {
+                    stop_range(cupti, cur, &mut on);
                     if kind == PcEventKind::Stopped {
-                        let _ = drain_into(cupti, ctx, on, &mut l.agg, &mut l.totals);
+                        let _ = drain_into(cupti, cur, &mut on, &mut l.agg, &mut l.totals);
                     }
-                    // Safety: `ctx` is current on this thread and sampling is enabled on it.
-                    let _ = unsafe { cupti.pc_disable(ctx) };
-                }
-                if let Some(on) = &l.on {
-                    absorb(&on.at_disable, &mut l.agg, &mut l.totals);
+                    disable_into(cupti, cur, on, &mut l.agg, &mut l.totals);
                 }
                 charge(t);
                 s.done.push(Done::Disabled { device, kind, reason, agg: l.agg, totals: l.totals });
@@ -390,7 +388,7 @@ fn run(s: &mut State, ctx: Context) {
             continue;
         }
         if l.win.is_some() {
-            window(cupti, *device, l, sampled);
+            window(cupti, cur, *device, l, sampled);
             continue;
         }
         if l.last_read.is_some_and(|t| t.elapsed() < read_gap()) {
@@ -398,7 +396,7 @@ fn run(s: &mut State, ctx: Context) {
         }
         let t = Instant::now();
         l.last_read = Some(t);
-        l.failure = drain(cupti, l);
+        l.failure = drain(cupti, cur, l);
         charge(t);
     }
     ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
@@ -408,8 +406,9 @@ fn run(s: &mut State, ctx: Context) {
 /// the context still valid): what it sampled is read and sampling disabled now, never on a
 /// context that is gone; operations armed for it are dropped. The device is enabled again
 /// when a new primary context appears.
-fn context_destroying(ctx: Context) {
+fn context_destroying(live: LiveContext<'_>) {
     let Some(cupti) = CUPTI.get() else { return };
+    let ctx = live.context();
     let mut s = state();
     let mut gone: Vec<u32> = Vec::new();
     s.pending.retain(|op| match op {
@@ -424,7 +423,7 @@ fn context_destroying(ctx: Context) {
         let Some(mut l) = s.live.remove(&device) else { continue };
         s.pending.retain(|op| !matches!(op, Op::Disable { device: d, .. } if *d == device));
         count_on(&mut s.sampled, device, &mut l, false);
-        close(cupti, &mut l);
+        close(cupti, live, &mut l);
         s.done.push(Done::ContextGone { device, agg: l.agg, totals: l.totals });
     }
     for device in gone {
@@ -436,8 +435,9 @@ fn context_destroying(ctx: Context) {
 /// At process exit, on the exiting thread: every context still sampled is read and disabled
 /// before CUDA tears down (a context destroyed earlier was closed by [`context_destroying`]),
 /// so what the last second sampled is kept and nothing of CUPTI's sampling outlives its
-/// context. Results come with [`take`].
-pub fn stop_all(reason: &str) {
+/// context. Results come with [`take`]. `vouch` vouches for each context still sampled (the
+/// caller knows CUDA has not torn them down).
+pub fn stop_all(reason: &str, vouch: &dyn Fn(Context) -> Option<LiveContext<'static>>) {
     EXITING.store(true, Ordering::SeqCst);
     let Some(cupti) = CUPTI.get() else { return };
     let mut s = state();
@@ -445,7 +445,9 @@ pub fn stop_all(reason: &str) {
     let live = std::mem::take(&mut s.live);
     for (device, mut l) in live {
         count_on(&mut s.sampled, device, &mut l, false);
-        close(cupti, &mut l);
+        if let Some(c) = vouch(l.ctx) {
+            close(cupti, c, &mut l);
+        }
         s.done.push(Done::Disabled {
             device,
             kind: PcEventKind::Stopped,
@@ -458,25 +460,21 @@ pub fn stop_all(reason: &str) {
 }
 
 /// Reads what the context still holds and disables sampling on it.
-fn close(cupti: &Cupti, l: &mut Live) {
+fn close(cupti: &Cupti, c: LiveContext<'_>, l: &mut Live) {
     super::window::end(cupti, l);
-    let Some(on) = l.on.as_mut() else { return };
-    stop_range(cupti, l.ctx, on);
+    let Some(mut on) = l.on.take() else { return };
+    stop_range(cupti, c, &mut on);
     if l.failure.is_none() {
-        let _ = drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals);
+        let _ = drain_into(cupti, c, &mut on, &mut l.agg, &mut l.totals);
     }
-    // Safety: sampling is enabled on the context, which is still valid.
-    let _ = unsafe { cupti.pc_disable(l.ctx) };
-    if let Some(on) = &l.on {
-        absorb(&on.at_disable, &mut l.agg, &mut l.totals);
-    }
+    disable_into(cupti, c, on, &mut l.agg, &mut l.totals);
 }
 
 /// Reads what CUPTI holds until it has nothing left (or the read limit). The error, and
 /// whether the hardware buffer was reported full, when a read failed.
-fn drain(cupti: &Cupti, l: &mut Live) -> Option<(CuptiError, bool)> {
+fn drain(cupti: &Cupti, c: LiveContext<'_>, l: &mut Live) -> Option<(CuptiError, bool)> {
     let on = l.on.as_mut()?;
-    drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals)
+    drain_into(cupti, c, on, &mut l.agg, &mut l.totals)
 }
 
 #[cfg(test)]
@@ -485,9 +483,7 @@ mod tests {
 
     #[test]
     fn a_stop_before_any_synchronization_takes_the_armed_enable_back() {
-        // Safety: a made-up context, never given to CUDA or CUPTI (the enable is taken back
-        // before any synchronization could run it).
-        let ctx = unsafe { Context::from_raw(0x1000 as _) };
+        let ctx = Context::NULL;
         arm(Op::Enable { device: 7, ctx, cfg: PcConfig::default(), wanted: Vec::new(), win: None });
         assert!(pending());
         assert!(!cancel_enable(8), "another device's enable is not there");

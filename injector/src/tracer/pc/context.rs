@@ -2,17 +2,15 @@
 //! range under start/stop control), closing a range, reading what CUPTI holds
 //! ([`drain_into`]) into the aggregate ([`Agg`]), and the state a sampled context keeps
 //! ([`Live`]), for the synchronizations' work (`app.rs`) and the windows (`window.rs`).
-// Safety: the PC-sampling calls need a live context current on the calling thread (and the
-// buffer given at configuration kept until disable), which the callers' bookkeeping knows;
-// each call says why that holds.
-#![allow(unsafe_code)]
+//! The calls take the synchronization's [`LiveContext`] (gpuprof-cupti's [`PcSampling`] keeps
+//! the rest of what CUPTI needs).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gpuprof_cupti::pcsampling::{FunctionName, PcBuffer, PcConfig, StallReasons};
-use gpuprof_cupti::{Context, Cupti, CuptiError};
+use gpuprof_cupti::{Context, Cupti, CuptiError, LiveContext, PcSampling};
 
 use super::meter::WINDOWS;
 use super::stalls::select_stalls;
@@ -25,15 +23,10 @@ const MAX_READS: usize = 64;
 /// (function name, cubin CRC, PC offset, stall reason index) → samples.
 pub type Agg = HashMap<(FunctionName, u64, u64, u32), u64>;
 
-/// Sampling enabled on one context.
+/// Sampling enabled on one context, with the buffer reads go into.
 pub struct Enabled {
-    /// The buffer CUPTI fills at disable; must stay put while enabled.
-    pub(super) at_disable: Box<PcBuffer>,
+    pub(super) sampling: PcSampling,
     pub(super) read: PcBuffer,
-    /// Configured with start/stop control (windows are ranges of one enable).
-    pub(super) ranged: bool,
-    /// A range is open (sampling runs).
-    pub(super) running: bool,
 }
 
 /// A context being sampled.
@@ -52,46 +45,50 @@ pub(super) struct Live<W> {
 }
 
 /// Closes the context's open range, if any (start/stop control), before a read and disable.
-pub(super) fn stop_range(cupti: &Cupti, ctx: Context, on: &mut Enabled) {
-    if on.ranged && on.running {
-        // Safety: `ctx` is current on this thread, enabled with start/stop control, in a range.
-        let _ = unsafe { cupti.pc_stop(ctx) };
-        on.running = false;
+pub(super) fn stop_range(cupti: &Cupti, on_ctx: LiveContext<'_>, on: &mut Enabled) {
+    let _ = on.sampling.stop(cupti, on_ctx);
+}
+
+/// Disables sampling and adds what CUPTI still had (the buffer given at configuration) to
+/// the aggregate.
+pub(super) fn disable_into(
+    cupti: &Cupti,
+    on_ctx: LiveContext<'_>,
+    on: Enabled,
+    agg: &mut Agg,
+    totals: &mut (u64, u64),
+) {
+    if let Ok(Some(at_disable)) = on.sampling.disable(cupti, on_ctx) {
+        absorb(&at_disable, agg, totals);
     }
 }
 
-/// Enables sampling on `ctx` and configures it; with start/stop control
-/// ([`PcConfig::start_stop`]) it opens the first range too.
+/// Enables sampling on the synchronization's context and configures it; with start/stop
+/// control ([`PcConfig::start_stop`]) it opens the first range too.
 pub(super) fn enable(
     cupti: &Cupti,
-    ctx: Context,
+    c: LiveContext<'_>,
     cfg: PcConfig,
     wanted: &[String],
 ) -> Result<(Enabled, StallReasons, Vec<String>), CuptiError> {
-    let c = ctx;
     let t0 = Instant::now();
-    // Safety: `ctx` is the context current on this thread (the one the synchronization used).
-    unsafe { cupti.pc_enable(c) }?;
+    let mut sampling = PcSampling::enable(cupti, c)?;
     let t_enable = t0.elapsed();
-    let undo = |e: CuptiError| {
-        // Safety: undoes the enable above on the same context.
-        let _ = unsafe { cupti.pc_disable(c) };
-        e
+    let reasons = match sampling.stall_reasons(cupti, c) {
+        Ok(r) => r,
+        Err(e) => return Err(undo(cupti, c, sampling, e)),
     };
-    // Safety: sampling is enabled on `c`.
-    let reasons = unsafe { cupti.pc_stall_reasons(c) }.map_err(undo)?;
     let (stall_index, unknown) = select_stalls(&reasons, wanted);
     let ranged = cfg.start_stop;
     let cfg = PcConfig { stall_index, ..cfg };
     let n = reasons.index.len().max(1);
-    let mut at_disable = Box::new(PcBuffer::new(PCS_PER_READ, n));
     let t_reasons = t0.elapsed();
-    // Safety: `at_disable` is boxed and kept in `Enabled` until disable.
-    unsafe { cupti.pc_configure(c, &cfg, &mut at_disable) }.map_err(undo)?;
+    if let Err(e) = sampling.configure(cupti, c, &cfg, PcBuffer::new(PCS_PER_READ, n)) {
+        return Err(undo(cupti, c, sampling, e));
+    }
     let t_configure = t0.elapsed();
-    if ranged {
-        // Safety: enabled and configured with start/stop control just above.
-        unsafe { cupti.pc_start(c) }.map_err(undo)?;
+    if ranged && let Err(e) = sampling.start(cupti, c) {
+        return Err(undo(cupti, c, sampling, e));
     }
     if WINDOWS.load(Ordering::Relaxed) < 20 {
         crate::log::log!(
@@ -104,19 +101,24 @@ pub(super) fn enable(
             (t0.elapsed() - t_configure).as_secs_f64() * 1e3
         );
     }
-    Ok((Enabled { at_disable, read: PcBuffer::new(PCS_PER_READ, n), ranged, running: ranged }, reasons, unknown))
+    Ok((Enabled { sampling, read: PcBuffer::new(PCS_PER_READ, n) }, reasons, unknown))
+}
+
+/// Takes a failed enable back: disables what it enabled; the error.
+fn undo(cupti: &Cupti, c: LiveContext<'_>, sampling: PcSampling, e: CuptiError) -> CuptiError {
+    let _ = sampling.disable(cupti, c);
+    e
 }
 
 pub(super) fn drain_into(
     cupti: &Cupti,
-    ctx: Context,
+    ctx: LiveContext<'_>,
     on: &mut Enabled,
     agg: &mut Agg,
     totals: &mut (u64, u64),
 ) -> Option<(CuptiError, bool)> {
     for _ in 0..MAX_READS {
-        // Safety: sampling is enabled on `ctx`, current on this thread.
-        let r = unsafe { cupti.pc_get_data(ctx, &mut on.read) };
+        let r = on.sampling.read(cupti, ctx, &mut on.read);
         absorb(&on.read, agg, totals);
         match r {
             Ok(()) if on.read.remaining_pcs() > 0 => continue,

@@ -29,9 +29,9 @@ use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpuprof_cupti::Cupti;
 use gpuprof_cupti::device::Driver;
 use gpuprof_cupti::pcsampling::{FunctionName, PcConfig, StallReasons};
+use gpuprof_cupti::{Context, Cupti, LiveContext};
 
 use super::hooks::{self, User};
 
@@ -592,7 +592,8 @@ impl PcSampler {
 }
 
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
-/// still sampled (see [`app::stop_all`]); [`PcSampler::collect_at_exit`] then sends it.
-pub fn stop_at_exit() {
-    app::stop_all("process exit");
+/// still sampled (see [`app::stop_all`]; `live` vouches for them); [`PcSampler::collect_at_exit`]
+/// then sends it.
+pub fn stop_at_exit(live: &dyn Fn(Context) -> Option<LiveContext<'static>>) {
+    app::stop_all("process exit", live);
 }

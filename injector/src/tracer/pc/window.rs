@@ -21,18 +21,16 @@
 //! cost, being enabled included, counts against the budget that spaces the windows.
 //! `GPUPROF_PC_WINDOWS=reenable` disables at every close (no start/stop control) and
 //! `GPUPROF_PC_DETACH=0` keeps CUPTI attached between windows, to measure one against the other.
-// Safety: CUPTI calls on the context current on the synchronizing thread; each is commented.
-#![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gpuprof_cupti::Cupti;
 use gpuprof_cupti::pcsampling::PcConfig;
+use gpuprof_cupti::{Cupti, LiveContext};
 
-use super::context::{Live as Sampled, absorb, drain_into, enable};
+use super::context::{Live as Sampled, disable_into, drain_into, enable};
 use super::meter::{EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
 use crate::tracer::hooks;
 
@@ -175,7 +173,13 @@ fn count_launches(cupti: &Cupti) -> Option<u64> {
 /// lasted its length (stop and read; disable too when staying enabled would cost more than
 /// the budget) and spaces the next so that what the windows cost stays under the budget (and
 /// the duty under [`MAX_DUTY`] while that cost is not known); opens the next when it is due.
-pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTreeMap<u32, Duration>) {
+pub(super) fn window(
+    cupti: &Cupti,
+    c: LiveContext<'_>,
+    device: u32,
+    l: &mut Live,
+    sampled: &mut BTreeMap<u32, Duration>,
+) {
     let Some((w, cfg, wanted)) = &mut l.win else { return };
     let now = Instant::now();
     match w.opened {
@@ -195,27 +199,18 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
             let mut t_read = Duration::ZERO;
             let mut kept = false;
             if let Some(on) = l.on.as_mut() {
-                let c = l.ctx;
-                if on.ranged {
-                    // Safety: the context is current on this thread, enabled with start/stop
-                    // control and in a range.
-                    if let Err(e) = unsafe { cupti.pc_stop(c) } {
-                        failure = Some((e, false));
-                    }
-                    on.running = false;
+                if let Err(e) = on.sampling.stop(cupti, c) {
+                    failure = Some((e, false));
                 }
                 let t_stop = t.elapsed();
-                failure = failure.or(drain_into(cupti, l.ctx, on, &mut l.agg, &mut l.totals));
+                failure = failure.or(drain_into(cupti, c, on, &mut l.agg, &mut l.totals));
                 t_read = t.elapsed() - t_stop;
-                kept = on.ranged && keep && failure.is_none();
-                if !kept {
-                    // Safety: the context is current on this thread and sampling is enabled on it.
-                    let _ = unsafe { cupti.pc_disable(c) };
-                    absorb(&on.at_disable, &mut l.agg, &mut l.totals);
-                }
+                kept = on.sampling.ranged() && keep && failure.is_none();
             }
             if !kept {
-                l.on = None;
+                if let Some(on) = l.on.take() {
+                    disable_into(cupti, c, on, &mut l.agg, &mut l.totals);
+                }
                 if detach_between() {
                     ask_detach();
                 }
@@ -274,13 +269,8 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
         None if now >= w.next_open => {
             let t = Instant::now();
             let opened = match l.on.as_mut() {
-                Some(on) => {
-                    // Safety: the context is current on this thread and enabled with
-                    // start/stop control (only a ranged window stays enabled), out of a range.
-                    let r = unsafe { cupti.pc_start(l.ctx) };
-                    on.running = r.is_ok();
-                    r
-                }
+                // Only a ranged window stays enabled: it opens the next range.
+                Some(on) => on.sampling.start(cupti, c),
                 None => {
                     // A window that will disable at its close (staying enabled costs more than
                     // the budget allows) needs no start/stop control, whose start costs more
@@ -288,7 +278,7 @@ pub(super) fn window(cupti: &Cupti, device: u32, l: &mut Live, sampled: &mut BTr
                     // (The close keeps it enabled only when that cost is known to be low.)
                     let ranged = cfg.start_stop && w.enabled_cost().is_some_and(|c| c <= w.cfg.budget / 2.0);
                     let cfg = PcConfig { start_stop: ranged, ..cfg.clone() };
-                    enable(cupti, l.ctx, cfg, wanted).map(|(on, _, _)| l.on = Some(on))
+                    enable(cupti, c, cfg, wanted).map(|(on, _, _)| l.on = Some(on))
                 }
             };
             match opened {
