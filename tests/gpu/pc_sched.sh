@@ -241,6 +241,14 @@ if [[ $PARTS == *" cost "* ]]; then
   for m in win winre; do
     [ -e "$STATE/logs/cost_$m.log" ] && { echo "--- $m: the first windows"; grep -h "enable:\|window closed" "$STATE/logs/cost_$m.log" | head -6; }
   done
+  # CUPTI's one-time set-up in each process (its first cuptiPCSamplingEnable and first range's
+  # start), paid whatever the budget: beside a run's length it is the floor of a short run.
+  if [ -e "$STATE/logs/cost_win.log" ]; then
+    first=$(grep -h "PC sampling enable:" "$STATE/logs/cost_win.log" | awk '!seen[$1]++ {
+      match($0, /cuptiPCSamplingEnable [0-9.]+/); e = substr($0, RSTART + 22, RLENGTH - 22)
+      match($0, /start [0-9.]+/); s = substr($0, RSTART + 6, RLENGTH - 6); print e + s }' | median)
+    [ -n "$first" ] && figure "win: a process's first enable and start (CUPTI's one-time set-up) median $first ms: $(calc "$first / (${COST_MM_SECS:-4} * 10)") % of a ${COST_MM_SECS:-4} s matmul run"
+  fi
   mo=$(echo "${MM[off]:-}" | median); so=$(echo "${SM[off]:-}" | median)
   fl="bf16 matmul ms/iter medians of $REPS: untraced $mo"; fs="small-kernel loop (${COST_SMALL_N:-250000} ops, a synchronization every 100) us/op medians of $REPS: untraced $so"
   for m in $MODES; do
