@@ -229,7 +229,7 @@ async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&top_json(session, a.by, &r))?);
         return Ok(());
     }
-    let why = not_sampled(c, session).await;
+    let (why, counted) = not_sampled(c, session).await;
     if r.total_samples == 0 {
         println!("session {}: no PC samples (was it started with --pc-sampling? see gpuprofctl session show)", session);
         for l in why {
@@ -238,6 +238,9 @@ async fn top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
         return Ok(());
     }
     println!("session {}: {}", session, totals_text(&r));
+    if let Some(l) = without_rows(r.total_samples, counted) {
+        println!("  {l}");
+    }
     for l in why {
         println!("  {l}");
     }
@@ -303,12 +306,16 @@ async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
 /// Why the session's processes are not sampled now, one line per (process, device) that is
 /// not ("pid 4242 device 1: not sampled (no CUDA work seen on GPU 1 yet)", "pid 4243 (rank 3)
 /// device 1: ...", "pid 4200 (launcher) device 0: ..."); none when the session cannot be read.
-async fn not_sampled(c: &mut Client, session: u64) -> Vec<String> {
-    let Ok(s) = c.get_session(pb::GetSessionRequest { session_id: session }).await else { return Vec::new() };
+/// Why the session's processes are not sampled, one line each, and the samples CUPTI counted
+/// on them (`session show`'s figures).
+async fn not_sampled(c: &mut Client, session: u64) -> (Vec<String>, u64) {
+    let Ok(s) = c.get_session(pb::GetSessionRequest { session_id: session }).await else { return (Vec::new(), 0) };
     let s = s.into_inner();
     let mut out = Vec::new();
+    let mut counted = 0;
     for p in &s.processes {
         for d in &p.pc_sampling {
+            counted += d.samples;
             if d.state != "sampling" && !d.state.starts_with("stopped") {
                 let who = match (p.rank, p.role.as_str()) {
                     (Some(r), _) => format!(" (rank {r})"),
@@ -319,7 +326,20 @@ async fn not_sampled(c: &mut Client, session: u64) -> Vec<String> {
             }
         }
     }
-    out
+    (out, counted)
+}
+
+/// When CUPTI counted more samples than the rows hold: how many have no row, and why they can't.
+fn without_rows(in_rows: u64, counted: u64) -> Option<String> {
+    // A live session's rows lag its counts by a flush; only a gap of over 1 % is worth a line.
+    (counted > in_rows && counted - in_rows > counted / 100).then(|| {
+        format!(
+            "CUPTI counted {counted} samples; {} ({:.1}%) have no row: samples of non-user kernels, of \
+             instructions with no selected stall reason, and hardware drops",
+            counted - in_rows,
+            pct(counted - in_rows, counted)
+        )
+    })
 }
 
 /// A function's samples and its samples per stall reason.
@@ -468,5 +488,14 @@ mod tests {
             pb::StallCount { reason: "selected".into(), count: 25 },
         ];
         assert_eq!(stalls_text(&s, 100), "stalled_long_scoreboard 75%, selected 25%");
+    }
+
+    #[test]
+    fn samples_without_rows_are_said_only_when_they_matter() {
+        assert_eq!(without_rows(1000, 1000), None);
+        assert_eq!(without_rows(1000, 1005), None, "within 1 %: a flush behind");
+        assert_eq!(without_rows(1000, 900), None);
+        let l = without_rows(93_128, 762_393).expect("a gap of 88 %");
+        assert!(l.starts_with("CUPTI counted 762393 samples; 669265 (87.8%) have no row"), "{l}");
     }
 }

@@ -161,6 +161,7 @@ fn batches_are_pushed_queried_shown_and_exported_as_pprof() -> Result<()> {
     // The CLI.
     let out = ctl_ok(&d, &["pc", "top", &id.to_string(), "--by", "line"]);
     assert!(out.contains("1400 PC samples, 7 lost"), "{out}");
+    assert!(!out.contains("have no row"), "every counted sample is in a row or lost: {out}");
     assert!(out.contains("/src/gemm.cu:42") && out.contains("stalled_long_scoreboard 91%"), "{out}");
     assert!(!out.contains("smsp__pcsamp"), "stall reasons are shortened: {out}");
     eprintln!("gpuprofctl pc top {id} --by line:\n{out}");
