@@ -1,7 +1,7 @@
 //! What PC sampling costs the application and where the application works, measured on its
 //! own threads at CUDA synchronizations: the synchronizations per context (for the daemon's
-//! scheduler, [`take_syncs`]), and the time PC-sampling calls take and what they add to the
-//! synchronizations they run in ([`timed`]: the budget the windows are spaced by).
+//! scheduler, [`take_syncs`]), and the time PC-sampling calls take ([`charge`]) and what they
+//! add to the synchronizations they run in ([`timed`]); the windows are spaced by the larger.
 
 use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
@@ -26,8 +26,7 @@ pub fn app_cost() -> (Duration, u64) {
     (Duration::from_nanos(APP_NS.load(Ordering::Relaxed)), WINDOWS.load(Ordering::Relaxed))
 }
 
-/// What PC sampling added to the application's synchronizations, as measured (see [`timed`]):
-/// the cost the windows are spaced by.
+/// What PC sampling added to the application's synchronizations, as measured (see [`timed`]).
 pub(super) static EXTRA_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What PC-sampling calls added to the synchronizations they ran in, so far.
