@@ -210,20 +210,23 @@ if [[ $PARTS == *" cost "* ]]; then
   # The floor's library writes its samples to files in the working directory: run it in one.
   cost_run() { # mode, command... → the command's output
     local mode=$1; shift
-    local s=
+    local s= sess=() env=() pc=(--preset pc --pc-sampling)
     case $mode in
-      off) "$@" ;;
-      floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$FLOOR_DIR:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@") ;;
-      inj) GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      winlow) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-budget 0.1 --name cost-winlow); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      kern) s=$(session_start --exe python3 --preset kernels --name cost-kern); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      win) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      cont) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cont); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      win16) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-win16); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_WINDOW_HW_MIB=16 CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      winre) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-winre); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_WINDOWS=reenable CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      winkeep) s=$(session_start --exe python3 --preset pc --pc-sampling --name cost-winkeep); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_DETACH=0 CUDA_INJECTION64_PATH="$INJ" "$@" ;;
-      contexit) s=$(session_start --exe python3 --preset pc --pc-sampling --pc-mode continuous --name cost-cexit); GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" GPUPROF_PC_AT=exit CUDA_INJECTION64_PATH="$INJ" "$@" ;;
+      off) "$@"; return ;;
+      floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$FLOOR_DIR:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@"); return ;;
+      inj) ;;
+      kern) sess=(--preset kernels) ;;
+      win) sess=("${pc[@]}") ;;
+      winlow) sess=("${pc[@]}" --pc-budget 0.1) ;;
+      cont) sess=("${pc[@]}" --pc-mode continuous) ;;
+      win16) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_HW_MIB=16) ;;
+      winre) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOWS=reenable) ;;
+      winkeep) sess=("${pc[@]}"); env=(GPUPROF_PC_DETACH=0) ;;
+      contexit) sess=("${pc[@]}" --pc-mode continuous); env=(GPUPROF_PC_AT=exit) ;;
+      *) echo "unknown cost mode $mode"; return ;;
     esac
+    [ ${#sess[@]} -gt 0 ] && s=$(session_start --exe python3 "${sess[@]}" --name "cost-$mode")
+    env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@"
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
   }
   MODES=${COST_MODES:-off win winre cont}

@@ -232,10 +232,9 @@ pub(super) fn window(
             // (`pc_sched.sh` cost, COST_WARM=3), the calls' time being about twice the cost
             // charged. And, when the window disabled, the launches' cost inside it (kept
             // enabled, that cost runs all the time and is under the budget by the choice above).
-            let added = Duration::from_nanos(EXTRA_NS.load(Ordering::Relaxed).saturating_sub(w.extra_mark));
-            let calls = Duration::from_nanos(APP_NS.load(Ordering::Relaxed).saturating_sub(w.app_mark));
-            w.extra_mark = EXTRA_NS.load(Ordering::Relaxed);
-            w.app_mark = APP_NS.load(Ordering::Relaxed);
+            let (extra_now, app_now) = (EXTRA_NS.load(Ordering::Relaxed), APP_NS.load(Ordering::Relaxed));
+            let added = Duration::from_nanos(extra_now.saturating_sub(std::mem::replace(&mut w.extra_mark, extra_now)));
+            let calls = Duration::from_nanos(app_now.saturating_sub(std::mem::replace(&mut w.app_mark, app_now)));
             if w.closes > 0 {
                 w.spent += added.max(calls);
             }
