@@ -2,8 +2,8 @@
 # GPU check of the node's always-on PC profile (`[pc] always_on = true`), on a machine with an
 # NVIDIA GPU, CUDA 13 and PyTorch. No session is started by hand: gpuprofd's own profile samples
 # whatever the injector is in. For SECS seconds (default 600) it alternates blocks of BLOCK
-# seconds (default 30): two bf16 8192^3 matmul processes sharing GPU 0, injected ("on") or not
-# ("off"). It prints and checks:
+# seconds (default 30): two bf16 8192^3 matmul processes sharing one GPU (AO_GPU, default 0),
+# injected ("on") or not ("off"). It prints and checks:
 #   - both processes of every "on" block sampled (their samples in the profile's `session show`
 #     near the block's end), and the profile's per-minute rollups answering `pc top --since`;
 #   - the average cost: median ms/iter of the "on" processes against the "off" ones, <= 1 %;
@@ -17,6 +17,7 @@ NAME=always_on
 . "$HERE/pc_common.sh"
 SECS=${SECS:-600}
 BLOCK=${BLOCK:-30}
+GPU=${AO_GPU:-0}
 start_gpuprofd 'log_level = "info"
 [pc]
 always_on = true'
@@ -32,16 +33,16 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
   mode=$([ $((b % 2)) = 1 ] && echo on || echo off)
   run=$((BLOCK - 3))
   if [ $mode = on ]; then
-    GPUPROF_LOG_FILE="$STATE/logs/b${b}_a.log" CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_a.txt" 2>&1 &
+    GPUPROF_LOG_FILE="$STATE/logs/b${b}_a.log" CUDA_VISIBLE_DEVICES=$GPU CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_a.txt" 2>&1 &
     A=$!
-    GPUPROF_LOG_FILE="$STATE/logs/b${b}_b.log" CUDA_VISIBLE_DEVICES=0 CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_b.txt" 2>&1 &
+    GPUPROF_LOG_FILE="$STATE/logs/b${b}_b.log" CUDA_VISIBLE_DEVICES=$GPU CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_b.txt" 2>&1 &
     B=$!
     sleep $((run - 2))
     "${CTL[@]}" --json session show "$NODE" >"$STATE/b${b}_show.json" 2>&1
   else
-    CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_a.txt" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$GPU "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_a.txt" 2>&1 &
     A=$!
-    CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_b.txt" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$GPU "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_b.txt" 2>&1 &
     B=$!
   fi
   wait $A $B
@@ -75,7 +76,7 @@ python_only=$("${CTL[@]}" --json pc top --since 15m --exe 'python3*' | jq_py 'd[
 none=$("${CTL[@]}" --json pc top --since 15m --exe no-such-exe | jq_py 'd["total_samples"]')
 on=$(echo "${ON[*]:-}" | median); off=$(echo "${OFF[*]:-}" | median); n_on=${#ON[@]}; n_off=${#OFF[@]}
 cost=$(awk "BEGIN { printf \"%.3f\", ($on / $off - 1) * 100 }" 2>/dev/null || echo none)
-figure "always-on ${SECS}s, two matmul processes on GPU 0, blocks of ${BLOCK}s: ms/iter median injected $on ($n_on runs) vs not $off ($n_off runs): $cost %; rollup samples $total"
+figure "always-on ${SECS}s, two matmul processes on GPU $GPU, blocks of ${BLOCK}s: ms/iter median injected $on ($n_on runs) vs not $off ($n_off runs): $cost %; rollup samples $total"
 pass_if "always-on: both processes sampled in every injected block" "$([ "$on_blocks" -gt 0 ] && [ "$sampled_blocks" = "$on_blocks" ] && echo 1)" "$sampled_blocks of $on_blocks blocks:$both_detail"
 pass_if "always-on: pc top --since answers from the rollups" "$([ "${total:-0}" -gt 0 ] && [ "$python_only" = "$total" ] && [ "$none" = 0 ] && echo 1)" "$total samples, --exe 'python3*' $python_only, --exe no-such-exe $none"
 pass_if "always-on: average cost on matmul <= 1 %" "$([ "$n_on" -gt 0 ] && [ "$n_off" -gt 0 ] && awk "BEGIN { print $cost <= 1 ? 1 : 0 }")" "$cost %"

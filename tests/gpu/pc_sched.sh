@@ -11,26 +11,27 @@
 #          program: the hottest line is gather's dependent load (pc_kernel.cu:15), the pprof
 #          export names the file;
 #   cost   medians of REPS (default 5) alternating runs: untraced, CUPTI's own
-#          pc_sampling_continuous sample (the floor), gpuprof windows (the default: ranges of
-#          one enable), windows of an enable each (winre, GPUPROF_PC_WINDOWS=reenable), gpuprof
-#          continuous (COST_MODES picks others: contexit is continuous with the work at
-#          synchronization exits, the old place; win16 windows with a 16 MiB hardware buffer;
-#          winkeep windows keeping CUPTI attached between them; inj the injector loaded with no
-#          session; kern a kernels-only session, no PC sampling; winlow windows under a 0.1 % budget), COST_CLOCKS=1 samples the SM
-#          clock and power during each matmul run (nvidia-smi every 100 ms) and prints their
-#          medians per mode,
+#          pc_sampling_continuous sample (the floor), gpuprof windows (the default: an enable
+#          and a disable each, CUPTI finalized between them), windows that are ranges of one
+#          enable (winrange, GPUPROF_PC_WINDOWS=ranges), gpuprof continuous (COST_MODES picks
+#          others: contexit is continuous with the work at synchronization exits, the old
+#          place; win16 windows with a 16 MiB hardware buffer; winkeep windows keeping CUPTI
+#          attached between them; inj the injector loaded with no session; kern a kernels-only
+#          session, no PC sampling; winlow and winq windows under a 0.1 and a 0.25 % budget),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens);
 #          COST_MM_SECS=0 or COST_SMALL_N=0 leaves that loop out. COST_WARM=S runs each loop
-#          untimed first (the matmul loop S s, default 1; the small loop S x 100k ops, default none), so that
-#          with S past a process's first window (CUPTI's one-time set-up, ~0.2 s) what is timed
-#          is the steady state; the set-up is printed beside it either way.
-#   residue  where the windows' cost goes on launch-bound work: the small-kernel loop (1.5M ops)
-#          untraced, in windows (CUPTI finalized between windows that disable, the default) and
-#          in windows keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks
-#          modes, winre too), its pace printed per 50k ops
-#          beside the windows the injector logged (before the first window, inside, after a
-#          disable).
+#          untimed first (the matmul loop S s, default 1; the small loop S x 100k ops, default
+#          none), so that with S past a process's first window (CUPTI's one-time set-up, ~0.1-0.2
+#          s) what is timed is the steady state; the set-up is printed beside it either way.
+#          COST_CLOCKS=1 samples the SM clock and power during each matmul run (nvidia-smi every
+#          100 ms) and prints their medians per mode. COST_PIN=CPUS pins every cost and residue
+#          process to those CPUs (taskset -c).
+#   residue  where the windows' cost goes on launch-bound work: the small-kernel loop
+#          (RESIDUE_N ops, default 1.5M) untraced, in windows (the default) and in windows
+#          keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks modes,
+#          winrange and inj too), its pace printed per 50k ops beside the windows the injector
+#          logged (before the first window, inside, after a disable).
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
 # PARTS (default "ddp ddptrace share late cost"; also "probe" and "residue"; probe: one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
@@ -43,6 +44,9 @@ NAME=pcsched
 # shellcheck source=pc_common.sh
 . "$HERE/pc_common.sh"
 REPS=${REPS:-5}
+# COST_PIN=CPUS runs every cost and residue process on those CPUs (taskset -c), to take the
+# scheduler's moves out of a CPU-bound loop's noise.
+PIN=(); [ -n "${COST_PIN:-}" ] && command -v taskset >/dev/null && PIN=(taskset -c "$COST_PIN")
 PARTS=" ${PARTS:-ddp ddptrace share late cost} "
 CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -180,14 +184,16 @@ fi
 # ---------------------------------------------------------------- residue
 if [[ $PARTS == *" residue "* ]]; then
   for mode in ${RESIDUE_MODES:-off win winkeep}; do
-    env=(); s=
+    env=(); s=; inj=
     case $mode in
+      inj) inj=1 ;;
       win) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-win) ;;
       winkeep) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winkeep); env=(GPUPROF_PC_DETACH=0) ;;
-      winre) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winre); env=(GPUPROF_PC_WINDOWS=reenable) ;;
+      winrange) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winrange); env=(GPUPROF_PC_WINDOWS=ranges) ;;
     esac
     env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/residue_$mode.log" ${s:+CUDA_INJECTION64_PATH="$INJ"} \
-      "$PY" "$HERE/small_sync.py" 1500000 1.5 50000 >"$STATE/residue_$mode.txt" 2>&1
+      ${inj:+CUDA_INJECTION64_PATH="$INJ"} "${PIN[@]}" "$PY" "$HERE/small_sync.py" "${RESIDUE_N:-1500000}" 1.5 50000 \
+      >"$STATE/residue_$mode.txt" 2>&1
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null
     echo "--- residue $mode: us/op per 50k ops (utc: end of the chunk)"
     grep -oE 'utc=[0-9:.]+ at_s=[0-9.]+ per_op_us=[0-9.]+' "$STATE/residue_$mode.txt"
@@ -210,6 +216,7 @@ if [[ $PARTS == *" cost "* ]]; then
   # The floor's library writes its samples to files in the working directory: run it in one.
   cost_run() { # mode, command... → the command's output
     local mode=$1; shift
+    set -- "${PIN[@]}" "$@"
     local s= sess=() env=() pc=(--preset pc --pc-sampling)
     case $mode in
       off) "$@"; return ;;
@@ -218,9 +225,10 @@ if [[ $PARTS == *" cost "* ]]; then
       kern) sess=(--preset kernels) ;;
       win) sess=("${pc[@]}") ;;
       winlow) sess=("${pc[@]}" --pc-budget 0.1) ;;
+      winq) sess=("${pc[@]}" --pc-budget 0.25) ;;
       cont) sess=("${pc[@]}" --pc-mode continuous) ;;
       win16) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_HW_MIB=16) ;;
-      winre) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOWS=reenable) ;;
+      winrange) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOWS=ranges) ;;
       winkeep) sess=("${pc[@]}"); env=(GPUPROF_PC_DETACH=0) ;;
       contexit) sess=("${pc[@]}" --pc-mode continuous); env=(GPUPROF_PC_AT=exit) ;;
       *) echo "unknown cost mode $mode"; return ;;
@@ -229,8 +237,8 @@ if [[ $PARTS == *" cost "* ]]; then
     env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@"
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
   }
-  MODES=${COST_MODES:-off win winre cont}
-  [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win winre cont"
+  MODES=${COST_MODES:-off win winrange cont}
+  [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win winrange cont"
   declare -A MM SM MMS SMS
   for r in $(seq "$REPS"); do
     for mode in $MODES; do
@@ -253,7 +261,7 @@ if [[ $PARTS == *" cost "* ]]; then
     done
     line="rep $r:"; for m in $MODES; do line="$line $m ${MM[$m]:-}ms/${SM[$m]:-}us"; done; echo "$line"
   done
-  for m in win winre; do
+  for m in win winrange; do
     [ -e "$STATE/logs/cost_$m.log" ] && { echo "--- $m: the first windows"; grep -h "enable:\|window closed" "$STATE/logs/cost_$m.log" | head -6; }
   done
   # CUPTI's one-time set-up in each process (its first cuptiPCSamplingEnable and first range's

@@ -10,17 +10,21 @@
 //! too. Once PC sampling has been enabled on a context, every later kernel launch costs more,
 //! enabled (+1.5-2 µs: CUPTI's own sampler cost 17-29 % on a loop of small PyTorch kernels)
 //! and still after the disable (a C loop of small launches 1.25x after one enable and disable,
-//! 0.94x once `cuptiFinalize` ran too). So the context is enabled with CUPTI's start/stop
-//! control and a window is `cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read; launches
-//! are counted while the window is open, and while staying enabled costs at most half the
-//! budget (compute-bound work) the context stays enabled between windows. Else (launch-bound
-//! work) the close disables too and, when nothing else of CUPTI is on, CUPTI is finalized at
-//! the synchronization's outermost exit ([`ask_detach`], carried out in `app.rs`); the
-//! background thread subscribes again shortly before the next window is due, and that window
-//! is an enable without start/stop control (no start to pay; it disables at its close). Every
-//! cost, being enabled included, counts against the budget that spaces the windows.
-//! `GPUPROF_PC_WINDOWS=reenable` disables at every close (no start/stop control) and
-//! `GPUPROF_PC_DETACH=0` keeps CUPTI attached between windows, to measure one against the other.
+//! 0.94x once `cuptiFinalize` ran too). Staying enabled costs compute-bound work too: on the
+//! H200 the bf16 8192^3 matmul loop ran 0.64-0.88 % slower (three calls of `pc_sched.sh`
+//! cost, COST_WARM=3, medians of 5-6) with the context enabled under start/stop control
+//! between windows, also when at most one window fell in the timed 8 s, as much as CUPTI's
+//! own continuous sampler (0.64-0.89 %); with each window an enable and a disable and CUPTI
+//! finalized between them it ran 0.04 % and 0.36 % slower (two of those calls). So by default
+//! each window is an enable without start/stop control (no start to pay) that disables at its
+//! close, and, when nothing else of CUPTI is on, CUPTI is finalized at the synchronization's
+//! outermost exit ([`ask_detach`], carried out in `app.rs`); the background thread subscribes
+//! again shortly before the next window is due. Every cost counts against the budget that
+//! spaces the windows. `GPUPROF_PC_WINDOWS=ranges` makes windows ranges instead
+//! (`cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read), the context staying enabled
+//! between them while CUPTI's cost per launch (counted while a window is open) is at most
+//! half the budget; `GPUPROF_PC_DETACH=0` keeps CUPTI attached between windows: each to
+//! measure one against the other.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -95,11 +99,11 @@ pub struct WinCfg {
     pub budget: f64,
 }
 
-/// Whether windows use start/stop control (the default) rather than an enable each
-/// (`GPUPROF_PC_WINDOWS=reenable`).
+/// Whether windows are ranges under start/stop control (`GPUPROF_PC_WINDOWS=ranges`) rather
+/// than an enable each (the default).
 pub fn ranged() -> bool {
     static RANGED: OnceLock<bool> = OnceLock::new();
-    *RANGED.get_or_init(|| std::env::var("GPUPROF_PC_WINDOWS").map(|v| v.trim() != "reenable").unwrap_or(true))
+    *RANGED.get_or_init(|| std::env::var("GPUPROF_PC_WINDOWS").is_ok_and(|v| v.trim() == "ranges"))
 }
 
 /// A context sampled in windows.
