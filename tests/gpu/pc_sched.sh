@@ -32,8 +32,12 @@
 #          keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks modes,
 #          winrange and inj too), its pace printed per 50k ops beside the windows the injector
 #          logged (before the first window, inside, after a disable).
+#   pair   (2 GPUs) the small-kernel loop in each of PAIR_MODES (default "off win") beside an
+#          untraced twin run at the same time on the other GPU and CPUs (PAIR_CPUS_A/B, default
+#          4-7 and 8-11; swapped every rep): the median of REPS ratios, which the machine's
+#          phases of slower pace (untraced too) cancel out of; PAIR_N ops (250k) after COST_WARM.
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
-# PARTS (default "ddp ddptrace share late cost"; also "probe" and "residue"; probe: one PC-only session with the injector's
+# PARTS (default "ddp ddptrace share late cost"; also "probe", "residue" and "pair"; probe: one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
 # FIGURE lines) and copies logs to $OUT when set. Exit status 1 when a check failed.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as in pc.sh.
@@ -202,8 +206,8 @@ if [[ $PARTS == *" residue "* ]]; then
   done
 fi
 
-# ---------------------------------------------------------------- cost
-if [[ $PARTS == *" cost "* ]]; then
+# ---------------------------------------------------------------- cost (and pair)
+if [[ $PARTS == *" cost "* || $PARTS == *" pair "* ]]; then
   FLOOR_LIB=
   # CUPTI's sample builds in place (its Makefile finds nvcc and CUPTI relative to the folder).
   FLOOR_DIR=$CUPTI/samples/pc_sampling_continuous
@@ -237,6 +241,8 @@ if [[ $PARTS == *" cost "* ]]; then
     env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@"
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
   }
+fi
+if [[ $PARTS == *" cost "* ]]; then
   MODES=${COST_MODES:-off win winrange cont}
   [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win winrange cont"
   declare -A MM SM MMS SMS
@@ -310,5 +316,40 @@ if [[ $PARTS == *" cost "* ]]; then
       "$(pct "${MM[cont]}" "$mo") % vs $(pct "${MM[floor]:-}" "$mo") %"
   elif [ -z "$FLOOR_LIB" ]; then
     check "continuous vs CUPTI's sample" FAIL "the pc_sampling_continuous sample did not build"
+  fi
+fi
+
+# ---------------------------------------------------------------- pair
+# The small-kernel loop's pace moves by ~30 % in phases of seconds on these machines, untraced
+# too: a mode and an untraced twin run at the same time, each on its own GPU and CPUs (swapped
+# every rep), and the cost is the median of their per-rep ratios.
+if [[ $PARTS == *" pair "* ]]; then
+  if [ "$NGPU" -lt 2 ]; then
+    check "pair" FAIL "needs 2 GPUs, found $NGPU"
+  else
+    N=${PAIR_N:-250000}; W=$(awk "BEGIN { print int(${COST_WARM:-3} * 100000) }")
+    ca=${PAIR_CPUS_A:-4-7}; cb=${PAIR_CPUS_B:-8-11}
+    declare -A PR
+    for r in $(seq "$REPS"); do
+      for m in ${PAIR_MODES:-off win}; do
+        if [ $((r % 2)) = 1 ]; then g1=0 g2=1 c1=$ca c2=$cb; else g1=1 g2=0 c1=$cb c2=$ca; fi
+        cost_run "$m" env CUDA_VISIBLE_DEVICES=$g1 taskset -c "$c1" "$PY" "$HERE/small_sync.py" "$N" 1.5 0 "$W" \
+          >"$STATE/pair_${m}_$r.txt" 2>&1 &
+        A=$!
+        env CUDA_VISIBLE_DEVICES=$g2 taskset -c "$c2" "$PY" "$HERE/small_sync.py" "$N" 1.5 0 "$W" >"$STATE/pair_${m}_twin_$r.txt" 2>&1 &
+        B=$!
+        wait $A $B
+        va=$(grep -oE 'per_op_us=[0-9.]+' "$STATE/pair_${m}_$r.txt" | tail -1 | cut -d= -f2)
+        vb=$(grep -oE 'per_op_us=[0-9.]+' "$STATE/pair_${m}_twin_$r.txt" | tail -1 | cut -d= -f2)
+        [ -z "$va" ] || [ -z "$vb" ] && { echo "pair $m rep $r:"; tail -n 3 "$STATE/pair_${m}_$r.txt" "$STATE/pair_${m}_twin_$r.txt"; continue; }
+        PR[$m]="${PR[$m]:-} $(awk "BEGIN { printf \"%.4f\", $va / $vb }")"
+        echo "pair rep $r: $m $va us/op (GPU $g1) vs untraced twin $vb (GPU $g2)"
+      done
+    done
+    for m in ${PAIR_MODES:-off win}; do
+      figure "pair $m / untraced twin, small-kernel loop ($N ops), ratios of $REPS reps:${PR[$m]:-} median $(echo "${PR[$m]:-}" | median)"
+    done
+    [ -n "${PR[win]:-}" ] && pass_if "windows (default) on the small-kernel loop <= 3 %, against a twin run at the same time" \
+      "$(awk "BEGIN { print $(echo "${PR[win]}" | median) <= 1.03 ? 1 : 0 }")" "median ratio $(echo "${PR[win]}" | median)"
   fi
 fi
