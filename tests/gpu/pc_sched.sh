@@ -17,7 +17,9 @@
 #          others: contexit is continuous with the work at synchronization exits, the old
 #          place; win16 windows with a 16 MiB hardware buffer; winkeep windows keeping CUPTI
 #          attached between them; inj the injector loaded with no session; kern a kernels-only
-#          session, no PC sampling; winlow and winq windows under a 0.1 and a 0.25 % budget),
+#          session, no PC sampling; winlow and winq windows under a 0.1 and a 0.25 % budget;
+#          winsc windows with a 64 MiB scratch buffer, winwk with CUPTI's worker waking every
+#          1 ms: what each does to the samples a window keeps),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens);
 #          COST_MM_SECS=0 or COST_SMALL_N=0 leaves that loop out. COST_WARM=S runs each loop
@@ -233,6 +235,8 @@ if [[ $PARTS == *" cost "* || $PARTS == *" pair "* ]]; then
       cont) sess=("${pc[@]}" --pc-mode continuous) ;;
       win16) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_HW_MIB=16) ;;
       winrange) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOWS=ranges) ;;
+      winsc) sess=("${pc[@]}"); env=(GPUPROF_PC_SCRATCH_MIB=64) ;;
+      winwk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=1) ;;
       winkeep) sess=("${pc[@]}"); env=(GPUPROF_PC_DETACH=0) ;;
       contexit) sess=("${pc[@]}" --pc-mode continuous); env=(GPUPROF_PC_AT=exit) ;;
       *) echo "unknown cost mode $mode"; return ;;

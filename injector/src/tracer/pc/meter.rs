@@ -149,6 +149,19 @@ pub(super) fn window_worker_ms(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// CUPTI's scratch buffer in MiB: the lease's (`leased`, 0 when it does not say), else
+/// `GPUPROF_PC_SCRATCH_MIB` (for measuring what its size does to the samples a window keeps),
+/// else 0 (CUPTI's default).
+pub(super) fn scratch_mib_or(leased: u32) -> usize {
+    static MIB: OnceLock<usize> = OnceLock::new();
+    if leased != 0 {
+        return leased as usize;
+    }
+    *MIB.get_or_init(|| {
+        std::env::var("GPUPROF_PC_SCRATCH_MIB").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0)
+    })
+}
+
 /// The hardware buffer of windows when the lease does not say (`GPUPROF_PC_WINDOW_HW_MIB`, for
 /// measuring what its size costs the first enable; else `default`).
 pub(super) fn window_hw_mib(default: usize) -> usize {

@@ -249,7 +249,7 @@ impl PcSampler {
         let cfg = PcConfig {
             period_log2: period,
             stall_index: Vec::new(),
-            scratch_bytes: (d.req.scratch_buffer_mib as usize) << 20,
+            scratch_bytes: meter::scratch_mib_or(d.req.scratch_buffer_mib) << 20,
             hw_bytes: match d.req.hw_buffer_mib {
                 0 if !d.req.continuous => meter::window_hw_mib(WINDOW_HW_BUFFER_MIB) << 20,
                 m => (m as usize) << 20,
