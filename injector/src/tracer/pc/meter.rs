@@ -140,13 +140,17 @@ pub(super) fn at_entry() -> bool {
     *AT.get_or_init(|| std::env::var("GPUPROF_PC_AT").map(|v| v.trim() != "exit").unwrap_or(true))
 }
 
+/// A number from the environment variable `name` (None when unset or not a number).
+fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
 /// How often CUPTI's worker thread wakes in windows mode, in ms (`GPUPROF_PC_WORKER_MS`; 0:
 /// CUPTI's default, 100 ms). A disable waits for the worker's wake-up: with the default, a
 /// window's disable took 49-52 ms on the H100, the main part of what a window costs.
 pub(super) fn window_worker_ms(default: u32) -> u32 {
     static MS: OnceLock<Option<u32>> = OnceLock::new();
-    MS.get_or_init(|| std::env::var("GPUPROF_PC_WORKER_MS").ok().and_then(|v| v.trim().parse::<u32>().ok()))
-        .unwrap_or(default)
+    MS.get_or_init(|| env_num("GPUPROF_PC_WORKER_MS")).unwrap_or(default)
 }
 
 /// CUPTI's scratch buffer in MiB: the lease's (`leased`, 0 when it does not say), else
@@ -157,19 +161,14 @@ pub(super) fn scratch_mib_or(leased: u32) -> usize {
     if leased != 0 {
         return leased as usize;
     }
-    *MIB.get_or_init(|| {
-        std::env::var("GPUPROF_PC_SCRATCH_MIB").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0)
-    })
+    *MIB.get_or_init(|| env_num("GPUPROF_PC_SCRATCH_MIB").unwrap_or(0))
 }
 
 /// The hardware buffer of windows when the lease does not say (`GPUPROF_PC_WINDOW_HW_MIB`, for
 /// measuring what its size costs the first enable; else `default`).
 pub(super) fn window_hw_mib(default: usize) -> usize {
     static MIB: OnceLock<Option<usize>> = OnceLock::new();
-    MIB.get_or_init(|| {
-        std::env::var("GPUPROF_PC_WINDOW_HW_MIB").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|m| *m > 0)
-    })
-    .unwrap_or(default)
+    MIB.get_or_init(|| env_num("GPUPROF_PC_WINDOW_HW_MIB").filter(|m| *m > 0)).unwrap_or(default)
 }
 
 /// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
@@ -178,13 +177,7 @@ pub const READ_GAP: Duration = Duration::from_millis(100);
 
 pub(super) fn read_gap() -> Duration {
     static GAP: OnceLock<Duration> = OnceLock::new();
-    *GAP.get_or_init(|| {
-        std::env::var("GPUPROF_PC_READ_MS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_millis)
-            .unwrap_or(READ_GAP)
-    })
+    *GAP.get_or_init(|| env_num("GPUPROF_PC_READ_MS").map(Duration::from_millis).unwrap_or(READ_GAP))
 }
 
 /// The contexts whose windows left CUPTI finalized (see [`set_detached`]); atomics, since an
