@@ -39,7 +39,7 @@
 #          4-7 and 8-11; swapped every rep): the median of REPS ratios, which the machine's
 #          phases of slower pace (untraced too) cancel out of; PAIR_N ops (250k) after COST_WARM.
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
-# PARTS (default "ddp ddptrace share late cost"; also "probe", "residue" and "pair"; probe: one PC-only session with the injector's
+# PARTS (default "ddp ddptrace share late cost"; also "probe", "residue", "yield" and "pair"; probe: one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
 # FIGURE lines) and copies logs to $OUT when set. Exit status 1 when a check failed.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN), as in pc.sh.
@@ -209,7 +209,7 @@ if [[ $PARTS == *" residue "* ]]; then
 fi
 
 # ---------------------------------------------------------------- cost (and pair)
-if [[ $PARTS == *" cost "* || $PARTS == *" pair "* ]]; then
+if [[ $PARTS == *" cost "* || $PARTS == *" pair "* || $PARTS == *" yield "* ]]; then
   FLOOR_LIB=
   # CUPTI's sample builds in place (its Makefile finds nvcc and CUPTI relative to the folder).
   FLOOR_DIR=$CUPTI/samples/pc_sampling_continuous
@@ -237,6 +237,12 @@ if [[ $PARTS == *" cost "* || $PARTS == *" pair "* ]]; then
       winrange) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOWS=ranges) ;;
       winsc) sess=("${pc[@]}"); env=(GPUPROF_PC_SCRATCH_MIB=64) ;;
       winwk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=1) ;;
+      winrd) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_READ_MS=5) ;;
+      winhw512) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_HW_MIB=512) ;;
+      winexit) sess=("${pc[@]}"); env=(GPUPROF_PC_AT=exit) ;;
+      win100wk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=0) ;;
+      win200) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=200) ;;
+      win200wk) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=200 GPUPROF_PC_WORKER_MS=0) ;;
       winkeep) sess=("${pc[@]}"); env=(GPUPROF_PC_DETACH=0) ;;
       contexit) sess=("${pc[@]}" --pc-mode continuous); env=(GPUPROF_PC_AT=exit) ;;
       *) echo "unknown cost mode $mode"; return ;;
@@ -321,6 +327,24 @@ if [[ $PARTS == *" cost "* ]]; then
   elif [ -z "$FLOOR_LIB" ]; then
     check "continuous vs CUPTI's sample" FAIL "the pc_sampling_continuous sample did not build"
   fi
+fi
+
+# ---------------------------------------------------------------- yield
+# The samples each window keeps on the matmul loop, by how the windows are made (YIELD_MODES, cost
+# modes' names; winrd reads inside an open window every 5 ms) and how often the loop synchronizes
+# (YIELD_BATCH: a synchronization after every N matmuls; 3 s runs, no warm-up).
+if [[ $PARTS == *" yield "* ]]; then
+  for m in ${YIELD_MODES:-win winrange winwk winrd}; do
+    for b in ${YIELD_BATCH:-1 10 100}; do
+      o=$(cost_run "$m" "$PY" "$STATE/mm.py" 3 0 8192 "$b" 2>&1)
+      pid=$(grep -oE 'MM pid=[0-9]+ ms_per' <<<"$o" | grep -oE '[0-9]+')
+      w=$(grep -h "^gpuprof-inject\[${pid:-x}\] .*window closed" "$STATE/logs/cost_$m.log" 2>/dev/null |
+        sed -E 's/.*closed after ([0-9.]+) ms.* ([0-9]+) samples.*/\1ms:\2/' | tr '\n' ' ')
+      s=$(grep -oE '^SESSION [0-9]+' <<<"$o" | cut -d' ' -f2)
+      t=$([ -n "$s" ] && "${CTL[@]}" --json pc top "$s" | jq_py 'd["total_samples"]')
+      figure "yield $m, a synchronization every $b matmuls: ${t:-no} samples in the session; windows (length:samples) ${w:-none}"
+    done
+  done
 fi
 
 # ---------------------------------------------------------------- pair

@@ -50,16 +50,20 @@ pub(super) fn stop_range(cupti: &Cupti, on_ctx: LiveContext<'_>, on: &mut Enable
 }
 
 /// Disables sampling and adds what CUPTI still had (the buffer given at configuration) to
-/// the aggregate.
+/// the aggregate; the PCs and samples that buffer held.
 pub(super) fn disable_into(
     cupti: &Cupti,
     on_ctx: LiveContext<'_>,
     on: Enabled,
     agg: &mut Agg,
     totals: &mut (u64, u64),
-) {
-    if let Ok(Some(at_disable)) = on.sampling.disable(cupti, on_ctx) {
-        absorb(&at_disable, agg, totals);
+) -> (usize, u64) {
+    match on.sampling.disable(cupti, on_ctx) {
+        Ok(Some(at_disable)) => {
+            absorb(&at_disable, agg, totals);
+            (at_disable.records().count(), at_disable.total_samples())
+        }
+        _ => (0, 0),
     }
 }
 

@@ -171,6 +171,33 @@ pub(super) fn window_hw_mib(default: usize) -> usize {
     MIB.get_or_init(|| env_num("GPUPROF_PC_WINDOW_HW_MIB").filter(|m| *m > 0)).unwrap_or(default)
 }
 
+/// A window's length: `GPUPROF_PC_WINDOW_MS` (for measuring what the length does to a
+/// window's samples and cost), else the lease's (`leased` ms; 0: [`WINDOW`]); at most
+/// [`RANGE_WINDOW`] for ranges (`GPUPROF_PC_WINDOWS=ranges`).
+pub(super) fn window_len(leased: u32) -> Duration {
+    static MS: OnceLock<Option<u64>> = OnceLock::new();
+    let ms = MS.get_or_init(|| env_num("GPUPROF_PC_WINDOW_MS").filter(|m| *m > 0));
+    let len =
+        ms.map_or(if leased == 0 { WINDOW } else { Duration::from_millis(u64::from(leased)) }, Duration::from_millis);
+    if super::window::ranged() { len.min(RANGE_WINDOW) } else { len }
+}
+
+/// A window's length when the lease does not say. CUPTI keeps only what it sampled from about
+/// 60 ms after an enable: on the H200, windows of a bf16 matmul loop that synchronizes after
+/// every matmul kept one matmul's samples (~8.6k) when 20 ms long (they closed ~70 ms after
+/// the enable), 0.70-0.74M when 200 ms long; a disable costs ~50-65 ms either way
+/// (`tests/gpu/pc_sched.sh` yield).
+pub const WINDOW: Duration = Duration::from_millis(200);
+/// The longest range: its hardware buffer (16 MiB) fills in ~30 ms at the default period.
+pub const RANGE_WINDOW: Duration = Duration::from_millis(20);
+
+/// Least time between two reads inside an open window (`GPUPROF_PC_WINDOW_READ_MS`; None, the
+/// default: a window is read at its close only).
+pub(super) fn window_read_gap() -> Option<Duration> {
+    static GAP: OnceLock<Option<Duration>> = OnceLock::new();
+    *GAP.get_or_init(|| env_num("GPUPROF_PC_WINDOW_READ_MS").map(Duration::from_millis))
+}
+
 /// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
 /// overrides it).
 pub const READ_GAP: Duration = Duration::from_millis(100);

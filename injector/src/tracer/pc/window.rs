@@ -35,7 +35,7 @@ use gpuprof_cupti::pcsampling::PcConfig;
 use gpuprof_cupti::{Cupti, LiveContext};
 
 use super::context::{Live as Sampled, disable_into, drain_into, enable};
-use super::meter::{APP_NS, EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge};
+use super::meter::{APP_NS, EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge, window_read_gap};
 use crate::tracer::hooks;
 
 /// A context sampled in windows.
@@ -204,6 +204,7 @@ pub(super) fn window(
             let before = l.totals.0;
             let mut t_read = Duration::ZERO;
             let mut kept = false;
+            let mut at_disable = None;
             if let Some(on) = l.on.as_mut() {
                 if let Err(e) = on.sampling.stop(cupti, c) {
                     failure = Some((e, false));
@@ -215,7 +216,7 @@ pub(super) fn window(
             }
             if !kept {
                 if let Some(on) = l.on.take() {
-                    disable_into(cupti, c, on, &mut l.agg, &mut l.totals);
+                    at_disable = Some(disable_into(cupti, c, on, &mut l.agg, &mut l.totals));
                 }
                 if detach_between() {
                     ask_detach();
@@ -260,7 +261,7 @@ pub(super) fn window(
             if WINDOWS.load(Ordering::Relaxed) < 20 {
                 crate::log::log!(
                     Info,
-                    "PC sampling window closed after {:.1} ms: {} {:.2} ms, read {:.2} ms, {} samples{}; \
+                    "PC sampling window closed after {:.1} ms: {} {:.2} ms, read {:.2} ms, {} samples{}{}; \
                      since the last close: calls {:.2} ms, added to synchronizations {:.2} ms, {:.0} ms charged in all; \
                      {}; next in {:.0} ms",
                     open.as_secs_f64() * 1e3,
@@ -268,6 +269,9 @@ pub(super) fn window(
                     (t.elapsed() - t_read).as_secs_f64() * 1e3,
                     t_read.as_secs_f64() * 1e3,
                     l.totals.0 - before,
+                    at_disable
+                        .map(|(pcs, n)| format!(" ({n} of them in {pcs} PCs at the disable)"))
+                        .unwrap_or_default(),
                     failure.as_ref().map(|f| format!(", read failed: {}", f.0)).unwrap_or_default(),
                     calls.as_secs_f64() * 1e3,
                     added.as_secs_f64() * 1e3,
@@ -304,6 +308,16 @@ pub(super) fn window(
                     WINDOWS.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => l.failure = Some((e, false)),
+            }
+            charge(t);
+        }
+        Some(_) if window_read_gap().is_some_and(|g| l.last_read.is_none_or(|t| t.elapsed() >= g)) => {
+            // Reads inside an open window (`GPUPROF_PC_WINDOW_READ_MS`), for measuring what
+            // they do to the samples a window keeps.
+            let t = Instant::now();
+            l.last_read = Some(t);
+            if let Some(on) = l.on.as_mut() {
+                l.failure = drain_into(cupti, c, on, &mut l.agg, &mut l.totals);
             }
             charge(t);
         }
