@@ -19,7 +19,10 @@
 #          attached between them; inj the injector loaded with no session; kern a kernels-only
 #          session, no PC sampling; winlow and winq windows under a 0.1 and a 0.25 % budget;
 #          winsc windows with a 64 MiB scratch buffer, winwk with CUPTI's worker waking every
-#          1 ms: what each does to the samples a window keeps),
+#          1 ms, win100wk every 100 ms (CUPTI's default), winrd reading every 5 ms inside a
+#          window, winhw512 a 512 MiB hardware buffer, winexit the work at synchronization
+#          exits, win200 and win200wk 200 ms windows (GPUPROF_PC_WINDOW_MS): what each does to
+#          the samples a window keeps),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens);
 #          COST_MM_SECS=0 or COST_SMALL_N=0 leaves that loop out. COST_WARM=S runs each loop
@@ -34,10 +37,15 @@
 #          keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks modes,
 #          winrange and inj too), its pace printed per 50k ops beside the windows the injector
 #          logged (before the first window, inside, after a disable).
+#   yield  the samples each window keeps on the matmul loop synchronizing after every 1, 10 and
+#          100 matmuls (YIELD_BATCH), in each of YIELD_MODES (cost modes; default "win winrange
+#          winwk winrd"), from the injector's log: 3 s runs.
 #   pair   (2 GPUs) the small-kernel loop in each of PAIR_MODES (default "off win") beside an
 #          untraced twin run at the same time on the other GPU and CPUs (PAIR_CPUS_A/B, default
 #          4-7 and 8-11; swapped every rep): the median of REPS ratios, which the machine's
-#          phases of slower pace (untraced too) cancel out of; PAIR_N ops (250k) after COST_WARM.
+#          phases of slower pace (untraced too) cancel out of; PAIR_N ops (2.5M, ~25 s: long
+#          enough for the windows' steady state, ~15 s apart, and to average the phases out)
+#          after COST_WARM.
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
 # PARTS (default "ddp ddptrace share late cost"; also "probe", "residue", "yield" and "pair"; probe: one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
@@ -355,7 +363,7 @@ if [[ $PARTS == *" pair "* ]]; then
   if [ "$NGPU" -lt 2 ]; then
     check "pair" FAIL "needs 2 GPUs, found $NGPU"
   else
-    N=${PAIR_N:-250000}; W=$(awk "BEGIN { print int(${COST_WARM:-3} * 100000) }")
+    N=${PAIR_N:-2500000}; W=$(awk "BEGIN { print int(${COST_WARM:-3} * 100000) }")
     ca=${PAIR_CPUS_A:-4-7}; cb=${PAIR_CPUS_B:-8-11}
     declare -A PR
     for r in $(seq "$REPS"); do

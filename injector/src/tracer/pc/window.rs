@@ -19,7 +19,10 @@
 //! each window is an enable without start/stop control (no start to pay) that disables at its
 //! close, and, when nothing else of CUPTI is on, CUPTI is finalized at the synchronization's
 //! outermost exit ([`ask_detach`], carried out in `app.rs`); the background thread subscribes
-//! again shortly before the next window is due. Every cost counts against the budget that
+//! again shortly before the next window is due. Such a window keeps only what CUPTI sampled
+//! from ~60 ms after its enable (on the H200 a 20 ms window kept the kernels of one
+//! synchronization interval, a 200 ms one 70-85 % of what ran), so windows last
+//! [`super::meter::WINDOW`] by default. Every cost counts against the budget that
 //! spaces the windows. `GPUPROF_PC_WINDOWS=ranges` makes windows ranges instead
 //! (`cuptiPCSamplingStart` … `cuptiPCSamplingStop`, then read), the context staying enabled
 //! between them while CUPTI's cost per launch (counted while a window is open) is at most
