@@ -173,13 +173,13 @@ pub(super) fn window_hw_mib(default: usize) -> usize {
 
 /// A window's length: `GPUPROF_PC_WINDOW_MS` (for measuring what the length does to a
 /// window's samples and cost), else the lease's (`leased` ms; 0: [`WINDOW`]); at most
-/// [`RANGE_WINDOW`] for ranges (`GPUPROF_PC_WINDOWS=ranges`).
-pub(super) fn window_len(leased: u32) -> Duration {
+/// [`RANGE_WINDOW`] for `ranged` windows (`GPUPROF_PC_WINDOWS=ranges`).
+pub(super) fn window_len(leased: u32, ranged: bool) -> Duration {
     static MS: OnceLock<Option<u64>> = OnceLock::new();
     let ms = MS.get_or_init(|| env_num("GPUPROF_PC_WINDOW_MS").filter(|m| *m > 0));
     let len =
         ms.map_or(if leased == 0 { WINDOW } else { Duration::from_millis(u64::from(leased)) }, Duration::from_millis);
-    if super::window::ranged() { len.min(RANGE_WINDOW) } else { len }
+    if ranged { len.min(RANGE_WINDOW) } else { len }
 }
 
 /// A window's length when the lease does not say. CUPTI keeps only what it sampled from about

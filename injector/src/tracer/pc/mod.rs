@@ -261,7 +261,7 @@ impl PcSampler {
             start_stop: !d.req.continuous && window::ranged(),
         };
         let win = (!d.req.continuous).then(|| window::WinCfg {
-            window: meter::window_len(d.req.window_ms),
+            window: meter::window_len(d.req.window_ms, window::ranged()),
             budget: f64::from(if d.req.cost_budget_ppm == 0 { 5000 } else { d.req.cost_budget_ppm }) / 1e6,
         });
         app::arm(Op::Enable { device, ctx: pctx.context(), cfg, wanted: d.req.stall_reasons.clone(), win });
