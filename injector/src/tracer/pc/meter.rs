@@ -269,3 +269,18 @@ pub fn on_launch(cb: &gpuprof_cupti::Callback<'_>) {
         LAUNCHES.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The window length a lease gets (GPUPROF_PC_WINDOW_MS unset, as in `cargo test`).
+    #[test]
+    fn window_length_is_the_lease_s_or_200_ms_and_ranges_stay_short() {
+        assert!(std::env::var_os("GPUPROF_PC_WINDOW_MS").is_none(), "unset GPUPROF_PC_WINDOW_MS to run this test");
+        assert_eq!(window_len(0, false), Duration::from_millis(200));
+        assert_eq!(window_len(500, false), Duration::from_millis(500));
+        assert_eq!(window_len(0, true), RANGE_WINDOW);
+        assert_eq!(window_len(10, true), Duration::from_millis(10));
+    }
+}
