@@ -379,7 +379,7 @@ if [[ $PARTS == *" pair "* ]]; then
         vb=$(grep -oE 'per_op_us=[0-9.]+' "$STATE/pair_${m}_twin_$r.txt" | tail -1 | cut -d= -f2)
         [ -z "$va" ] || [ -z "$vb" ] && { echo "pair $m rep $r:"; tail -n 3 "$STATE/pair_${m}_$r.txt" "$STATE/pair_${m}_twin_$r.txt"; continue; }
         PR[$m]="${PR[$m]:-} $(awk "BEGIN { printf \"%.4f\", $va / $vb }")"
-        echo "pair rep $r: $m $va us/op (GPU $g1) vs untraced twin $vb (GPU $g2)"
+        echo "pair rep $r: $m $va us/op (GPU $g1) vs untraced twin $vb (GPU $g2): ratio $(awk "BEGIN { printf \"%.4f\", $va / $vb }")"
       done
     done
     for m in ${PAIR_MODES:-off win}; do
