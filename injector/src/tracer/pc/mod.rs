@@ -1,7 +1,7 @@
 //! Continuous PC sampling through CUPTI on the daemon's lease, per device's primary context:
 //! enabled, read and disabled at the exits of the application's CUDA synchronizations
 //! ([`app`]); aggregated per (function, PC, stall reason) and resolved to source lines from the
-//! cubins captured at module load ([`cubins`]) on the background thread, which also heals a
+//! cubins captured at module load ([`cubins`]) on the background thread ([`resolve`]), which also heals a
 //! hardware buffer stuck full (disable, enable again) and stands down on HARDWARE_BUSY.
 //!
 //! While any device is leased the library holds the process's CUPTI subscriber (one per process
@@ -16,6 +16,7 @@ mod app;
 mod context;
 mod cubins;
 mod meter;
+mod resolve;
 pub use meter::device_activity;
 mod stalls;
 mod window;
@@ -25,12 +26,11 @@ pub use stalls::{STALL_PREFIX, select_stalls};
 pub use window::set_detach_mode;
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use gpuprof_cupti::device::Driver;
-use gpuprof_cupti::pcsampling::{FunctionName, PcConfig, StallReasons};
+use gpuprof_cupti::pcsampling::{PcConfig, StallReasons};
 use gpuprof_cupti::{Context, Cupti, LiveContext};
 
 use super::hooks::{self, User};
@@ -39,6 +39,7 @@ use super::backend::{PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow};
 use crate::log::log;
 use app::{Done, Op};
 use context::Agg;
+use resolve::Resolver;
 
 /// The sampling period when the lease names none: 2^15 cycles. On the H100 at 2^10 and 2^13 a
 /// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
@@ -94,14 +95,8 @@ pub struct PcSampler {
     devs: HashMap<u32, Dev>,
     crc_registered: bool,
     events: Vec<PcEvent>,
-    names: HashMap<FunctionName, (Arc<str>, CString)>,
-    strs: HashMap<String, Arc<str>>,
-    lines: HashMap<(u64, FunctionName, u64), (Arc<str>, u32)>,
-    no_line: Arc<str>,
-    /// Module CRCs already looked for in the mapped files.
-    late_tried: std::collections::HashSet<u64>,
-    /// Cubins kept when the line cache was last swept for modules found late.
-    kept_seen: usize,
+    /// Names and source lines of the rows.
+    resolve: Resolver,
     /// [`hooks::finalizations`] when last subscribed.
     finalizations: u64,
 }
@@ -109,16 +104,11 @@ pub struct PcSampler {
 impl PcSampler {
     pub fn new(cupti: Arc<Cupti>) -> PcSampler {
         PcSampler {
+            resolve: Resolver::new(cupti.clone()),
             cupti,
             devs: HashMap::new(),
             crc_registered: false,
             events: Vec::new(),
-            names: HashMap::new(),
-            strs: HashMap::new(),
-            lines: HashMap::new(),
-            no_line: Arc::from(""),
-            late_tried: Default::default(),
-            kept_seen: 0,
             finalizations: 0,
         }
     }
@@ -436,7 +426,9 @@ impl PcSampler {
             "PC sampling: {} device(s); modules seen {seen}, cubins kept {kept}, left out {skipped}",
             keys.len()
         );
-        self.find_late_cubins();
+        let sm_of =
+            |dev| DRIVER.get().and_then(|drv| drv.facts(dev).ok()).map(|f| f.compute_major * 10 + f.compute_minor);
+        self.resolve.find_late_cubins(self.devs.iter().map(|(dev, d)| (*dev, &d.agg)), sm_of);
         let now = gpuprof_cupti::clock::realtime_ns();
         let mut out = PcOutput::default();
         let deadline = Instant::now() + LINE_BUDGET;
@@ -448,12 +440,12 @@ impl PcSampler {
             // look can take seconds in a large library; `pc watch` shows rows as they come);
             // the rows after it is found have their lines.
             for ((fptr, crc, pc, stall), count) in std::mem::take(&mut d.agg) {
-                let function = self.name(fptr);
+                let function = self.resolve.name(fptr);
                 let stall_name = match &d.reasons {
-                    Some(r) if !r.name(stall).is_empty() => self.intern(r.name(stall)),
-                    _ => self.intern(&format!("stall_{stall}")),
+                    Some(r) if !r.name(stall).is_empty() => self.resolve.intern(r.name(stall)),
+                    _ => self.resolve.intern(&format!("stall_{stall}")),
                 };
-                let (file, line) = self.line(crc, fptr, pc, deadline);
+                let (file, line) = self.resolve.line(crc, fptr, pc, deadline);
                 if crc != 0 && !need_cubins.contains(&crc) {
                     need_cubins.push(crc);
                 }
@@ -501,93 +493,6 @@ impl PcSampler {
             need_cubins.iter().filter_map(|crc| cubins::get(*crc).map(|b| (format!("{crc:016x}"), b))).collect();
         out.events = std::mem::take(&mut self.events);
         out
-    }
-
-    /// Modules the samples name whose cubins were not captured at load (loaded before sampling
-    /// began): looked for once, on a thread of their own, in the ELF files the process has
-    /// mapped ([`cubins::request_late`]) for the device's SM; rows read before the answer have
-    /// no lines.
-    fn find_late_cubins(&mut self) {
-        let mut asked = false;
-        for (dev, d) in &self.devs {
-            let mut want: Vec<(u64, FunctionName)> = Vec::new();
-            for (fptr, crc, _, _) in d.agg.keys() {
-                if *crc != 0
-                    && !want.iter().any(|w| w.0 == *crc)
-                    && !self.late_tried.contains(crc)
-                    && cubins::get(*crc).is_none()
-                {
-                    want.push((*crc, *fptr));
-                }
-            }
-            if want.is_empty() {
-                continue;
-            }
-            let Some(sm) =
-                DRIVER.get().and_then(|drv| drv.facts(*dev).ok()).map(|f| f.compute_major * 10 + f.compute_minor)
-            else {
-                continue;
-            };
-            let named: Vec<(u64, String)> = want
-                .iter()
-                .map(|(crc, fptr)| {
-                    let n = if fptr.is_null() { String::new() } else { fptr.c_str().to_string_lossy().into_owned() };
-                    (*crc, n)
-                })
-                .collect();
-            self.late_tried.extend(want.iter().map(|w| w.0));
-            cubins::request_late(named, sm);
-            asked = true;
-        }
-        if asked {
-            log!(Info, "PC sampling: looking for the cubins of modules loaded before sampling in the mapped files");
-        }
-        // Lines cached as unknown for modules found since are looked up again (only when cubins
-        // were kept since the last look: this runs at every collection).
-        let kept = cubins::stats().1;
-        if kept != self.kept_seen {
-            self.kept_seen = kept;
-            self.lines.retain(|(crc, _, _), (_, line)| *line != 0 || cubins::get(*crc).is_none());
-        }
-    }
-
-    fn name(&mut self, fptr: FunctionName) -> Arc<str> {
-        if let Some((n, _)) = self.names.get(&fptr) {
-            return n.clone();
-        }
-        let c = if fptr.is_null() { CString::default() } else { fptr.c_str().to_owned() };
-        let n: Arc<str> = Arc::from(c.to_string_lossy().as_ref());
-        self.names.insert(fptr, (n.clone(), c));
-        n
-    }
-
-    fn intern(&mut self, s: &str) -> Arc<str> {
-        if let Some(n) = self.strs.get(s) {
-            return n.clone();
-        }
-        let n: Arc<str> = Arc::from(s);
-        self.strs.insert(s.to_string(), n.clone());
-        n
-    }
-
-    /// The source line of a PC, from the captured cubin (cached; `("", 0)` when unknown, or
-    /// past the time budget and tried again next time).
-    fn line(&mut self, crc: u64, fptr: FunctionName, pc: u64, deadline: Instant) -> (Arc<str>, u32) {
-        if let Some((f, l)) = self.lines.get(&(crc, fptr, pc)) {
-            return (f.clone(), *l);
-        }
-        if crc == 0 || fptr.is_null() || Instant::now() >= deadline {
-            return (self.no_line.clone(), 0);
-        }
-        let Some(cubin) = cubins::get(crc) else { return (self.no_line.clone(), 0) };
-        self.name(fptr);
-        let Some((_, cname)) = self.names.get(&fptr) else { return (self.no_line.clone(), 0) };
-        let r = match self.cupti.sass_to_source(&cubin, cname, pc) {
-            Ok(Some((file, line))) => (self.intern(&file), line),
-            _ => (self.no_line.clone(), 0),
-        };
-        self.lines.insert((crc, fptr, pc), r.clone());
-        r
     }
 }
 
