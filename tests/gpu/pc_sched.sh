@@ -21,8 +21,8 @@
 #          winsc windows with a 64 MiB scratch buffer, winwk with CUPTI's worker waking every
 #          1 ms, win100wk every 100 ms (CUPTI's default), winrd reading every 5 ms inside a
 #          window, winhw512 a 512 MiB hardware buffer, winexit the work at synchronization
-#          exits, win200 and win200wk 200 ms windows (GPUPROF_PC_WINDOW_MS): what each does to
-#          the samples a window keeps),
+#          exits, win20 20 ms windows (GPUPROF_PC_WINDOW_MS): what each does to the samples a
+#          window keeps),
 #          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
 #          synchronization every 100 (small_sync.py; without synchronizations no window opens);
 #          COST_MM_SECS=0 or COST_SMALL_N=0 leaves that loop out. COST_WARM=S runs each loop
@@ -195,29 +195,8 @@ if [[ $PARTS == *" late "* ]]; then
   grep -hE "mapped files|modules loaded before" "$STATE"/logs/late_inj.txt 2>/dev/null | head -3
 fi
 
-# ---------------------------------------------------------------- residue
-if [[ $PARTS == *" residue "* ]]; then
-  for mode in ${RESIDUE_MODES:-off win winkeep}; do
-    env=(); s=; inj=
-    case $mode in
-      inj) inj=1 ;;
-      win) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-win) ;;
-      winkeep) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winkeep); env=(GPUPROF_PC_DETACH=0) ;;
-      winrange) s=$(session_start --exe python3 --preset pc --pc-sampling --name residue-winrange); env=(GPUPROF_PC_WINDOWS=ranges) ;;
-    esac
-    env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/residue_$mode.log" ${s:+CUDA_INJECTION64_PATH="$INJ"} \
-      ${inj:+CUDA_INJECTION64_PATH="$INJ"} "${PIN[@]}" "$PY" "$HERE/small_sync.py" "${RESIDUE_N:-1500000}" 1.5 50000 \
-      >"$STATE/residue_$mode.txt" 2>&1
-    [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null
-    echo "--- residue $mode: us/op per 50k ops (utc: end of the chunk)"
-    grep -oE 'utc=[0-9:.]+ at_s=[0-9.]+ per_op_us=[0-9.]+' "$STATE/residue_$mode.txt"
-    grep -h "enable:\|window closed\|finalized" "$STATE/logs/residue_$mode.log" 2>/dev/null | cut -c1-200 | head -12
-    figure "residue $mode: $(grep -oE 'per_op_us=[0-9.]+$' "$STATE/residue_$mode.txt" | tail -1) overall"
-  done
-fi
-
-# ---------------------------------------------------------------- cost (and pair)
-if [[ $PARTS == *" cost "* || $PARTS == *" pair "* || $PARTS == *" yield "* ]]; then
+# ---------------------------------------------------------------- the modes (cost, residue, yield, pair)
+if [[ $PARTS == *" cost "* || $PARTS == *" pair "* || $PARTS == *" yield "* || $PARTS == *" residue "* ]]; then
   FLOOR_LIB=
   # CUPTI's sample builds in place (its Makefile finds nvcc and CUPTI relative to the folder).
   FLOOR_DIR=$CUPTI/samples/pc_sampling_continuous
@@ -228,7 +207,9 @@ if [[ $PARTS == *" cost "* || $PARTS == *" pair "* || $PARTS == *" yield "* ]]; 
     mkdir -p "$STATE/pcs"
   fi
   # The floor's library writes its samples to files in the working directory: run it in one.
-  cost_run() { # mode, command... → the command's output
+  # cost_run MODE COMMAND...: the command run in a mode (its output; a session's id last); its
+  # injector logs to logs/${RUN_TAG:-cost}_MODE.log.
+  cost_run() {
     local mode=$1; shift
     set -- "${PIN[@]}" "$@"
     local s= sess=() env=() pc=(--preset pc --pc-sampling)
@@ -249,17 +230,28 @@ if [[ $PARTS == *" cost "* || $PARTS == *" pair "* || $PARTS == *" yield "* ]]; 
       winhw512) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_HW_MIB=512) ;;
       winexit) sess=("${pc[@]}"); env=(GPUPROF_PC_AT=exit) ;;
       win100wk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=0) ;;
-      win200) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=200) ;;
-      win200wk) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=200 GPUPROF_PC_WORKER_MS=0) ;;
+      win20) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=20) ;;
       winkeep) sess=("${pc[@]}"); env=(GPUPROF_PC_DETACH=0) ;;
       contexit) sess=("${pc[@]}" --pc-mode continuous); env=(GPUPROF_PC_AT=exit) ;;
       *) echo "unknown cost mode $mode"; return ;;
     esac
-    [ ${#sess[@]} -gt 0 ] && s=$(session_start --exe python3 "${sess[@]}" --name "cost-$mode")
-    env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/cost_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@"
+    [ ${#sess[@]} -gt 0 ] && s=$(session_start --exe python3 "${sess[@]}" --name "${RUN_TAG:-cost}-$mode")
+    env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/${RUN_TAG:-cost}_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@"
     [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
   }
 fi
+# ---------------------------------------------------------------- residue
+if [[ $PARTS == *" residue "* ]]; then
+  for mode in ${RESIDUE_MODES:-off win winkeep}; do
+    RUN_TAG=residue cost_run "$mode" "$PY" "$HERE/small_sync.py" "${RESIDUE_N:-1500000}" 1.5 50000 >"$STATE/residue_$mode.txt" 2>&1
+    echo "--- residue $mode: us/op per 50k ops (utc: end of the chunk)"
+    grep -oE 'utc=[0-9:.]+ at_s=[0-9.]+ per_op_us=[0-9.]+' "$STATE/residue_$mode.txt"
+    grep -h "enable:\|window closed\|finalized" "$STATE/logs/residue_$mode.log" 2>/dev/null | cut -c1-200 | head -12
+    figure "residue $mode: $(grep -oE 'per_op_us=[0-9.]+$' "$STATE/residue_$mode.txt" | tail -1) overall"
+  done
+fi
+
+# ---------------------------------------------------------------- cost
 if [[ $PARTS == *" cost "* ]]; then
   MODES=${COST_MODES:-off win winrange cont}
   [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win winrange cont"

@@ -177,8 +177,11 @@ pub(super) fn window_hw_mib(default: usize) -> usize {
 pub(super) fn window_len(leased: u32, ranged: bool) -> Duration {
     static MS: OnceLock<Option<u64>> = OnceLock::new();
     let ms = MS.get_or_init(|| env_num("GPUPROF_PC_WINDOW_MS").filter(|m| *m > 0));
-    let len =
-        ms.map_or(if leased == 0 { WINDOW } else { Duration::from_millis(u64::from(leased)) }, Duration::from_millis);
+    let len = match (*ms, leased) {
+        (Some(ms), _) => Duration::from_millis(ms),
+        (None, 0) => WINDOW,
+        (None, leased) => Duration::from_millis(u64::from(leased)),
+    };
     if ranged { len.min(RANGE_WINDOW) } else { len }
 }
 
