@@ -145,10 +145,14 @@ figure "first PC row after session start: ${first:-none} ms"
 if [[ $PARTS == *" 3 "* ]]; then
 CUDA_INJECTION64_PATH="$INJ" "$STATE/pc_kernel" 30 500 >"$STATE/pc_kernel_pause.txt" 2>&1 &
 KPID=$!
+# The GPU it runs on, as gpuprofd numbers GPUs (NVML's index): the first of CUDA_VISIBLE_DEVICES
+# when that names an index.
+PGPU=${CUDA_VISIBLE_DEVICES%%,*}
+[[ $PGPU =~ ^[0-9]+$ ]] || PGPU=0
 S4=$(session_start --exe pc_kernel --pc-sampling --name pc-pause)
 sleep 3
 t0=$(now_ms)
-"${CTL[@]}" profile --pause --gpu 0 --reason "ncu during PC sampling" >/dev/null
+"${CTL[@]}" profile --pause --gpu "$PGPU" --reason "ncu during PC sampling" >/dev/null
 pre=
 for _ in $(seq 100); do
   if "${CTL[@]}" session show "$S4" 2>/dev/null | grep -qi "preempted"; then pre=$(( $(now_ms) - t0 )); break; fi
@@ -167,7 +171,7 @@ nrc=$?
 pass_if "ncu profiles a kernel while PC sampling is paused" \
   "$([ $nrc -eq 0 ] && ! grep -q '==ERROR==' "$STATE/ncu_paused.txt" && grep -qE 'Duration|Speed Of Light' "$STATE/ncu_paused.txt" && echo 1)" \
   "rc $nrc $(grep -m1 '==ERROR==' "$STATE/ncu_paused.txt")"
-"${CTL[@]}" profile --resume --gpu 0 >/dev/null
+"${CTL[@]}" profile --resume --gpu "$PGPU" >/dev/null
 sleep 4
 after=$("${CTL[@]}" --json pc top "$S4" | jq_py 'd["total_samples"]')
 "${CTL[@]}" session show "$S4" | tail -4

@@ -77,6 +77,14 @@ impl PcBackend for FakeBackend {
         let mut out = PcOutput::default();
         let Some((req, n)) = &mut self.pc else { return out };
         *n += 1;
+        // Device 2 samples in windows: nothing is read before its first window closes (here,
+        // its fourth collection).
+        if req.device == 2 && *n < 4 {
+            if *n == 1 {
+                out.events.push(PcEvent { device: 2, kind: PcEventKind::Sampling, detail: "period 2^15".into() });
+            }
+            return out;
+        }
         let f: Arc<str> = Arc::from("_Z4axpyPfS_f");
         let row = |stall: &str, count| PcRow {
             function: f.clone(),
@@ -528,6 +536,37 @@ fn pc_lease_sends_cubins_strings_batches_and_states() {
         batches.len() as u64 * 45 + rest.iter().filter(|m| matches!(m, Out::PcSamples(_))).count() as u64 * 45;
     assert_eq!(stopped.samples, batches_total, "totals count every batch sent");
     assert!(!rest.iter().any(|m| matches!(m, Out::Cubin(_))), "a cubin goes once per connection");
+    control.request_exit(&wake, Duration::from_millis(10));
+    h.join().unwrap();
+}
+
+#[test]
+fn the_first_samples_of_a_lease_do_not_wait_for_the_flush_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
+    let mut s = accept_welcomed(&listener);
+    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 8, config: None }));
+    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    let t0 = Instant::now();
+    daemon_send(
+        &mut s,
+        In::StartPcSampling(pb::StartPcSampling {
+            session_id: 8,
+            device_id: 2,
+            flush_interval_ms: 60_000,
+            ..Default::default()
+        }),
+    );
+    let seen = until(&mut s, |m| matches!(m, Out::PcSamples(b) if b.total_samples > 0));
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the first samples came {:?} after the lease, with a 60 s flush interval",
+        t0.elapsed()
+    );
+    assert!(
+        seen.iter()
+            .any(|m| matches!(m, Out::PcSamplingState(st) if st.status == pb::PcSamplingStatus::Sampling as i32))
+    );
     control.request_exit(&wake, Duration::from_millis(10));
     h.join().unwrap();
 }

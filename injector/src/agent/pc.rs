@@ -27,6 +27,8 @@ pub struct PcState {
     pub totals: HashMap<u32, (u64, u64, u32)>,
     /// Devices the backend reported sampling.
     pub sampling: HashSet<u32>,
+    /// Per device: when its lease began (for [`FIRST_ROWS_FOR`]).
+    pub leased_at: HashMap<u32, Instant>,
     /// Leases granted while the device's previous one was still stopping (a turn given back
     /// and granted again before the application synchronized): started once it has stopped.
     pub deferred: HashMap<u32, (pb::StartPcSampling, Instant)>,
@@ -38,6 +40,10 @@ const DEFER_FOR: Duration = Duration::from_secs(10);
 
 /// How soon to collect while a lease is being enabled and right after it began.
 const FIRST_COLLECT: Duration = Duration::from_millis(200);
+/// For this long after a lease begins, collections come every [`FIRST_COLLECT`] until the
+/// device's first samples are in: a window's samples are read at its close, and the first
+/// rows should not wait a whole flush interval for the next collection.
+const FIRST_ROWS_FOR: Duration = Duration::from_secs(5);
 
 impl<B: Backend> Agent<B> {
     pub(super) fn start_pc(&mut self, p: pb::StartPcSampling) {
@@ -68,6 +74,7 @@ impl<B: Backend> Agent<B> {
             Ok(()) => {
                 self.pc.leases.insert(p.device_id, p.session_id);
                 self.pc.totals.entry(p.device_id).or_default();
+                self.pc.leased_at.insert(p.device_id, Instant::now());
                 self.pc.every = every;
                 self.pc.next.get_or_insert_with(|| Instant::now() + every);
                 // The backend reports Sampling once its context is enabled.
@@ -126,8 +133,16 @@ impl<B: Backend> Agent<B> {
         let soon = out.events.iter().any(|e| e.kind == PcEventKind::Sampling)
             || self.backend.pc_devices().len() > self.pc.sampling.len();
         self.send_pc_output(out);
+        let soon = soon || self.awaiting_first_rows();
         self.schedule_pc(if soon { self.pc.every.min(FIRST_COLLECT) } else { self.pc.every });
         self.start_deferred();
+    }
+
+    /// Whether a device leased less than [`FIRST_ROWS_FOR`] ago has sent no samples yet.
+    fn awaiting_first_rows(&self) -> bool {
+        self.pc.leased_at.iter().any(|(dev, t)| {
+            t.elapsed() < FIRST_ROWS_FOR && self.pc.totals.get(dev).is_some_and(|&(samples, _, _)| samples == 0)
+        })
     }
 
     /// Starts the leases deferred behind a stop once the stop is done (or fails them after
@@ -243,6 +258,7 @@ impl<B: Backend> Agent<B> {
                 self.pc.sampling.remove(&e.device);
                 self.pc.leases.remove(&e.device);
                 self.pc.totals.remove(&e.device);
+                self.pc.leased_at.remove(&e.device);
             }
         }
     }
