@@ -18,6 +18,8 @@ NAME=always_on
 SECS=${SECS:-600}
 BLOCK=${BLOCK:-30}
 GPU=${AO_GPU:-0}
+# A process that dies by a signal prints its Python stacks.
+export PYTHONFAULTHANDLER=1
 start_gpuprofd 'log_level = "info"
 [pc]
 always_on = true'
@@ -25,6 +27,7 @@ NODE=$("${CTL[@]}" --json session list | jq_py '[s["id"] for s in (d["sessions"]
 echo "always-on profile: session $NODE"
 
 ON=(); OFF=()
+died=""
 sampled_blocks=0; on_blocks=0; both_detail=""
 t_end=$(( $(date +%s) + SECS ))
 b=0
@@ -45,7 +48,10 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
     CUDA_VISIBLE_DEVICES=$GPU "$PY" "$HERE/mm.py" "$run" 1 >"$STATE/b${b}_b.txt" 2>&1 &
     B=$!
   fi
-  wait $A $B
+  wait $A; ra=$?
+  wait $B; rb=$?
+  [ $ra -ge 128 ] && died="$died b${b}_a:$ra"
+  [ $rb -ge 128 ] && died="$died b${b}_b:$rb"
   for f in a b; do
     v=$(grep -oE 'ms_per_iter=[0-9.]+' "$STATE/b${b}_$f.txt" | cut -d= -f2)
     [ -z "$v" ] && { echo "block $b $f:"; tail -3 "$STATE/b${b}_$f.txt"; continue; }
@@ -77,6 +83,7 @@ none=$("${CTL[@]}" --json pc top --since 15m --exe no-such-exe | jq_py 'd["total
 on=$(echo "${ON[*]:-}" | median); off=$(echo "${OFF[*]:-}" | median); n_on=${#ON[@]}; n_off=${#OFF[@]}
 cost=$(awk "BEGIN { printf \"%.3f\", ($on / $off - 1) * 100 }" 2>/dev/null || echo none)
 figure "always-on ${SECS}s, two matmul processes on GPU $GPU, blocks of ${BLOCK}s: ms/iter median injected $on ($n_on runs) vs not $off ($n_off runs): $cost %; rollup samples $total"
+pass_if "always-on: no process died" "$([ -z "$died" ] && echo 1)" "${died:-none}"
 pass_if "always-on: both processes sampled in every injected block" "$([ "$on_blocks" -gt 0 ] && [ "$sampled_blocks" = "$on_blocks" ] && echo 1)" "$sampled_blocks of $on_blocks blocks:$both_detail"
 pass_if "always-on: pc top --since answers from the rollups" "$([ "${total:-0}" -gt 0 ] && [ "$python_only" = "$total" ] && [ "$none" = 0 ] && echo 1)" "$total samples, --exe 'python3*' $python_only, --exe no-such-exe $none"
 pass_if "always-on: average cost on matmul <= 1 %" "$([ "$n_on" -gt 0 ] && [ "$n_off" -gt 0 ] && awk "BEGIN { print $cost <= 1 ? 1 : 0 }")" "$cost %"

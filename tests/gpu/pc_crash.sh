@@ -4,8 +4,10 @@
 # bf16 matmul processes sharing each GPU (every GPU of the machine, or GPUS="0 1"), each
 # running RUN seconds (default 20) and started again, so the sampler turns over between
 # processes about every second and opens, closes and finalizes windows hundreds of times.
-# Every process runs with Python's faulthandler on; one that dies by a signal has its stacks
-# and the last lines of its injector log printed (MM_BATCH: matmuls between synchronizations,
+# Every process runs with Python's faulthandler on and core dumps on (anonymous memory only);
+# one that dies by a signal has its Python stacks, where it crashed (core_summary.py: the
+# faulting thread's instruction pointer and a stack scan, symbolized with the unstripped
+# builds in $BIN/debug when there) and the last lines of its injector log printed (MM_BATCH: matmuls between synchronizations,
 # default 10; CRASH_LOG: the injectors' log level, default debug). Checks: no process died; every process was
 # sampled. Binaries: release builds in .gpu/ (or GPUPROF_BIN). Summary last; logs to $OUT.
 set -uo pipefail
@@ -31,9 +33,22 @@ slot() {
   while [ "$(date +%s)" -lt "$t_end" ]; do
     n=$((n + 1))
     local tag="g${gpu}_${i}_$n"
-    GPUPROF_LOG_FILE="$STATE/logs/$tag.log" CUDA_VISIBLE_DEVICES=$gpu CUDA_INJECTION64_PATH="$INJ" \
-      "$PY" "$HERE/mm.py" "$RUN" 1 8192 "${MM_BATCH:-10}" >"$STATE/$tag.txt" 2>&1
-    echo "$tag $?" >>"$STATE/outcomes"
+    mkdir -p "$STATE/cwd/$tag"
+    (
+      cd "$STATE/cwd/$tag" || exit 1
+      ulimit -c unlimited
+      echo 0x1 >/proc/self/coredump_filter 2>/dev/null
+      GPUPROF_LOG_FILE="$STATE/logs/$tag.log" CUDA_VISIBLE_DEVICES=$gpu CUDA_INJECTION64_PATH="$INJ" \
+        exec "$PY" "$HERE/mm.py" "$RUN" 1 8192 "${MM_BATCH:-10}" >"$STATE/$tag.txt" 2>&1
+    )
+    local rc=$?
+    echo "$tag $rc" >>"$STATE/outcomes"
+    local core
+    core=$(ls "$STATE/cwd/$tag"/core* 2>/dev/null | head -1)
+    if [ -n "$core" ]; then
+      "$PY" "$HERE/core_summary.py" "$core" --symbols "$BIN/debug" >"$STATE/$tag.core.txt" 2>&1
+      rm -f "$STATE/cwd/$tag"/core*
+    fi
   done
 }
 SLOTS=()
@@ -51,6 +66,7 @@ n_bad=$(grep -c . <<<"$bad")
 for tag in $(awk '$2 != 0 {print $1}' "$STATE/outcomes"); do
   echo "=== $tag died ($(awk -v t="$tag" '$1 == t {print $2}' "$STATE/outcomes"))"
   tail -40 "$STATE/$tag.txt"
+  [ -f "$STATE/$tag.core.txt" ] && { echo "--- where (core_summary.py)"; cat "$STATE/$tag.core.txt"; }
   echo "--- its injector log, last lines"
   tail -25 "$STATE/logs/$tag.log" | cut -c1-300
 done
