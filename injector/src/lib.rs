@@ -26,6 +26,7 @@ pub mod log;
 pub mod nccl;
 pub mod pool;
 pub mod records;
+pub mod sched;
 pub mod socket_fd;
 pub mod tracer;
 pub mod wake;

@@ -112,6 +112,11 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
         let (tx, rx) = std::sync::mpsc::channel::<(Vec<(u64, String)>, u32)>();
         let spawned = std::thread::Builder::new().name("gpuprof-cubins".into()).spawn(move || {
             super::meter::mark_own_thread();
+            // Seconds of CPU in a PyTorch process (6-9 s on the H200 machines): never taken from
+            // the application's threads.
+            if let Err(e) = crate::sched::idle_priority() {
+                crate::log::log!(Debug, "PC sampling: the cubin look-up thread keeps its priority: {e}");
+            }
             while let Ok((wanted, sm)) = rx.recv() {
                 let _ = catch_unwind(AssertUnwindSafe(|| find_mapped(&wanted, sm)));
                 let mut g = late();
@@ -184,4 +189,15 @@ fn find_mapped(wanted: &[(u64, String)], sm: u32) {
 /// mapped libraries, hundreds of MB in PyTorch's).
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_a_function_name_in_a_cubin() {
+        let cubin = b"\x7fELF....._Z6gatherPKiPfi\0.text._Z6gatherPKiPfi";
+        assert!(super::contains(cubin, b"_Z6gatherPKiPfi"));
+        assert!(!super::contains(cubin, b"_Z9fma_chainPfi"));
+        assert!(!super::contains(b"short", b"a longer needle"));
+    }
 }
