@@ -163,6 +163,7 @@ const INJECTOR_UNSAFE: &[&str] = &[
     "injector/src/exports.rs",
     "injector/src/lifecycle.rs",
     "injector/src/pool.rs",
+    "injector/src/sched.rs",
     "injector/src/tracer/callbacks.rs",
     "injector/src/tracer/hooks.rs",
     "injector/src/wake.rs",

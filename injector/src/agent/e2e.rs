@@ -185,17 +185,17 @@ impl Backend for FakeBackend {
     }
 }
 
-fn daemon_send(s: &mut UnixStream, m: In) {
+pub(super) fn daemon_send(s: &mut UnixStream, m: In) {
     write_frame(s, &pb::DaemonMessage { msg: Some(m) }).unwrap();
 }
 
-fn next(s: &mut UnixStream) -> Out {
+pub(super) fn next(s: &mut UnixStream) -> Out {
     let m: pb::AgentMessage = read_message(s, 8 << 20).expect("agent message");
     m.msg.expect("non-empty")
 }
 
 /// Reads messages until `pred` matches one, returning all read.
-fn until(s: &mut UnixStream, pred: impl Fn(&Out) -> bool) -> Vec<Out> {
+pub(super) fn until(s: &mut UnixStream, pred: impl Fn(&Out) -> bool) -> Vec<Out> {
     let mut seen = Vec::new();
     loop {
         let m = next(s);
@@ -208,7 +208,7 @@ fn until(s: &mut UnixStream, pred: impl Fn(&Out) -> bool) -> Vec<Out> {
 }
 
 /// Accepts the agent's connection, reads its hello and welcomes it (no heartbeats).
-fn accept_welcomed(listener: &UnixListener) -> UnixStream {
+pub(super) fn accept_welcomed(listener: &UnixListener) -> UnixStream {
     let (mut s, _) = listener.accept().unwrap();
     assert!(matches!(next(&mut s), Out::Hello(_)));
     daemon_send(
@@ -223,9 +223,10 @@ fn accept_welcomed(listener: &UnixListener) -> UnixStream {
     s
 }
 
-type Started = (UnixListener, Arc<Control>, Arc<Wake>, std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicU32>);
+pub(super) type Started =
+    (UnixListener, Arc<Control>, Arc<Wake>, std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicU32>);
 
-fn start_agent(dir: &std::path::Path, displace: bool) -> Started {
+pub(super) fn start_agent(dir: &std::path::Path, displace: bool) -> Started {
     start_agent_with(dir, displace, None)
 }
 
@@ -458,151 +459,5 @@ fn no_daemon_is_a_silent_no_op_and_exit_does_not_wait() {
     let t0 = Instant::now();
     assert!(control.request_exit(&wake, Duration::from_secs(5)));
     assert!(t0.elapsed() < Duration::from_millis(100));
-    h.join().unwrap();
-}
-
-#[test]
-fn pc_lease_sends_cubins_strings_batches_and_states() {
-    let dir = tempfile::tempdir().unwrap();
-    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
-    let mut s = accept_welcomed(&listener);
-    // A lease for a session the process is not tracing is refused.
-    daemon_send(&mut s, In::StartPcSampling(pb::StartPcSampling { session_id: 5, device_id: 0, ..Default::default() }));
-    let seen = until(&mut s, |m| matches!(m, Out::PcSamplingState(_)));
-    let Some(Out::PcSamplingState(st)) = seen.last() else { panic!() };
-    assert_eq!(st.status, pb::PcSamplingStatus::Failed as i32);
-
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 5, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
-    daemon_send(&mut s, In::StartPcSampling(pb::StartPcSampling { session_id: 5, device_id: 7, ..Default::default() }));
-    daemon_send(
-        &mut s,
-        In::StartPcSampling(pb::StartPcSampling {
-            session_id: 5,
-            device_id: 0,
-            period_log2: 12,
-            flush_interval_ms: 100,
-            ..Default::default()
-        }),
-    );
-    let mut strings = std::collections::HashMap::new();
-    let mut cubin = Vec::new();
-    let mut batches = Vec::new();
-    let mut states = Vec::new();
-    while batches.len() < 3 {
-        match next(&mut s) {
-            Out::Strings(t) => {
-                for x in t.strings {
-                    strings.insert(x.id, x.value);
-                }
-            }
-            Out::Cubin(c) => {
-                assert_eq!(c.offset as usize, cubin.len(), "pieces in order");
-                assert!(c.data.len() <= super::pc::CUBIN_CHUNK);
-                assert_eq!((c.hash.as_str(), c.size), ("00000000deadbeef", (5 << 20) / 2));
-                assert!(batches.is_empty(), "a cubin precedes the samples naming it");
-                cubin.extend(c.data);
-            }
-            Out::PcSamples(b) => batches.push(b),
-            Out::PcSamplingState(st) => states.push(st),
-            _ => {}
-        }
-    }
-    assert_eq!(cubin.len(), (5 << 20) / 2, "the cubin is sent whole, once");
-    assert_eq!(states[0].device_id, 7);
-    assert_eq!(states[0].status, pb::PcSamplingStatus::Failed as i32);
-    assert_eq!(states[0].detail, "no device 7");
-    assert_eq!((states[1].device_id, states[1].status), (0, pb::PcSamplingStatus::Sampling as i32));
-    let b = &batches[0];
-    assert_eq!((b.session_id, b.device_id, b.total_samples, b.dropped_samples), (5, 0, 45, 5));
-    assert_eq!(b.samples.len(), 2);
-    let name = |id: u32| strings.get(&id).cloned().unwrap_or_default();
-    assert_eq!(name(b.samples[0].function_name_id), "_Z4axpyPfS_f");
-    assert_eq!(name(b.samples[0].stall_reason_id), "stalled_long_scoreboard");
-    assert_eq!(name(b.samples[0].module_id), "00000000deadbeef");
-    assert_eq!((name(b.samples[0].file_id).as_str(), b.samples[0].line), ("/src/axpy.cu", 12));
-    assert_eq!(b.samples.iter().map(|x| x.count).sum::<u64>(), 40);
-
-    // The trace stop ends the lease: a last batch, then STOPPED with the totals, then idle.
-    daemon_send(&mut s, In::StopTrace(pb::StopTrace { session_id: 5 }));
-    let rest = until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Idle as i32));
-    let stopped = rest
-        .iter()
-        .find_map(|m| if let Out::PcSamplingState(st) = m { Some(st.clone()) } else { None })
-        .expect("a STOPPED state before idle");
-    assert_eq!(stopped.status, pb::PcSamplingStatus::Stopped as i32);
-    assert_eq!(stopped.detail, "trace stopped");
-    let batches_total: u64 =
-        batches.len() as u64 * 45 + rest.iter().filter(|m| matches!(m, Out::PcSamples(_))).count() as u64 * 45;
-    assert_eq!(stopped.samples, batches_total, "totals count every batch sent");
-    assert!(!rest.iter().any(|m| matches!(m, Out::Cubin(_))), "a cubin goes once per connection");
-    control.request_exit(&wake, Duration::from_millis(10));
-    h.join().unwrap();
-}
-
-#[test]
-fn the_first_samples_of_a_lease_do_not_wait_for_the_flush_interval() {
-    let dir = tempfile::tempdir().unwrap();
-    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
-    let mut s = accept_welcomed(&listener);
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 8, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
-    let t0 = Instant::now();
-    daemon_send(
-        &mut s,
-        In::StartPcSampling(pb::StartPcSampling {
-            session_id: 8,
-            device_id: 2,
-            flush_interval_ms: 60_000,
-            ..Default::default()
-        }),
-    );
-    let seen = until(&mut s, |m| matches!(m, Out::PcSamples(b) if b.total_samples > 0));
-    assert!(
-        t0.elapsed() < Duration::from_secs(20),
-        "the first samples came {:?} after the lease, with a 60 s flush interval",
-        t0.elapsed()
-    );
-    assert!(
-        seen.iter()
-            .any(|m| matches!(m, Out::PcSamplingState(st) if st.status == pb::PcSamplingStatus::Sampling as i32))
-    );
-    control.request_exit(&wake, Duration::from_millis(10));
-    h.join().unwrap();
-}
-
-#[test]
-fn pc_samples_read_at_exit_are_sent_before_goodbye() {
-    let dir = tempfile::tempdir().unwrap();
-    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
-    let mut s = accept_welcomed(&listener);
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 6, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
-    daemon_send(
-        &mut s,
-        In::StartPcSampling(pb::StartPcSampling {
-            session_id: 6,
-            device_id: 0,
-            flush_interval_ms: 60_000,
-            ..Default::default()
-        }),
-    );
-    until(&mut s, |m| matches!(m, Out::PcSamples(_)));
-    assert!(control.request_exit(&wake, Duration::from_secs(5)));
-    let rest = until(&mut s, |m| matches!(m, Out::Goodbye(_)));
-    let last = rest
-        .iter()
-        .filter_map(|m| if let Out::PcSamples(b) = m { Some(b) } else { None })
-        .next_back()
-        .expect("the samples read at exit are sent");
-    assert_eq!((last.session_id, last.total_samples, last.samples[0].count), (6, 99, 99));
-    let stopped = rest
-        .iter()
-        .find_map(|m| match m {
-            Out::PcSamplingState(st) if st.status == pb::PcSamplingStatus::Stopped as i32 => Some(st.clone()),
-            _ => None,
-        })
-        .expect("the lease's end is reported before goodbye");
-    assert_eq!(stopped.detail, "process exit");
     h.join().unwrap();
 }

@@ -14,6 +14,8 @@ mod conn;
 mod control;
 #[cfg(test)]
 mod e2e;
+#[cfg(test)]
+mod e2e_pc;
 mod forward;
 mod identity;
 pub mod job;

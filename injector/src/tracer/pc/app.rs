@@ -374,7 +374,18 @@ fn run(s: &mut State, cur: LiveContext<'_>) {
                     if kind == PcEventKind::Stopped {
                         let _ = drain_into(cupti, cur, &mut on, &mut l.agg, &mut l.totals);
                     }
-                    disable_into(cupti, cur, on, &mut l.agg, &mut l.totals);
+                    // A windowed context stopped (its turn over, the session's end) leaves CUPTI
+                    // as a window's close does: finalized at this synchronization's outermost
+                    // exit. Otherwise the subscriber is let go without a finalize and made again
+                    // at the next lease while the application launches (a process crashed so
+                    // once on the H200, its neighbour's next read then failing with 999), and
+                    // CUPTI's per-launch cost after an enable stays on meanwhile.
+                    if disable_into(cupti, cur, on, &mut l.agg, &mut l.totals).is_ok()
+                        && l.win.is_some()
+                        && super::window::detach_between()
+                    {
+                        ask_detach();
+                    }
                 }
                 charge(t);
                 s.done.push(Done::Disabled { device, kind, reason, agg: l.agg, totals: l.totals });
@@ -467,7 +478,7 @@ fn close(cupti: &Cupti, c: LiveContext<'_>, l: &mut Live) {
     if l.failure.is_none() {
         let _ = drain_into(cupti, c, &mut on, &mut l.agg, &mut l.totals);
     }
-    disable_into(cupti, c, on, &mut l.agg, &mut l.totals);
+    let _ = disable_into(cupti, c, on, &mut l.agg, &mut l.totals);
 }
 
 /// Reads what CUPTI holds until it has nothing left (or the read limit). The error, and

@@ -50,20 +50,21 @@ pub(super) fn stop_range(cupti: &Cupti, on_ctx: LiveContext<'_>, on: &mut Enable
 }
 
 /// Disables sampling and adds what CUPTI still had (the buffer given at configuration) to
-/// the aggregate; the PCs and samples that buffer held.
+/// the aggregate: the PCs and samples that buffer held, or the disable's error (CUPTI may then
+/// still sample the context: no `cuptiFinalize` may follow).
 pub(super) fn disable_into(
     cupti: &Cupti,
     on_ctx: LiveContext<'_>,
     on: Enabled,
     agg: &mut Agg,
     totals: &mut (u64, u64),
-) -> (usize, u64) {
-    match on.sampling.disable(cupti, on_ctx) {
-        Ok(Some(at_disable)) => {
+) -> Result<(usize, u64), CuptiError> {
+    match on.sampling.disable(cupti, on_ctx)? {
+        Some(at_disable) => {
             absorb(&at_disable, agg, totals);
-            (at_disable.records().count(), at_disable.total_samples())
+            Ok((at_disable.records().count(), at_disable.total_samples()))
         }
-        _ => (0, 0),
+        None => Ok((0, 0)),
     }
 }
 

@@ -162,7 +162,12 @@ fn find_mapped(wanted: &[(u64, String)], sm: u32) {
                 return;
             }
             crcs += 1;
-            if let Ok(crc) = c.cupti.cubin_crc(cubin)
+            // A CUPTI call from gpuprof's thread: never while an application thread finalizes.
+            let crc = {
+                let _cupti = crate::tracer::hooks::background();
+                c.cupti.cubin_crc(cubin)
+            };
+            if let Ok(crc) = crc
                 && left.remove(&crc).is_some()
             {
                 c.bytes.fetch_add(cubin.len(), Ordering::Relaxed);

@@ -218,10 +218,18 @@ pub(super) fn window(
                 kept = on.sampling.ranged() && keep && failure.is_none();
             }
             if !kept {
+                let mut disabled = true;
                 if let Some(on) = l.on.take() {
-                    at_disable = Some(disable_into(cupti, c, on, &mut l.agg, &mut l.totals));
+                    match disable_into(cupti, c, on, &mut l.agg, &mut l.totals) {
+                        Ok(n) => at_disable = Some(n),
+                        Err(e) => {
+                            // CUPTI may still sample the context: no finalize under it.
+                            disabled = false;
+                            failure = failure.or(Some((e, false)));
+                        }
+                    }
                 }
-                if detach_between() {
+                if disabled && detach_between() {
                     ask_detach();
                 }
             }
