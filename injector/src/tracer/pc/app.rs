@@ -377,9 +377,10 @@ fn run(s: &mut State, cur: LiveContext<'_>) {
                     // A windowed context stopped (its turn over, the session's end) leaves CUPTI
                     // as a window's close does: finalized at this synchronization's outermost
                     // exit. Otherwise the subscriber is let go without a finalize and made again
-                    // at the next lease while the application launches (a process crashed so
-                    // once on the H200, its neighbour's next read then failing with 999), and
-                    // CUPTI's per-launch cost after an enable stays on meanwhile.
+                    // at the next lease while the application launches (the one crash seen under
+                    // the always-on profile on the H200 came in the first window after that; a
+                    // subscriber made while kernels launch is what `hooks` avoids), and CUPTI's
+                    // per-launch cost after an enable stays on between turns.
                     if disable_into(cupti, cur, on, &mut l.agg, &mut l.totals).is_ok()
                         && l.win.is_some()
                         && super::window::detach_between()
