@@ -209,6 +209,31 @@ pub fn background() -> Background {
     }
 }
 
+/// Application threads making gpuprof's own CUPTI calls inside a callback (a module's CRC at
+/// its load, on whichever thread loads it) ([`app_cupti`]).
+static APP_IN_CUPTI: AtomicU32 = AtomicU32::new(0);
+
+/// An application thread's CUPTI call inside a callback, while this lives ([`app_cupti`]).
+pub struct AppInCupti(());
+
+impl Drop for AppInCupti {
+    fn drop(&mut self) {
+        APP_IN_CUPTI.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// On an application thread, before a CUPTI call of gpuprof's own inside a callback: the right
+/// to make it, or None while another thread finalizes (the call is then left out). Never
+/// waits; a finalize is refused while one is held.
+pub fn app_cupti() -> Option<AppInCupti> {
+    APP_IN_CUPTI.fetch_add(1, Ordering::SeqCst);
+    if FINALIZING.load(Ordering::SeqCst) {
+        APP_IN_CUPTI.fetch_sub(1, Ordering::SeqCst);
+        return None;
+    }
+    Some(AppInCupti(()))
+}
+
 /// An application thread's right to finalize CUPTI, while it lives ([`try_finalizing`]).
 pub struct Finalizing(());
 
@@ -224,7 +249,7 @@ pub fn try_finalizing() -> Option<Finalizing> {
     if FINALIZING.swap(true, Ordering::SeqCst) {
         return None;
     }
-    if BG_IN_CUPTI.load(Ordering::SeqCst) > 0 {
+    if BG_IN_CUPTI.load(Ordering::SeqCst) > 0 || APP_IN_CUPTI.load(Ordering::SeqCst) > 0 {
         FINALIZING.store(false, Ordering::SeqCst);
         return None;
     }
@@ -283,11 +308,15 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
+    /// The two tests below share the process's guards: one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
     /// gpuprof's thread in CUPTI and a finalize on an application thread exclude each other:
     /// the application thread is refused (never waits) while gpuprof's thread works; gpuprof's
     /// thread waits while a finalize is under way, and goes on once it ends.
     #[test]
     fn a_finalize_and_gpuprofs_cupti_work_exclude_each_other() {
+        let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         {
             let _bg = background();
             let _nested = background();
@@ -304,6 +333,23 @@ mod tests {
         drop(fin);
         rx.recv_timeout(Duration::from_secs(5)).expect("went on after it");
         t.join().unwrap();
+        assert!(try_finalizing().is_some());
+    }
+
+    /// An application thread's own CUPTI call in a callback (a module's CRC) and a finalize on
+    /// another exclude each other, neither waiting: the finalize is refused while the call is
+    /// under way, and the call is left out while a finalize is.
+    #[test]
+    fn a_finalize_and_an_application_threads_cupti_call_exclude_each_other() {
+        let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let _call = app_cupti().expect("no finalize under way");
+            assert!(try_finalizing().is_none());
+        }
+        let fin = try_finalizing().expect("nothing in CUPTI");
+        assert!(std::thread::spawn(|| app_cupti().is_none()).join().unwrap(), "left out during the finalize");
+        drop(fin);
+        assert!(app_cupti().is_some());
         assert!(try_finalizing().is_some());
     }
 }

@@ -45,11 +45,15 @@ fn budget() -> usize {
     mib << 20
 }
 
-/// Keeps a copy of a module's cubin (once per CRC, within the budget); its CRC.
+/// Keeps a copy of a module's cubin (once per CRC, within the budget); its CRC. On an
+/// application thread in a CUPTI callback: left out while another thread finalizes CUPTI.
 pub fn capture(bytes: &[u8]) -> Option<u64> {
     let c = CUBINS.get()?;
     SEEN.fetch_add(1, Ordering::Relaxed);
-    let crc = c.cupti.cubin_crc(bytes).ok()?;
+    let crc = {
+        let _call = crate::tracer::hooks::app_cupti()?;
+        c.cupti.cubin_crc(bytes).ok()?
+    };
     if !CAPTURE.load(Ordering::Relaxed) {
         return Some(crc);
     }
