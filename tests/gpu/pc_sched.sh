@@ -42,10 +42,11 @@
 #          winwk winrd"), from the injector's log: 3 s runs.
 #   pair   (2 GPUs) the small-kernel loop in each of PAIR_MODES (default "off win") beside an
 #          untraced twin run at the same time on the other GPU and CPUs (PAIR_CPUS_A/B, default
-#          4-7 and 8-11; swapped every rep): the median of REPS ratios, which the machine's
-#          phases of slower pace (untraced too) cancel out of; PAIR_N ops (2.5M, ~25 s: long
-#          enough for the windows' steady state, ~15 s apart, and to average the phases out)
-#          after COST_WARM.
+#          4-7 and 8-11; swapped every rep) and GPUs (PAIR_GPUS, default "0 1": two runs of
+#          this script on other GPUs and CPUs measure two mode sets at once): the median of REPS
+#          ratios, which the machine's phases of slower pace (untraced too) cancel out of;
+#          PAIR_N ops (2.5M, 40-50 s on the H200 machines: long enough for the windows' steady
+#          state, ~15 s apart, and to average the phases out) after COST_WARM.
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
 # PARTS (default "ddp ddptrace share late cost"; also "probe", "residue", "yield" and "pair"; probe: one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
@@ -352,15 +353,16 @@ fi
 # too: a mode and an untraced twin run at the same time, each on its own GPU and CPUs (swapped
 # every rep), and the cost is the median of their per-rep ratios.
 if [[ $PARTS == *" pair "* ]]; then
-  if [ "$NGPU" -lt 2 ]; then
-    check "pair" FAIL "needs 2 GPUs, found $NGPU"
+  read -r ga gb <<<"${PAIR_GPUS:-0 1}"
+  if [ "$NGPU" -lt 2 ] || [ -z "$gb" ] || [ "$ga" -ge "$NGPU" ] || [ "$gb" -ge "$NGPU" ]; then
+    check "pair" FAIL "needs 2 GPUs (PAIR_GPUS '${PAIR_GPUS:-0 1}'), found $NGPU"
   else
     N=${PAIR_N:-2500000}; W=$(awk "BEGIN { print int(${COST_WARM:-3} * 100000) }")
     ca=${PAIR_CPUS_A:-4-7}; cb=${PAIR_CPUS_B:-8-11}
     declare -A PR
     for r in $(seq "$REPS"); do
       for m in ${PAIR_MODES:-off win}; do
-        if [ $((r % 2)) = 1 ]; then g1=0 g2=1 c1=$ca c2=$cb; else g1=1 g2=0 c1=$cb c2=$ca; fi
+        if [ $((r % 2)) = 1 ]; then g1=$ga g2=$gb c1=$ca c2=$cb; else g1=$gb g2=$ga c1=$cb c2=$ca; fi
         cost_run "$m" env CUDA_VISIBLE_DEVICES=$g1 taskset -c "$c1" "$PY" "$HERE/small_sync.py" "$N" 1.5 0 "$W" \
           >"$STATE/pair_${m}_$r.txt" 2>&1 &
         A=$!
