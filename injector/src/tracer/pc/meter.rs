@@ -267,10 +267,42 @@ pub(super) fn own_thread() -> bool {
 /// Launches counted at their entries while launch callbacks are on ([`super::window`]).
 pub(super) static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The slowest launch (ns, entry to exit on its thread) while launch callbacks were on, and the
+/// time of launches that took over [`SLOW_LAUNCH`], since [`take_launch_times`]: what being
+/// enabled costs a window's launches beside the per-launch cost (e.g. a stall after the enable).
+static SLOWEST_LAUNCH_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SLOW_LAUNCHES_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// A launch that takes longer waited for something (a launch is microseconds).
+const SLOW_LAUNCH: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// When this thread's launch under way entered (launch callbacks on).
+    static LAUNCH_ENTRY: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
 pub fn on_launch(cb: &gpuprof_cupti::Callback<'_>) {
     if cb.is_api_entry() {
         LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        LAUNCH_ENTRY.with(|e| e.set(Some(Instant::now())));
+    } else if let Some(t) = LAUNCH_ENTRY.with(|e| e.take()) {
+        launch_took(t.elapsed());
     }
+}
+
+fn launch_took(d: Duration) {
+    let ns = d.as_nanos() as u64;
+    SLOWEST_LAUNCH_NS.fetch_max(ns, Ordering::Relaxed);
+    if d > SLOW_LAUNCH {
+        SLOW_LAUNCHES_NS.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// The slowest launch and the time of slow launches since the last call; both start again.
+pub(super) fn take_launch_times() -> (Duration, Duration) {
+    (
+        Duration::from_nanos(SLOWEST_LAUNCH_NS.swap(0, Ordering::Relaxed)),
+        Duration::from_nanos(SLOW_LAUNCHES_NS.swap(0, Ordering::Relaxed)),
+    )
 }
 
 #[cfg(test)]
@@ -278,6 +310,17 @@ mod tests {
     use super::*;
 
     /// The window length a lease gets (GPUPROF_PC_WINDOW_MS unset, as in `cargo test`).
+    #[test]
+    fn a_windows_launch_times_keep_the_slowest_and_add_the_slow_ones() {
+        take_launch_times();
+        launch_took(Duration::from_micros(5));
+        launch_took(Duration::from_millis(40));
+        launch_took(Duration::from_millis(2));
+        launch_took(Duration::from_micros(900));
+        assert_eq!(take_launch_times(), (Duration::from_millis(40), Duration::from_millis(42)));
+        assert_eq!(take_launch_times(), (Duration::ZERO, Duration::ZERO), "they start again");
+    }
+
     #[test]
     fn window_length_is_the_lease_s_or_200_ms_and_ranges_stay_short() {
         assert!(std::env::var_os("GPUPROF_PC_WINDOW_MS").is_none(), "unset GPUPROF_PC_WINDOW_MS to run this test");

@@ -38,7 +38,9 @@ use gpuprof_cupti::pcsampling::PcConfig;
 use gpuprof_cupti::{Cupti, LiveContext};
 
 use super::context::{Live as Sampled, disable_into, drain_into, enable};
-use super::meter::{APP_NS, EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge, window_read_gap};
+use super::meter::{
+    APP_NS, EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge, take_launch_times, window_read_gap,
+};
 use crate::tracer::hooks;
 
 /// A context sampled in windows.
@@ -138,6 +140,7 @@ impl Win {
     /// The first window, opened by the enable.
     pub(super) fn opened(cupti: &Cupti, cfg: WinCfg) -> Win {
         WINDOWS.fetch_add(1, Ordering::Relaxed);
+        take_launch_times();
         Win {
             cfg,
             opened: Some(Instant::now()),
@@ -194,6 +197,7 @@ pub(super) fn window(
     match w.opened {
         Some(at) if now.duration_since(at) >= w.cfg.window => {
             let open = now.duration_since(at);
+            let (slowest, slow) = take_launch_times();
             if let Some(mark) = w.launch_mark.take() {
                 hooks::count_launches(cupti, false);
                 let rate = LAUNCHES.load(Ordering::Relaxed).saturating_sub(mark) as f64 / open.as_secs_f64();
@@ -274,7 +278,7 @@ pub(super) fn window(
                     Info,
                     "PC sampling window closed after {:.1} ms: {} {:.2} ms, read {:.2} ms, {} samples{}{}; \
                      since the last close: calls {:.2} ms, added to synchronizations {:.2} ms, {:.0} ms charged in all; \
-                     {}; next in {:.0} ms",
+                     {}, slowest launch {:.1} ms, {:.1} ms in launches over 1 ms; next in {:.0} ms",
                     open.as_secs_f64() * 1e3,
                     if kept { "stop" } else { "stop and disable" },
                     (t.elapsed() - t_read).as_secs_f64() * 1e3,
@@ -291,6 +295,8 @@ pub(super) fn window(
                         "{r:.0} launches/s (enabled costs ~{:.2} %)",
                         r * ENABLED_COST_PER_LAUNCH.as_secs_f64() * 100.0
                     )),
+                    slowest.as_secs_f64() * 1e3,
+                    slow.as_secs_f64() * 1e3,
                     gap.as_secs_f64() * 1e3
                 );
             }
@@ -315,6 +321,7 @@ pub(super) fn window(
                 Ok(()) => {
                     l.on_since = Some(Instant::now());
                     w.opened = Some(Instant::now());
+                    take_launch_times();
                     w.launch_mark = count_launches(cupti);
                     WINDOWS.fetch_add(1, Ordering::Relaxed);
                 }
