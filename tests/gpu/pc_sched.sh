@@ -352,7 +352,8 @@ fi
 # What the windows of the newest process in the injector log $1 cost it by their own account, in
 # % of its timed $3 s: the time of PC-sampling calls on its threads (the exit line's total), and
 # for each window its length times the share of launches it lost against the untraced twin's
-# pace ($2 us per kernel). Empty when the log says nothing.
+# pace ($2 us per kernel), but for the first window (at the start, untimed). Empty when the
+# log says nothing.
 pair_estimate() {
   "$PY" - "$1" "$2" "$3" <<'EOF'
 import re, sys
@@ -367,13 +368,23 @@ for l in mine:
     m = re.search(r"windows, ([0-9.]+) ms in PC-sampling calls", l)
     if m:
         calls = float(m.group(1))
+# The first window opens at the process's start, before the timed part (its enable, close and
+# lost launches are left out).
+first = True
 lost = 0.0
 for l in mine:
-    m = re.search(r"window closed after ([0-9.]+) ms:.* ([0-9]+) launches/s", l)
+    m = re.search(r"cuptiPCSamplingEnable ([0-9.]+) ms", l)
+    if m and first:
+        calls -= float(m.group(1))
+    m = re.search(r"window closed after ([0-9.]+) ms: stop(?: and disable)? ([0-9.]+) ms.* ([0-9]+) launches/s", l)
     if m:
-        length, rate = float(m.group(1)), float(m.group(2))
+        if first:
+            calls -= float(m.group(2))
+            first = False
+            continue
+        length, rate = float(m.group(1)), float(m.group(3))
         lost += length * max(0.0, 1.0 - rate * twin_us / 1e6)
-print(f"{(calls + lost) / (secs * 1e3) * 100:.2f}")
+print(f"{max(0.0, calls + lost) / (secs * 1e3) * 100:.2f}")
 EOF
 }
 
