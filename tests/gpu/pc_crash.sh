@@ -2,14 +2,15 @@
 # GPU check that PC sampling never crashes its host, on a machine with NVIDIA GPUs, CUDA 13 and
 # PyTorch: for SECS seconds (default 240) gpuprofd's always-on profile samples PROCS (default 2)
 # bf16 matmul processes sharing each GPU (every GPU of the machine, or GPUS="0 1"), each
-# running RUN seconds (default 20) and started again, so the sampler turns over between
-# processes about every second and opens, closes and finalizes windows hundreds of times.
-# Every process runs with Python's faulthandler on and core dumps on (anonymous memory only);
-# one that dies by a signal has its Python stacks, where it crashed (core_summary.py: the
-# faulting thread's instruction pointer and a stack scan, symbolized with the unstripped
-# builds in $BIN/debug when there) and the last lines of its injector log printed (MM_BATCH: matmuls between synchronizations,
-# default 10; CRASH_LOG: the injectors' log level, default debug). Checks: no process died; every process was
-# sampled. Binaries: release builds in .gpu/ (or GPUPROF_BIN). Summary last; logs to $OUT.
+# running RUN seconds (default 20, MM_BATCH matmuls between synchronizations, default 10) and
+# started again, so the sampler turns over between processes about every second and opens,
+# closes and finalizes windows hundreds of times. Every process runs with Python's
+# faulthandler on and core dumps on (anonymous memory only); one that dies by a signal has its
+# Python stacks, where it crashed (core_summary.py: the faulting thread's instruction pointer
+# and a stack scan, symbolized with unstripped builds in $BIN/debug when there) and the last
+# lines of its injector log printed (CRASH_LOG: the injectors' log level, default debug).
+# Checks: no process died; every process was sampled. Binaries: release builds in .gpu/ (or
+# GPUPROF_BIN). Summary last; logs to $OUT.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +28,7 @@ start_gpuprofd 'log_level = "info"
 always_on = true'
 
 # One slot (GPU, index) runs processes back to back until the time is up; each process's
-# outcome goes to $STATE/outcomes as "pid rc".
+# outcome goes to $STATE/outcomes as "tag exit-status".
 slot() {
   local gpu=$1 i=$2 n=0 t_end=$(($(date +%s) + SECS))
   while [ "$(date +%s)" -lt "$t_end" ]; do
