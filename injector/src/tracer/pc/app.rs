@@ -160,6 +160,16 @@ pub fn arm(op: Op) {
         Op::Disable { device, kind, reason } if s.live.get(&device).is_some_and(|l| l.on.is_none()) => {
             if let Some(mut l) = s.live.remove(&device) {
                 count_on(&mut s.sampled, device, &mut l, false);
+                // A stop while CUPTI is attached again for the next window (gpuprof holding the
+                // subscriber): finalized at the next synchronization instead (see `run`'s disable).
+                if kind == PcEventKind::Stopped
+                    && l.win.is_some()
+                    && super::window::detach_between()
+                    && !DETACHED.load(Ordering::SeqCst)
+                    && hooks::held_by(hooks::User::Pc)
+                {
+                    super::window::ask_detach_any();
+                }
                 s.done.push(Done::Disabled { device, kind, reason, agg: l.agg, totals: l.totals });
             }
             ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
@@ -381,11 +391,13 @@ fn run(s: &mut State, cur: LiveContext<'_>) {
                     // the always-on profile on the H200 came in the first window after that; a
                     // subscriber made while kernels launch is what `hooks` avoids), and CUPTI's
                     // per-launch cost after an enable stays on between turns.
+                    // Asked of any thread (this one's exit comes first): gpuprof's thread keeps
+                    // the subscriber until then.
                     if disable_into(cupti, cur, on, &mut l.agg, &mut l.totals).is_ok()
                         && l.win.is_some()
                         && super::window::detach_between()
                     {
-                        ask_detach();
+                        super::window::ask_detach_any();
                     }
                 }
                 charge(t);

@@ -176,7 +176,9 @@ impl PcSampler {
     }
 
     fn release_if_idle(&mut self) {
-        if self.devs.is_empty() && !app::pending() {
+        // A finalize asked of the application's next synchronization ends the subscriber; it
+        // is not let go before (and made again at the next lease while the application runs).
+        if self.devs.is_empty() && !app::pending() && !window::detach_asked() {
             cubins::capture_on(&self.cupti, false);
             app::forget_from_start();
             if hooks::held_by(User::Pc) {

@@ -65,9 +65,28 @@ pub(super) fn ask_detach() {
     DETACH_AT_EXIT.with(|d| d.set(true));
 }
 
-/// Takes this thread's request for a finalize: whether there was one.
+/// A finalize asked of whichever application thread reaches a synchronization's outermost exit
+/// first: a windowed context stopped between windows (done at once, on gpuprof's thread) while
+/// CUPTI was attached for the next window. The subscriber stays until then, so that it goes
+/// with the finalize rather than being let go and made again at the next lease.
+static DETACH_ANY: AtomicBool = AtomicBool::new(false);
+
+/// Asks any application thread's next outermost synchronization exit for a finalize.
+pub(super) fn ask_detach_any() {
+    DETACH_ANY.store(true, Ordering::SeqCst);
+}
+
+/// Whether a finalize asked with [`ask_detach_any`] is still to come.
+pub(super) fn detach_asked() -> bool {
+    DETACH_ANY.load(Ordering::SeqCst)
+}
+
+/// Takes this thread's request for a finalize, or the one any thread may carry out: whether
+/// there was one.
 pub(super) fn take_detach() -> bool {
-    DETACH_AT_EXIT.with(|d| d.replace(false))
+    let own = DETACH_AT_EXIT.with(|d| d.replace(false));
+    // Only looked at (and taken) when no request of this thread's own was there.
+    own || (DETACH_ANY.load(Ordering::Relaxed) && DETACH_ANY.swap(false, Ordering::SeqCst))
 }
 
 /// CUPTI is finalized between windows: no callback comes until the background thread
@@ -340,5 +359,25 @@ pub(super) fn window(
             charge(t);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finalize asked of any thread is carried out once, by the first thread to look, and a
+    /// thread's own request does not use it up.
+    #[test]
+    fn a_finalize_asked_of_any_thread_is_taken_once() {
+        assert!(!take_detach(), "nothing asked");
+        ask_detach_any();
+        assert!(detach_asked());
+        ask_detach();
+        assert!(take_detach(), "this thread's own request");
+        assert!(detach_asked(), "the one for any thread is still there");
+        assert!(std::thread::spawn(take_detach).join().unwrap(), "another thread takes it");
+        assert!(!detach_asked());
+        assert!(!take_detach(), "once");
     }
 }
