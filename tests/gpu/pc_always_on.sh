@@ -18,8 +18,6 @@ NAME=always_on
 SECS=${SECS:-600}
 BLOCK=${BLOCK:-30}
 GPU=${AO_GPU:-0}
-# A process that dies by a signal prints its Python stacks.
-export PYTHONFAULTHANDLER=1
 start_gpuprofd 'log_level = "info"
 [pc]
 always_on = true'

@@ -1,4 +1,4 @@
-# Shared by the PC-sampling GPU scripts (pc_sched.sh, pc_always_on.sh); sourced, not run.
+# Shared by the PC-sampling GPU scripts (pc_sched.sh, pc_always_on.sh, pc_crash.sh); sourced, not run.
 # Before sourcing, set NAME (the summary's title and the log archive's name: $OUT/NAME_logs.tgz)
 # and HERE. Gives: BIN, INJ, PY, STATE (a fresh directory with logs/), CTL, the CHECK/FIGURE
 # summary printed at exit (exit status 1 when a check failed), helpers, and start_gpuprofd.
@@ -10,6 +10,8 @@ STATE=$(mktemp -d "/tmp/gpuprof-$NAME.XXXXXX")
 mkdir -p "$STATE/logs"
 # The injectors' logs (one file per process and part), in $OUT's archive.
 export GPUPROF_LOG=${GPUPROF_LOG:-info}
+# A Python process that dies by a signal prints its stacks.
+export PYTHONFAULTHANDLER=1
 CTL=("$BIN/gpuprofctl" --socket "$STATE/api.sock")
 SUMMARY=()
 check() { SUMMARY+=("CHECK $1: $2${3:+ ($3)}"); echo ">>> CHECK $1: $2${3:+ ($3)}"; }

@@ -5,8 +5,8 @@
 # running RUN seconds (default 20, MM_BATCH matmuls between synchronizations, default 10) and
 # started again, so the sampler turns over between processes about every second and opens,
 # closes and finalizes windows hundreds of times. Every process runs with Python's
-# faulthandler on and core dumps on (anonymous memory only); one that dies by a signal has its
-# Python stacks, where it crashed (core_summary.py: the faulting thread's instruction pointer
+# faulthandler on (pc_common.sh) and core dumps on (anonymous memory only); one that dies by
+# a signal has its Python stacks, where it crashed (core_summary.py: the faulting thread's instruction pointer
 # and a stack scan, symbolized with unstripped builds in $BIN/debug when there) and the last
 # lines of its injector log printed (CRASH_LOG: the injectors' log level, default debug).
 # Checks: no process died; every process was sampled. Binaries: release builds in .gpu/ (or
@@ -21,7 +21,7 @@ SECS=${SECS:-240}
 RUN=${RUN:-20}
 PROCS=${PROCS:-2}
 GPUS=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | tr '\n' ' ')}
-export GPUPROF_LOG=${CRASH_LOG:-debug} PYTHONFAULTHANDLER=1
+export GPUPROF_LOG=${CRASH_LOG:-debug}
 echo "core pattern: $(cat /proc/sys/kernel/core_pattern 2>/dev/null); gdb: $(command -v gdb || echo none)"
 start_gpuprofd 'log_level = "info"
 [pc]

@@ -207,6 +207,12 @@ pub(super) fn until(s: &mut UnixStream, pred: impl Fn(&Out) -> bool) -> Vec<Out>
     }
 }
 
+/// Starts a trace of session `session` and waits until the agent says it is tracing.
+pub(super) fn start_tracing(s: &mut UnixStream, session: u64) {
+    daemon_send(s, In::StartTrace(pb::StartTrace { session_id: session, config: None }));
+    until(s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+}
+
 /// Accepts the agent's connection, reads its hello and welcomes it (no heartbeats).
 pub(super) fn accept_welcomed(listener: &UnixListener) -> UnixStream {
     let (mut s, _) = listener.accept().unwrap();
@@ -358,8 +364,7 @@ fn a_lease_granted_while_the_last_is_still_stopping_starts_once_it_stopped() {
     let (listener, control, wake, h, _) = start_agent(dir.path(), false);
     let mut s = accept_welcomed(&listener);
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 5, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    start_tracing(&mut s, 5);
     let start = || {
         In::StartPcSampling(pb::StartPcSampling {
             session_id: 5,
@@ -393,8 +398,7 @@ fn a_pending_detach_is_reported_to_its_session_once_done() {
     let (listener, control, wake, h, _) = start_agent_with(dir.path(), false, Some(0));
     let mut s = accept_welcomed(&listener);
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 9, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    start_tracing(&mut s, 9);
     daemon_send(&mut s, In::StopTrace(pb::StopTrace { session_id: 9 }));
     let idle = |m: &Out| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Idle as i32);
     let Some(Out::TraceState(first)) = until(&mut s, idle).pop() else { panic!() };

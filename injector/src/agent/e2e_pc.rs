@@ -7,7 +7,7 @@ use gpuprof_proto::agent as pb;
 use gpuprof_proto::agent::agent_message::Msg as Out;
 use gpuprof_proto::agent::daemon_message::Msg as In;
 
-use super::e2e::{accept_welcomed, daemon_send, next, start_agent, until};
+use super::e2e::{accept_welcomed, daemon_send, next, start_agent, start_tracing, until};
 
 #[test]
 fn pc_lease_sends_cubins_strings_batches_and_states() {
@@ -20,8 +20,7 @@ fn pc_lease_sends_cubins_strings_batches_and_states() {
     let Some(Out::PcSamplingState(st)) = seen.last() else { panic!() };
     assert_eq!(st.status, pb::PcSamplingStatus::Failed as i32);
 
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 5, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    start_tracing(&mut s, 5);
     daemon_send(&mut s, In::StartPcSampling(pb::StartPcSampling { session_id: 5, device_id: 7, ..Default::default() }));
     daemon_send(
         &mut s,
@@ -93,8 +92,7 @@ fn the_first_samples_of_a_lease_do_not_wait_for_the_flush_interval() {
     let dir = tempfile::tempdir().unwrap();
     let (listener, control, wake, h, _) = start_agent(dir.path(), false);
     let mut s = accept_welcomed(&listener);
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 8, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    start_tracing(&mut s, 8);
     let t0 = Instant::now();
     daemon_send(
         &mut s,
@@ -124,8 +122,7 @@ fn pc_samples_read_at_exit_are_sent_before_goodbye() {
     let dir = tempfile::tempdir().unwrap();
     let (listener, control, wake, h, _) = start_agent(dir.path(), false);
     let mut s = accept_welcomed(&listener);
-    daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 6, config: None }));
-    until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Tracing as i32));
+    start_tracing(&mut s, 6);
     daemon_send(
         &mut s,
         In::StartPcSampling(pb::StartPcSampling {

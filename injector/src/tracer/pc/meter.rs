@@ -309,7 +309,6 @@ pub(super) fn take_launch_times() -> (Duration, Duration) {
 mod tests {
     use super::*;
 
-    /// The window length a lease gets (GPUPROF_PC_WINDOW_MS unset, as in `cargo test`).
     #[test]
     fn a_windows_launch_times_keep_the_slowest_and_add_the_slow_ones() {
         take_launch_times();
@@ -321,6 +320,7 @@ mod tests {
         assert_eq!(take_launch_times(), (Duration::ZERO, Duration::ZERO), "they start again");
     }
 
+    /// The window length a lease gets (GPUPROF_PC_WINDOW_MS unset, as in `cargo test`).
     #[test]
     fn window_length_is_the_lease_s_or_200_ms_and_ranges_stay_short() {
         assert!(std::env::var_os("GPUPROF_PC_WINDOW_MS").is_none(), "unset GPUPROF_PC_WINDOW_MS to run this test");
