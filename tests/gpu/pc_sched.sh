@@ -46,7 +46,9 @@
 #          this script on other GPUs and CPUs measure two mode sets at once): the median of REPS
 #          ratios, which the machine's phases of slower pace (untraced too) cancel out of;
 #          PAIR_N ops (2.5M, 40-50 s on the H200 machines: long enough for the windows' steady
-#          state, ~15 s apart, and to average the phases out) after COST_WARM.
+#          state, 25-40 s apart, and to average the phases out) after COST_WARM; PAIR_SECS (unset:
+#          none) stops before a rep that would end after it, so that a run with a time limit
+#          still prints its figures.
 # DDP_PC_MODE=continuous samples the DDP part continuously instead of in windows.
 # PARTS (default "ddp ddptrace share late cost"; also "probe", "residue", "yield" and "pair"; probe: one PC-only session with the injector's
 # debug log) picks the parts; DDP_LOG=debug logs the DDP processes' synchronizations too. It prints a summary last (CHECK and
@@ -399,7 +401,14 @@ if [[ $PARTS == *" pair "* ]]; then
     N=${PAIR_N:-2500000}; W=$(awk "BEGIN { print int(${COST_WARM:-3} * 100000) }")
     ca=${PAIR_CPUS_A:-4-7}; cb=${PAIR_CPUS_B:-8-11}
     declare -A PR PE
+    t0=$(date +%s); longest=0; done_reps=0
     for r in $(seq "$REPS"); do
+      # PAIR_SECS: no rep is begun that would end after it (the figures of the reps done print).
+      if [ -n "${PAIR_SECS:-}" ] && [ $(($(date +%s) - t0 + longest)) -gt "$PAIR_SECS" ]; then
+        echo "pair: rep $r left out, it would end after PAIR_SECS=$PAIR_SECS"
+        break
+      fi
+      tr0=$(date +%s)
       for m in ${PAIR_MODES:-off win}; do
         if [ $((r % 2)) = 1 ]; then g1=$ga g2=$gb c1=$ca c2=$cb; else g1=$gb g2=$ga c1=$cb c2=$ca; fi
         cost_run "$m" env CUDA_VISIBLE_DEVICES=$g1 taskset -c "$c1" "$PY" "$HERE/small_sync.py" "$N" 1.5 0 "$W" \
@@ -419,9 +428,11 @@ if [[ $PARTS == *" pair "* ]]; then
         [ -n "$est" ] && PE[$m]="${PE[$m]:-} $est"
         echo "pair rep $r: $m $va us/op (GPU $g1) vs untraced twin $vb (GPU $g2): ratio $(awk "BEGIN { printf \"%.4f\", $va / $vb }")${est:+; by the account of the windows +$est %}"
       done
+      done_reps=$r
+      longest=$(( $(date +%s) - tr0 > longest ? $(date +%s) - tr0 : longest ))
     done
     for m in ${PAIR_MODES:-off win}; do
-      figure "pair $m / untraced twin, small-kernel loop ($N ops), ratios of $REPS reps:${PR[$m]:-} median $(echo "${PR[$m]:-}" | median)${PE[$m]:+; by the account of the windows (calls, and launches in windows against the pace of the twin) +%:${PE[$m]} median $(echo "${PE[$m]}" | median)}"
+      figure "pair $m / untraced twin, small-kernel loop ($N ops), ratios of $done_reps reps:${PR[$m]:-} median $(echo "${PR[$m]:-}" | median)${PE[$m]:+; by the account of the windows (calls, and launches in windows against the pace of the twin) +%:${PE[$m]} median $(echo "${PE[$m]}" | median)}"
     done
     [ -n "${PR[win]:-}" ] && pass_if "windows (default) on the small-kernel loop <= 3 %, against a twin run at the same time" \
       "$(awk "BEGIN { print $(echo "${PR[win]}" | median) <= 1.03 ? 1 : 0 }")" "median ratio $(echo "${PR[win]}" | median)"
