@@ -100,6 +100,8 @@ pub struct Connections<'a> {
     pub arbiter: &'a Arbiter,
     pub otlp_pc: &'a PcProfiles,
     pub pm_samples: &'a broadcast::Sender<Arc<PmPublished>>,
+    /// The database, read for cubins asked for (`CubinQuery`).
+    pub db_path: &'a std::path::Path,
 }
 
 impl Connections<'_> {
@@ -382,6 +384,8 @@ fn msg_name(m: &Msg) -> &'static str {
         Msg::PcSamplingState(_) => "PcSamplingState",
         Msg::Cubin(_) => "CubinChunk",
         Msg::DeviceActivity(_) => "DeviceActivity",
+        Msg::CubinQuery(_) => "CubinQuery",
+        Msg::CubinsNotFound(_) => "CubinsNotFound",
     }
 }
 
@@ -522,6 +526,26 @@ impl Conn<'_> {
                 if d.pc.activity(id, working, std::time::Instant::now()) {
                     d.sessions.wake_supervisor();
                 }
+            }
+            Msg::CubinQuery(q) => {
+                // Answered off the async threads (a database read) and in order on the
+                // agent's command queue; the connection reads on meanwhile.
+                let (db, nowhere, to, uid) =
+                    (d.db_path.to_path_buf(), d.pc.nowhere.clone(), self.agent.commands.clone(), self.agent.uid);
+                tokio::spawn(async move {
+                    let now = std::time::Instant::now();
+                    let msgs = tokio::task::spawn_blocking(move || {
+                        crate::pcsamp::lookup::answer(&db, uid, &q.hashes, &nowhere, now)
+                    })
+                    .await;
+                    if let Ok(msgs) = msgs {
+                        crate::pcsamp::lookup::send_all(&to, msgs).await;
+                    }
+                });
+            }
+            Msg::CubinsNotFound(n) => {
+                tracing::debug!(id, cubins = n.hashes.len(), "cubins found in no mapped file");
+                d.pc.nowhere.note(self.agent.uid, &n.hashes, std::time::Instant::now());
             }
             Msg::Cubin(c) => {
                 if let Some((hash, data)) = self.check.cubin(c, |h| d.pc.cubin_known(h))?

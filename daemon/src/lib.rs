@@ -262,6 +262,7 @@ impl Daemon {
             arbiter: &self.arbiter,
             otlp_pc: &self.otlp_pc,
             pm_samples: &self.pm_samples,
+            db_path: &self.db_path,
         }
     }
 

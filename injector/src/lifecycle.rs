@@ -246,6 +246,11 @@ impl crate::tracer::PcBackend for LazyCupti {
     fn pc_exit(&mut self) -> crate::tracer::PcOutput {
         self.inner.as_mut().map(|b| b.pc_exit()).unwrap_or_default()
     }
+    fn pc_cubin_answer(&mut self, answer: crate::tracer::CubinAnswer) {
+        if let Some(b) = &mut self.inner {
+            b.pc_cubin_answer(answer);
+        }
+    }
     fn pc_devices(&self) -> Vec<u32> {
         self.inner.as_ref().map(|b| b.pc_devices()).unwrap_or_default()
     }

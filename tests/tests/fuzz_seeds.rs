@@ -126,6 +126,10 @@ fn injector_session() -> Vec<AgentMessage> {
             data: piece.to_vec(),
         })));
     }
+    out.push(msg(Msg::CubinQuery(wire::CubinQuery {
+        hashes: vec!["0123456789abcdef".into(), "00000000deadbeef".into()],
+    })));
+    out.push(msg(Msg::CubinsNotFound(wire::CubinsNotFound { hashes: vec!["00000000deadbeef".into()] })));
     out.push(msg(Msg::Drops(wire::DropReport {
         counts: vec![wire::DropCount { kind: 1, dropped: 4 }, wire::DropCount { kind: 2, dropped: 1 }],
         cupti_dropped: 2,

@@ -16,6 +16,8 @@ use crate::pcsamp::cubin::Assembler;
 
 /// Most devices a `DeviceActivity` may list.
 const MAX_ACTIVITY_DEVICES: usize = 256;
+/// Cubins one `CubinQuery` or `CubinsNotFound` may list.
+pub const MAX_CUBIN_HASHES: usize = 256;
 
 /// The first message of a connection: a Hello in this daemon's protocol version from a known
 /// kind of agent. Returns it with the agent's kind ("injector" or "sampler").
@@ -136,6 +138,20 @@ impl Checker {
                         "DeviceActivity lists {} devices (at most {MAX_ACTIVITY_DEVICES})",
                         a.devices.len()
                     )));
+                }
+            }
+            Msg::CubinQuery(gpuprof_proto::agent::CubinQuery { hashes })
+            | Msg::CubinsNotFound(gpuprof_proto::agent::CubinsNotFound { hashes }) => {
+                self.require_kind("injector", msg)?;
+                if hashes.len() > MAX_CUBIN_HASHES {
+                    return Err(proto_err(format!(
+                        "{} lists {} cubins (at most {MAX_CUBIN_HASHES})",
+                        msg_name(msg),
+                        hashes.len()
+                    )));
+                }
+                if let Some(h) = hashes.iter().find(|h| !crate::pcsamp::cubin::valid_hash(h)) {
+                    return Err(proto_err(format!("{} names cubin {h:?}, not 16 hex digits", msg_name(msg))));
                 }
             }
             Msg::Drops(_) | Msg::Heartbeat(_) | Msg::Goodbye(_) => {}

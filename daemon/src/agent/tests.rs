@@ -1,6 +1,9 @@
 //! Agent connections served from their parts, without a daemon; binding the sockets.
 
-use gpuprof_proto::agent::{AgentKind, Goodbye, Heartbeat, Hello, MemsetRecord, PmSample, PmSampleBatch, RecordBatch};
+use gpuprof_proto::agent::{
+    AgentKind, CubinAnswer, CubinChunk, CubinQuery, CubinsNotFound, Goodbye, Heartbeat, Hello, MemsetRecord, PmSample,
+    PmSampleBatch, RecordBatch,
+};
 use gpuprof_proto::frame::read_frame_async;
 
 use super::*;
@@ -36,6 +39,7 @@ struct Parts {
     arbiter: Arc<Arbiter>,
     otlp_pc: PcProfiles,
     pm_samples: broadcast::Sender<Arc<PmPublished>>,
+    db: std::path::PathBuf,
 }
 
 impl Parts {
@@ -47,6 +51,7 @@ impl Parts {
         let writer = crate::ingest::TestWriter::start(conn, &cfg.ingest);
         let (sessions, _persister) = Sessions::new(writer.handle.clone());
         Parts {
+            db: dir.path().join("t.db"),
             _dir: dir,
             pods: Pods::new(&cfg.kubernetes),
             pc: PcHub::new(16, SchedConfig::from_config(&cfg.pc)),
@@ -76,6 +81,7 @@ impl Parts {
             arbiter: &self.arbiter,
             otlp_pc: &self.otlp_pc,
             pm_samples: &self.pm_samples,
+            db_path: &self.db,
         }
     }
 }
@@ -163,6 +169,92 @@ async fn agent_connections_without_a_daemon() {
     send(&mut client, Msg::Heartbeat(Heartbeat::default())).await;
     handle(server, p.connections(), shutdown.clone()).await;
     assert_eq!(p.stats.protocol_errors.load(Relaxed), 1);
+    assert!(p.registry.is_empty());
+
+    drop(p.sessions);
+    p.writer.stop().await;
+}
+
+/// Reads daemon messages until a `CubinAnswer`: the cubin pieces before it, put together, and it.
+async fn cubin_answer(s: &mut UnixStream) -> (std::collections::HashMap<String, Vec<u8>>, CubinAnswer) {
+    let mut cubins: std::collections::HashMap<String, Vec<u8>> = Default::default();
+    loop {
+        let mut buf = Vec::new();
+        read_frame_async(s, &mut buf, 1 << 20, &mut false).await.unwrap();
+        match DaemonMessage::decode(buf.as_slice()).unwrap().msg {
+            Some(daemon_message::Msg::Cubin(c)) => {
+                let got = cubins.entry(c.hash).or_default();
+                assert_eq!(c.offset as usize, got.len(), "pieces in order");
+                got.extend(c.data);
+            }
+            Some(daemon_message::Msg::CubinAnswer(a)) => return (cubins, a),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// A process attached late asks for cubins before reading its libraries: one an earlier
+/// process sent goes back whole (in pieces the injector accepts), one an earlier process found
+/// in none of its mapped files is answered as such, the rest are unknown; a query naming
+/// something other than a cubin hash drops that connection only.
+#[tokio::test]
+async fn cubin_queries_are_answered_from_what_earlier_processes_sent_and_reported() {
+    let p = Parts::new();
+    let shutdown = CancellationToken::new();
+    let cubin: Vec<u8> = (0..(1 << 20) + 7).map(|i| (i % 253) as u8).collect();
+    let (aa, bb, cc) = ("00000000000000aa".to_string(), "00000000000000bb".to_string(), "00000000000000cc".to_string());
+
+    let (server, mut client) = UnixStream::pair().unwrap();
+    let drive = async {
+        send(&mut client, hello(AgentKind::Injector)).await;
+        welcome(&mut client).await;
+        for (i, piece) in cubin.chunks(1 << 20).enumerate() {
+            let c = CubinChunk {
+                hash: aa.clone(),
+                size: cubin.len() as u64,
+                offset: (i << 20) as u64,
+                data: piece.to_vec(),
+            };
+            send(&mut client, Msg::Cubin(c)).await;
+        }
+        send(&mut client, Msg::CubinsNotFound(CubinsNotFound { hashes: vec![bb.clone()] })).await;
+        send(&mut client, Msg::Goodbye(Goodbye::default())).await;
+    };
+    tokio::join!(handle(server, p.connections(), shutdown.clone()), drive);
+
+    let (server, mut client) = UnixStream::pair().unwrap();
+    let drive = async {
+        send(&mut client, hello(AgentKind::Injector)).await;
+        welcome(&mut client).await;
+        // The writer stores the cubin in its own time: asked again until it is there.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            send(&mut client, Msg::CubinQuery(CubinQuery { hashes: vec![aa.clone(), bb.clone(), cc.clone()] })).await;
+            let (got, a) = cubin_answer(&mut client).await;
+            if a.sent.is_empty() && std::time::Instant::now() < deadline {
+                assert_eq!(a.unknown, [aa.clone(), cc.clone()], "{a:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+            assert_eq!(a.sent, [aa.as_str()], "{a:?}");
+            assert_eq!((a.nowhere, a.unknown), (vec![bb.clone()], vec![cc.clone()]));
+            assert!(got[&aa] == cubin, "the cubin comes back whole");
+            assert_eq!(got.len(), 1);
+            break;
+        }
+        send(&mut client, Msg::Goodbye(Goodbye::default())).await;
+    };
+    tokio::join!(handle(server, p.connections(), shutdown.clone()), drive);
+    assert_eq!(p.stats.protocol_errors.load(Relaxed), 0);
+
+    let (server, mut client) = UnixStream::pair().unwrap();
+    let drive = async {
+        send(&mut client, hello(AgentKind::Injector)).await;
+        welcome(&mut client).await;
+        send(&mut client, Msg::CubinQuery(CubinQuery { hashes: vec!["../etc/passwd".into()] })).await;
+    };
+    tokio::join!(handle(server, p.connections(), shutdown.clone()), drive);
+    assert_eq!(p.stats.protocol_errors.load(Relaxed), 1, "the bad query dropped its connection");
     assert!(p.registry.is_empty());
 
     drop(p.sessions);

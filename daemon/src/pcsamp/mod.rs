@@ -14,6 +14,7 @@
 //! holds the arbiter's lock while calling in here.
 
 pub mod cubin;
+pub mod lookup;
 pub mod names;
 pub mod sched;
 
@@ -93,6 +94,8 @@ pub struct PcHub {
     sched: Mutex<sched::Sched>,
     streams: Mutex<HashMap<u64, broadcast::Sender<Arc<Push>>>>,
     cubins: Mutex<HashSet<String>>,
+    /// Cubins that processes found in none of their mapped files (see [`lookup`]).
+    pub nowhere: Arc<lookup::Nowhere>,
     /// Ring size of each session's stream (`sampler.stream_queue`).
     queue: usize,
     /// Stream subscribers now, and dropped for being slow since start.
@@ -107,6 +110,7 @@ impl PcHub {
             sched: Mutex::new(sched::Sched::new(sched)),
             streams: Mutex::default(),
             cubins: Mutex::default(),
+            nowhere: Arc::default(),
             queue: queue.max(16),
             subscribers: AtomicU64::new(0),
             dropped_subscribers: AtomicU64::new(0),

@@ -49,7 +49,7 @@ impl<B: Backend> Agent<B> {
                 });
                 self.control.connected.store(true, Ordering::SeqCst);
                 self.conv.reset_connection();
-                self.pc.cubins_sent.clear();
+                self.pc.new_connection();
                 let hello = pb::Hello {
                     protocol_version: pb::PROTOCOL_VERSION,
                     kind: pb::AgentKind::Injector as i32,
@@ -100,7 +100,7 @@ impl<B: Backend> Agent<B> {
         }
         let _ = self.conv.take_messages();
         self.conv.reset_connection();
-        self.pc.cubins_sent.clear();
+        self.pc.new_connection();
         self.next_connect = Instant::now() + self.backoff;
         self.backoff = (self.backoff * 2).min(self.cfg.max_backoff);
     }

@@ -17,8 +17,8 @@ use super::{Agent, Control, Identity};
 use crate::config::Config;
 use crate::records::tests::kernel_bytes;
 use crate::tracer::{
-    Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource,
-    StartOutcome,
+    Backend, Completed, CubinAnswer, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow,
+    RecordSource, StartOutcome,
 };
 use crate::wake::Wake;
 
@@ -46,6 +46,8 @@ struct FakeBackend {
     pc_stopped: Option<String>,
     /// The stop leaves the detach pending; it is done at the third poll.
     pending_detach: Option<u32>,
+    /// gpuprofd's last answer to a cubin query, told back as a state's detail.
+    cubin_answer: Option<CubinAnswer>,
 }
 impl PcBackend for FakeBackend {
     fn pc_start(&mut self, req: PcRequest) -> Result<(), String> {
@@ -73,10 +75,27 @@ impl PcBackend for FakeBackend {
         // Works on its first device only; a context on every one.
         devices.iter().map(|&d| (d, true, if d == devices[0] { 5 } else { 0 })).collect()
     }
+    fn pc_cubin_answer(&mut self, answer: CubinAnswer) {
+        self.cubin_answer = Some(answer);
+    }
     fn pc_collect(&mut self) -> PcOutput {
         let mut out = PcOutput::default();
         let Some((req, n)) = &mut self.pc else { return out };
         *n += 1;
+        // Device 3 was attached late: it asks gpuprofd for three cubins and reports one found
+        // in no mapped file, then tells what the answer held.
+        if req.device == 3 {
+            if *n == 1 {
+                out.cubin_query = ["00000000000000aa", "00000000000000bb", "00000000000000cc"].map(String::from).into();
+                out.cubins_not_found = vec!["00000000000000dd".into()];
+            }
+            if let Some(a) = self.cubin_answer.take() {
+                let cubins: Vec<(String, usize)> = a.cubins.iter().map(|(h, b)| (h.clone(), b.len())).collect();
+                let detail = format!("answer: {cubins:?} nowhere {:?} unknown {:?}", a.nowhere, a.unknown);
+                out.events.push(PcEvent { device: 3, kind: PcEventKind::Sampling, detail });
+            }
+            return out;
+        }
         // Device 2 samples in windows: nothing is read before its first window closes (here,
         // its fourth collection).
         if req.device == 2 && *n < 4 {
@@ -257,6 +276,7 @@ fn start_agent_with(dir: &std::path::Path, displace: bool, pending_detach: Optio
         pc: None,
         pc_stopped: None,
         pending_detach,
+        cubin_answer: None,
     };
     let (c2, w2) = (control.clone(), wake.clone());
     let h = std::thread::spawn(move || Agent::new(cfg, ident, backend, rx, w2, c2).run());
@@ -456,6 +476,7 @@ fn no_daemon_is_a_silent_no_op_and_exit_does_not_wait() {
         pc: None,
         pc_stopped: None,
         pending_detach: None,
+        cubin_answer: None,
     };
     let (c2, w2) = (control.clone(), wake.clone());
     let h = std::thread::spawn(move || Agent::new(cfg, Identity::default(), backend, rx, w2, c2).run());

@@ -151,3 +151,46 @@ fn pc_samples_read_at_exit_are_sent_before_goodbye() {
     assert_eq!(stopped.detail, "process exit");
     h.join().unwrap();
 }
+
+/// A process attached late asks gpuprofd for the cubins of modules loaded before sampling and
+/// reports those it found in no mapped file; the cubins of the answer reach the backend whole,
+/// one whose pieces came out of order counts as unknown (looked for in the files instead).
+#[test]
+fn late_cubins_are_asked_of_gpuprofd_and_its_answer_reaches_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
+    let mut s = accept_welcomed(&listener);
+    start_tracing(&mut s, 9);
+    let lease = pb::StartPcSampling { session_id: 9, device_id: 3, flush_interval_ms: 50, ..Default::default() };
+    daemon_send(&mut s, In::StartPcSampling(lease));
+    let seen = until(&mut s, |m| matches!(m, Out::CubinsNotFound(_)));
+    let query = seen.iter().find_map(|m| if let Out::CubinQuery(q) = m { Some(q.hashes.clone()) } else { None });
+    assert_eq!(query.expect("a query before the report"), ["00000000000000aa", "00000000000000bb", "00000000000000cc"]);
+    let Some(Out::CubinsNotFound(n)) = seen.last() else { panic!() };
+    assert_eq!(n.hashes, ["00000000000000dd"]);
+
+    let cubin: Vec<u8> = (0..(600 << 10) + 100).map(|i| (i % 249) as u8).collect();
+    let piece = |hash: &str, offset: usize, data: &[u8], size: usize| {
+        In::Cubin(pb::CubinChunk { hash: hash.into(), size: size as u64, offset: offset as u64, data: data.to_vec() })
+    };
+    daemon_send(&mut s, piece("00000000000000cc", 5, b"late", 9));
+    daemon_send(&mut s, piece("00000000000000aa", 0, &cubin[..512 << 10], cubin.len()));
+    daemon_send(&mut s, piece("00000000000000aa", 512 << 10, &cubin[512 << 10..], cubin.len()));
+    let answer = pb::CubinAnswer {
+        sent: vec!["00000000000000aa".into(), "00000000000000cc".into()],
+        nowhere: vec!["00000000000000bb".into()],
+        unknown: vec![],
+    };
+    daemon_send(&mut s, In::CubinAnswer(answer));
+    let seen = until(&mut s, |m| matches!(m, Out::PcSamplingState(st) if st.detail.starts_with("answer")));
+    let Some(Out::PcSamplingState(st)) = seen.last() else { panic!() };
+    assert_eq!(
+        st.detail,
+        format!(
+            "answer: [(\"00000000000000aa\", {})] nowhere [\"00000000000000bb\"] unknown [\"00000000000000cc\"]",
+            cubin.len()
+        )
+    );
+    control.request_exit(&wake, Duration::from_millis(10));
+    h.join().unwrap();
+}

@@ -258,6 +258,8 @@ impl<B: Backend> Agent<B> {
                 let reason = if p.reason.is_empty() { "lease ended".to_string() } else { p.reason };
                 self.stop_pc(p.device_id, &reason);
             }
+            In::Cubin(c) => self.pc_cubin_piece(c),
+            In::CubinAnswer(a) => self.pc_cubin_answer(a),
             In::StartPmSampling(_) | In::StopPmSampling(_) => {}
         }
     }

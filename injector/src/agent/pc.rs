@@ -21,8 +21,12 @@ pub struct PcState {
     pub leases: HashMap<u32, u64>,
     pub every: Duration,
     pub next: Option<Instant>,
-    /// Cubin hashes sent on this connection.
+    /// Cubin hashes sent on this connection (or received from gpuprofd: it has those).
     pub cubins_sent: HashSet<String>,
+    /// Cubins gpuprofd is sending in answer to a query: hash → (announced size, bytes so far).
+    pub incoming: HashMap<String, (u64, Vec<u8>)>,
+    /// Cubins received whole, for the answer that ends the query.
+    pub received: Vec<(String, Vec<u8>)>,
     /// Per device: samples, dropped, heals since the lease began.
     pub totals: HashMap<u32, (u64, u64, u32)>,
     /// Devices the backend reported sampling.
@@ -33,6 +37,20 @@ pub struct PcState {
     /// and granted again before the application synchronized): started once it has stopped.
     pub deferred: HashMap<u32, (pb::StartPcSampling, Instant)>,
 }
+
+impl PcState {
+    /// A new connection: what was sent or half received on the last one no longer counts.
+    pub fn new_connection(&mut self) {
+        self.cubins_sent.clear();
+        self.incoming.clear();
+        self.received.clear();
+    }
+}
+
+/// Largest cubin accepted from gpuprofd (as gpuprofd accepts from agents).
+const MAX_CUBIN: u64 = 256 << 20;
+/// Cubins in one query (as gpuprofd accepts).
+const MAX_QUERY: usize = 256;
 
 pub use crate::tracer::STILL_STOPPING;
 /// How long a deferred start waits for the last lease to stop.
@@ -179,8 +197,46 @@ impl<B: Backend> Agent<B> {
         }
     }
 
+    /// A piece of a cubin gpuprofd sends in answer to a query. A piece out of order or past
+    /// the size drops that cubin (it is looked for in the mapped files instead).
+    pub(super) fn pc_cubin_piece(&mut self, c: pb::CubinChunk) {
+        let (size, mut data) = self.pc.incoming.remove(&c.hash).unwrap_or((c.size, Vec::new()));
+        let end = c.offset.saturating_add(c.data.len() as u64);
+        if c.size != size || size > MAX_CUBIN || c.offset != data.len() as u64 || end > size {
+            log!(Warn, "PC sampling: a piece of cubin {} from gpuprofd out of order, left out", c.hash);
+            return;
+        }
+        data.extend_from_slice(&c.data);
+        if end == size {
+            self.pc.cubins_sent.insert(c.hash.clone());
+            self.pc.received.push((c.hash, data));
+        } else {
+            self.pc.incoming.insert(c.hash, (size, data));
+        }
+    }
+
+    /// The end of gpuprofd's answer to a query: the cubins received whole go to the backend
+    /// with the rest of the answer (a cubin said sent but not received whole counts unknown).
+    pub(super) fn pc_cubin_answer(&mut self, a: pb::CubinAnswer) {
+        let cubins = std::mem::take(&mut self.pc.received);
+        let mut unknown = a.unknown;
+        unknown.extend(a.sent.into_iter().filter(|h| !cubins.iter().any(|(c, _)| c == h)));
+        self.pc.incoming.clear();
+        self.backend.pc_cubin_answer(crate::tracer::CubinAnswer { cubins, nowhere: a.nowhere, unknown });
+    }
+
     fn send_pc_output(&mut self, out: PcOutput) {
         let welcomed = self.conn.as_ref().is_some_and(|c| c.welcomed);
+        // Unsent (no connection), a query is answered by no one: the backend looks in the
+        // mapped files after a while.
+        if welcomed {
+            for q in out.cubin_query.chunks(MAX_QUERY) {
+                self.send(Out::CubinQuery(pb::CubinQuery { hashes: q.to_vec() }));
+            }
+            for n in out.cubins_not_found.chunks(MAX_QUERY) {
+                self.send(Out::CubinsNotFound(pb::CubinsNotFound { hashes: n.to_vec() }));
+            }
+        }
         // Cubins first, so the daemon has each before the samples that name it.
         for (hash, bytes) in &out.cubins {
             if !welcomed || self.pc.cubins_sent.contains(hash) {

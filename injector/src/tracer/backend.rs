@@ -139,6 +139,20 @@ pub struct PcOutput {
     pub events: Vec<PcEvent>,
     /// Cubins by hash, for the hashes the batches name (the agent sends each once).
     pub cubins: Vec<(String, std::sync::Arc<Vec<u8>>)>,
+    /// Cubins of modules loaded before sampling began, to ask the daemon for before looking in
+    /// the mapped files (the answer comes to [`PcBackend::pc_cubin_answer`]).
+    pub cubin_query: Vec<String>,
+    /// Cubins looked for in the mapped files and found in none.
+    pub cubins_not_found: Vec<String>,
+}
+
+/// The daemon's answer to a cubin query: the cubins it had (hash, bytes), those a process of
+/// the same user found in no mapped file lately, and those it does not know.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CubinAnswer {
+    pub cubins: Vec<(String, Vec<u8>)>,
+    pub nowhere: Vec<String>,
+    pub unknown: Vec<String>,
 }
 
 /// PC sampling, driven by the background thread while the daemon grants leases.
@@ -164,6 +178,10 @@ pub trait PcBackend {
     /// Makes no CUDA or CUPTI call.
     fn pc_exit(&mut self) -> PcOutput {
         PcOutput::default()
+    }
+    /// The daemon answered a cubin query ([`PcOutput::cubin_query`]).
+    fn pc_cubin_answer(&mut self, answer: CubinAnswer) {
+        let _ = answer;
     }
     /// Devices with a lease (sampling or waiting for their context).
     fn pc_devices(&self) -> Vec<u32> {

@@ -382,6 +382,10 @@ impl PcBackend for CuptiBackend {
     fn pc_exit(&mut self) -> PcOutput {
         self.pc.collect_at_exit()
     }
+    fn pc_cubin_answer(&mut self, answer: crate::tracer::CubinAnswer) {
+        let _cupti = hooks::background();
+        self.pc.cubin_answer(answer);
+    }
     fn pc_devices(&self) -> Vec<u32> {
         self.pc.devices()
     }

@@ -20,8 +20,8 @@ mod switches;
 mod trace_config;
 
 pub use backend::{
-    Backend, Completed, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow, RecordSource,
-    STILL_STOPPING, StartOutcome,
+    Backend, Completed, CubinAnswer, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow,
+    RecordSource, STILL_STOPPING, StartOutcome,
 };
 pub use callbacks::{Shared, TRACING, install, now_ms};
 pub use cupti_backend::{CuptiBackend, Tuning, hook_runtime};

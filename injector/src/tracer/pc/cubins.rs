@@ -95,14 +95,51 @@ pub fn on_crc(cubin: &[u8]) -> Option<u64> {
 /// loaded before sampling is in no file and stays without lines.
 struct Late {
     tx: std::sync::mpsc::Sender<(Vec<(u64, String)>, u32)>,
-    /// CRCs looked for and found nowhere.
-    missing: std::collections::HashSet<u64>,
 }
 
 static LATE: Mutex<Option<Late>> = Mutex::new(None);
 
 fn late() -> std::sync::MutexGuard<'static, Option<Late>> {
     LATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// CRCs looked for and found nowhere (here, or by an earlier process as gpuprofd says), and
+/// those found nowhere here not yet reported to gpuprofd.
+#[derive(Default)]
+struct Missing {
+    all: std::collections::HashSet<u64>,
+    unreported: Vec<u64>,
+}
+
+static MISSING: Mutex<Option<Missing>> = Mutex::new(None);
+
+fn missing<R>(f: impl FnOnce(&mut Missing) -> R) -> R {
+    f(MISSING.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Missing::default))
+}
+
+/// A module gpuprofd says an earlier process found in none of its mapped files.
+pub fn note_missing(crc: u64) {
+    missing(|m| m.all.insert(crc));
+}
+
+/// The modules found in no mapped file here since the last call, for gpuprofd.
+pub fn take_not_found() -> Vec<u64> {
+    missing(|m| std::mem::take(&mut m.unreported))
+}
+
+/// Keeps a cubin gpuprofd sent for module `crc` (found by an earlier process) once CUPTI's
+/// CRC of it is `crc`. On gpuprof's thread, under the background guard.
+pub fn adopt(crc: u64, bytes: Vec<u8>) -> bool {
+    let Some(c) = CUBINS.get() else { return false };
+    if get(crc).is_some() {
+        return true;
+    }
+    if c.cupti.cubin_crc(&bytes).ok() != Some(crc) {
+        return false;
+    }
+    c.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
+    c.map.lock().unwrap_or_else(|p| p.into_inner()).insert(crc, Arc::new(bytes));
+    true
 }
 
 /// Asks for the cubins of `wanted` (CRC, function name) in the mapped files, for SM `sm`
@@ -123,20 +160,19 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
             }
             while let Ok((wanted, sm)) = rx.recv() {
                 let _ = catch_unwind(AssertUnwindSafe(|| find_mapped(&wanted, sm)));
-                let mut g = late();
-                if let Some(l) = g.as_mut() {
+                missing(|m| {
                     for (crc, _) in &wanted {
-                        if get(*crc).is_none() {
-                            l.missing.insert(*crc);
+                        if get(*crc).is_none() && m.all.insert(*crc) {
+                            m.unreported.push(*crc);
                         }
                     }
-                }
+                });
             }
         });
         if spawned.is_err() {
             return;
         }
-        *g = Some(Late { tx, missing: Default::default() });
+        *g = Some(Late { tx });
     }
     if let Some(l) = g.as_mut() {
         let _ = l.tx.send((wanted, sm));
@@ -145,7 +181,7 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
 
 /// Modules sampled whose cubin was found neither at load nor in a mapped file.
 pub fn unresolved() -> usize {
-    late().as_ref().map_or(0, |l| l.missing.iter().filter(|c| get(**c).is_none()).count())
+    missing(|m| m.all.iter().filter(|c| get(**c).is_none()).count())
 }
 
 /// Reads the fatbins of the mapped files for the cubins of `wanted`; keeps those found.

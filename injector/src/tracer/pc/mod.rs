@@ -494,7 +494,14 @@ impl PcSampler {
         out.cubins =
             need_cubins.iter().filter_map(|crc| cubins::get(*crc).map(|b| (format!("{crc:016x}"), b))).collect();
         out.events = std::mem::take(&mut self.events);
+        out.cubin_query = self.resolve.take_query();
+        out.cubins_not_found = cubins::take_not_found().into_iter().map(|crc| format!("{crc:016x}")).collect();
         out
+    }
+
+    /// gpuprofd answered a query for cubins of modules loaded before sampling.
+    pub fn cubin_answer(&mut self, a: crate::tracer::CubinAnswer) {
+        self.resolve.answer(a);
     }
 }
 
