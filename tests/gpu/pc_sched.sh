@@ -9,7 +9,8 @@
 #          other (equal work), and `pc top` says who waits for its turn;
 #   late   `gpuprofctl trace --pid P --pc-sampling --duration 6s` on a running -lineinfo CUDA C
 #          program: the hottest line is gather's dependent load (pc_kernel.cu:15), the pprof
-#          export names the file;
+#          export names the file; then the same on a second run of the program, whose cubin
+#          comes from gpuprofd's cache (the first run sent it) without reading any file;
 #   cost   medians of REPS (default 5) alternating runs: untraced, CUPTI's own
 #          pc_sampling_continuous sample (the floor), gpuprof windows (the default: an enable
 #          and a disable each, CUPTI finalized between them), windows that are ranges of one
@@ -181,21 +182,31 @@ fi
 # ---------------------------------------------------------------- late
 if [[ $PARTS == *" late "* ]]; then
   nvcc -O2 -lineinfo -arch=sm_90 -o "$STATE/pc_kernel" "$HERE/pc_kernel.cu" >"$STATE/nvcc.txt" 2>&1 || cat "$STATE/nvcc.txt"
-  CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info GPUPROF_LOG_FILE="$STATE/logs/late_inj.txt" "$STATE/pc_kernel" 14 0 \
-    >"$STATE/late_kernel.txt" 2>&1 &
-  K=$!
-  sleep 3
-  t0=$(date +%s%3N)
-  "${CTL[@]}" trace --pid "$K" --pc-sampling --duration 6s >"$STATE/late_trace.txt" 2>&1
-  S=$("${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))')
-  wait $K
-  echo "--- late attach"; tail -12 "$STATE/late_trace.txt"
-  "${CTL[@]}" pc top "$S" --by line --limit 4 | tee "$STATE/late_top.txt"
-  top_line=$("${CTL[@]}" --json pc top "$S" --by line --limit 1 | jq_py '"%s:%d %s" % (d["rows"][0]["file"].split("/")[-1], d["rows"][0]["line"], d["rows"][0]["function"]) if d["rows"] else "none"')
-  pass_if "late attach: the hottest line is gather's dependent load (pc_kernel.cu:15)" "$(grep -q '^pc_kernel.cu:15 gather' <<<"$top_line" && echo 1)" "$top_line"
+  # late_attach TAG: a run of the program attached 3 s after its start; checks its hottest line.
+  late_attach() {
+    local tag=$1
+    CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info GPUPROF_LOG_FILE="$STATE/logs/${tag}_inj.txt" "$STATE/pc_kernel" 14 0 \
+      >"$STATE/${tag}_kernel.txt" 2>&1 &
+    local k=$!
+    sleep 3
+    "${CTL[@]}" trace --pid "$k" --pc-sampling --duration 6s >"$STATE/${tag}_trace.txt" 2>&1
+    S=$("${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))')
+    wait $k
+    echo "--- $tag attach"; tail -12 "$STATE/${tag}_trace.txt"
+    "${CTL[@]}" pc top "$S" --by line --limit 4 | tee "$STATE/${tag}_top.txt"
+    top_line=$("${CTL[@]}" --json pc top "$S" --by line --limit 1 | jq_py '"%s:%d %s" % (d["rows"][0]["file"].split("/")[-1], d["rows"][0]["line"], d["rows"][0]["function"]) if d["rows"] else "none"')
+    pass_if "$tag attach: the hottest line is gather's dependent load (pc_kernel.cu:15)" "$(grep -q '^pc_kernel.cu:15 gather' <<<"$top_line" && echo 1)" "$top_line"
+    grep -hE "mapped files|modules loaded before" "$STATE/logs/${tag}_inj.txt" 2>/dev/null | head -3
+  }
+  late_attach late
   "${CTL[@]}" export "$S" --format pprof -o "$STATE/late.pb.gz" >/dev/null 2>&1
   pass_if "late attach: the pprof export names the file" "$(zcat "$STATE/late.pb.gz" 2>/dev/null | grep -aq 'pc_kernel.cu' && echo 1)" "$(stat -c %s "$STATE/late.pb.gz" 2>/dev/null) bytes"
-  grep -hE "mapped files|modules loaded before" "$STATE"/logs/late_inj.txt 2>/dev/null | head -3
+  # The second run gets the cubin the first found from gpuprofd, without reading its files.
+  late_attach late2
+  had=$(grep -ohE "gpuprofd had the cubins of [0-9]+ modules" "$STATE/logs/late2_inj.txt" | head -1)
+  looked=$(grep -c "looking for the cubins of modules loaded before sampling in the mapped files" "$STATE/logs/late2_inj.txt")
+  pass_if "second late attach: the cubin came from gpuprofd's cache, no file read" \
+    "$([ "$had" = "gpuprofd had the cubins of 1 modules" ] && [ "$looked" = 0 ] && echo 1)" "${had:-no answer}; looked in the files $looked times"
 fi
 
 # ---------------------------------------------------------------- the modes (cost, residue, yield, pair)
