@@ -528,20 +528,11 @@ impl Conn<'_> {
                 }
             }
             Msg::CubinQuery(q) => {
-                // Answered off the async threads (a database read) and in order on the
-                // agent's command queue; the connection reads on meanwhile.
-                let (db, nowhere, to, uid) =
-                    (d.db_path.to_path_buf(), d.pc.nowhere.clone(), self.agent.commands.clone(), self.agent.uid);
-                tokio::spawn(async move {
-                    let now = std::time::Instant::now();
-                    let msgs = tokio::task::spawn_blocking(move || {
-                        crate::pcsamp::lookup::answer(&db, uid, &q.hashes, &nowhere, now)
-                    })
-                    .await;
-                    if let Ok(msgs) = msgs {
-                        crate::pcsamp::lookup::send_all(&to, msgs).await;
-                    }
-                });
+                // Answered on its own task (a database read, then the pieces in order on the
+                // agent's command queue); the connection reads on meanwhile.
+                let (db, nowhere) = (d.db_path.to_path_buf(), d.pc.nowhere.clone());
+                let to = self.agent.commands.clone();
+                tokio::spawn(crate::pcsamp::lookup::serve(db, self.agent.uid, q.hashes, nowhere, to));
             }
             Msg::CubinsNotFound(n) => {
                 tracing::debug!(id, cubins = n.hashes.len(), "cubins found in no mapped file");

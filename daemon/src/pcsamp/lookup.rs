@@ -24,6 +24,10 @@ pub const NOWHERE_FOR: Duration = Duration::from_secs(3600);
 pub const MAX_NOWHERE: usize = 65_536;
 /// Largest piece of a cubin sent to an agent (the injector reads frames of up to 1 MiB).
 pub const ANSWER_CHUNK: usize = 512 << 10;
+/// Cubin bytes one answer sends at most (the rest are answered unknown: the process looks).
+pub const MAX_ANSWER_BYTES: usize = 128 << 20;
+/// Answers being read or sent at once, node-wide (each holds its cubins in memory).
+static ANSWERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
 
 /// Cubins reported found in no mapped file, by the reporting process's uid, and when.
 #[derive(Default)]
@@ -57,14 +61,22 @@ impl Nowhere {
 }
 
 /// The answer to one query of a process of `uid`, in the order it goes out: the stored
-/// cubins' pieces (those sent by a process of `uid` or root), then the `CubinAnswer`. Reads
-/// the database (blocking: run it off the async threads).
-pub fn answer(db: &Path, uid: u32, hashes: &[String], nowhere: &Nowhere, now: Instant) -> Vec<DaemonMessage> {
+/// cubins' pieces (those sent by a process of `uid` or root, up to `max_bytes` in all), then
+/// the `CubinAnswer`. Reads the database (blocking: run it off the async threads).
+pub fn answer(
+    db: &Path,
+    uid: u32,
+    hashes: &[String],
+    nowhere: &Nowhere,
+    now: Instant,
+    max_bytes: usize,
+) -> Vec<DaemonMessage> {
     let reader = crate::store::open_reader(db)
         .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "cubin query: database not readable"))
         .ok();
     let mut out = Vec::new();
     let mut a = CubinAnswer::default();
+    let mut bytes = 0;
     for h in hashes {
         if a.sent.contains(h) || a.nowhere.contains(h) || a.unknown.contains(h) {
             continue;
@@ -81,7 +93,8 @@ pub fn answer(db: &Path, uid: u32, hashes: &[String], nowhere: &Nowhere, now: In
             .flatten()
         });
         match stored {
-            Some(data) if !data.is_empty() => {
+            Some(data) if !data.is_empty() && bytes + data.len() <= max_bytes => {
+                bytes += data.len();
                 for (i, piece) in data.chunks(ANSWER_CHUNK).enumerate() {
                     out.push(DaemonMessage {
                         msg: Some(Msg::Cubin(CubinChunk {
@@ -102,14 +115,27 @@ pub fn answer(db: &Path, uid: u32, hashes: &[String], nowhere: &Nowhere, now: In
     out
 }
 
-/// Sends `msgs` to an agent, in order; false once its connection is gone.
-pub async fn send_all(to: &tokio::sync::mpsc::Sender<wire::DaemonMessage>, msgs: Vec<DaemonMessage>) -> bool {
+/// Answers a query of a process of `uid` on its command queue `to` ([`answer`] off the async
+/// threads, at most a few at once node-wide).
+pub async fn serve(
+    db: std::path::PathBuf,
+    uid: u32,
+    hashes: Vec<String>,
+    nowhere: std::sync::Arc<Nowhere>,
+    to: tokio::sync::mpsc::Sender<wire::DaemonMessage>,
+) {
+    let Ok(_turn) = ANSWERING.acquire().await else { return };
+    let now = Instant::now();
+    let Ok(msgs) =
+        tokio::task::spawn_blocking(move || answer(&db, uid, &hashes, &nowhere, now, MAX_ANSWER_BYTES)).await
+    else {
+        return;
+    };
     for m in msgs {
         if to.send(m).await.is_err() {
-            return false;
+            return;
         }
     }
-    true
 }
 
 #[cfg(test)]
@@ -159,7 +185,7 @@ mod tests {
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-        let out = answer(&db, 1000, &asked, &n, now);
+        let out = answer(&db, 1000, &asked, &n, now, MAX_ANSWER_BYTES);
         let mut got: Vec<u8> = Vec::new();
         for m in &out[..out.len() - 1] {
             let Some(Msg::Cubin(p)) = &m.msg else { panic!("pieces first: {m:?}") };
@@ -172,5 +198,10 @@ mod tests {
         assert_eq!(a.sent, ["00000000000000aa"]);
         assert_eq!(a.nowhere, ["00000000000000bb"]);
         assert_eq!(a.unknown, ["00000000000000cc", "00000000000000ee"], "another user's cubin is not handed out");
+
+        let out = answer(&db, 1000, &asked[..1], &n, now, big.len() - 1);
+        let [m] = &out[..] else { panic!("only the answer: {out:?}") };
+        let Some(Msg::CubinAnswer(a)) = &m.msg else { panic!() };
+        assert_eq!(a.unknown, ["00000000000000aa"], "past the bytes of one answer, the process looks itself");
     }
 }
