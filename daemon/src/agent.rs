@@ -304,7 +304,13 @@ pub async fn handle(stream: UnixStream, d: Connections<'_>, shutdown: Cancellati
     d.registry.insert(agent.clone());
     tracing::info!(id, pid, uid = cred.uid(), kind, exe = %agent.exe, "agent connected");
 
-    let mut conn = Conn { d, agent: &agent, check: check::Checker::new(kind), names: Default::default() };
+    let mut conn = Conn {
+        d,
+        agent: &agent,
+        check: check::Checker::new(kind),
+        names: Default::default(),
+        answering: Default::default(),
+    };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
             Ok(m) => match conn.dispatch(m).await {
@@ -396,6 +402,8 @@ struct Conn<'a> {
     check: check::Checker,
     /// The strings defined so far, for PC sample rows pushed to stream subscribers.
     names: crate::pcsamp::names::ConnNames,
+    /// Held by the answer to a `CubinQuery` being sent: answers go out one after another.
+    answering: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Conn<'_> {
@@ -529,10 +537,14 @@ impl Conn<'_> {
             }
             Msg::CubinQuery(q) => {
                 // Answered on its own task (a database read, then the pieces in order on the
-                // agent's command queue); the connection reads on meanwhile.
+                // agent's command queue, one answer after another); the connection reads on
+                // meanwhile.
                 let (db, nowhere) = (d.db_path.to_path_buf(), d.pc.nowhere.clone());
-                let to = self.agent.commands.clone();
-                tokio::spawn(crate::pcsamp::lookup::serve(db, self.agent.uid, q.hashes, nowhere, to));
+                let (to, uid, one_at_a_time) = (self.agent.commands.clone(), self.agent.uid, self.answering.clone());
+                tokio::spawn(async move {
+                    let _turn = one_at_a_time.lock().await;
+                    crate::pcsamp::lookup::serve(db, uid, q.hashes, nowhere, to).await;
+                });
             }
             Msg::CubinsNotFound(n) => {
                 tracing::debug!(id, cubins = n.hashes.len(), "cubins found in no mapped file");

@@ -242,6 +242,15 @@ async fn cubin_queries_are_answered_from_what_earlier_processes_sent_and_reporte
             assert_eq!(got.len(), 1);
             break;
         }
+        // Two queries at once: two answers, one after the other, each whole.
+        for _ in 0..2 {
+            send(&mut client, Msg::CubinQuery(CubinQuery { hashes: vec![aa.clone()] })).await;
+        }
+        for _ in 0..2 {
+            let (got, a) = cubin_answer(&mut client).await;
+            assert_eq!(a.sent, [aa.as_str()]);
+            assert!(got.len() == 1 && got[&aa] == cubin, "each answer's pieces come together");
+        }
         send(&mut client, Msg::Goodbye(Goodbye::default())).await;
     };
     tokio::join!(handle(server, p.connections(), shutdown.clone()), drive);
