@@ -11,8 +11,8 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -275,6 +275,7 @@ pub async fn handle(stream: UnixStream, d: Connections<'_>, shutdown: Cancellati
             process_id: id,
             max_frame_bytes: max,
             heartbeat_interval_ms: d.agent.heartbeat_interval_ms,
+            cubin_cache: true,
         })),
     };
     let _ = cmd_tx.try_send(welcome);
@@ -310,6 +311,7 @@ pub async fn handle(stream: UnixStream, d: Connections<'_>, shutdown: Cancellati
         check: check::Checker::new(kind),
         names: Default::default(),
         answering: Default::default(),
+        answers_waiting: Default::default(),
     };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
@@ -404,6 +406,8 @@ struct Conn<'a> {
     names: crate::pcsamp::names::ConnNames,
     /// Held by the answer to a `CubinQuery` being sent: answers go out one after another.
     answering: Arc<tokio::sync::Mutex<()>>,
+    /// Answers to `CubinQuery`s waiting or being sent.
+    answers_waiting: Arc<AtomicUsize>,
 }
 
 impl Conn<'_> {
@@ -538,17 +542,29 @@ impl Conn<'_> {
             Msg::CubinQuery(q) => {
                 // Answered on its own task (a database read, then the pieces in order on the
                 // agent's command queue, one answer after another); the connection reads on
-                // meanwhile.
-                let (db, nowhere) = (d.db_path.to_path_buf(), d.pc.nowhere.clone());
-                let (to, uid, one_at_a_time) = (self.agent.commands.clone(), self.agent.uid, self.answering.clone());
-                tokio::spawn(async move {
-                    let _turn = one_at_a_time.lock().await;
-                    crate::pcsamp::lookup::serve(db, uid, q.hashes, nowhere, to).await;
-                });
+                // meanwhile. Past two queries waiting, one is left unanswered (the process
+                // looks itself after a while).
+                if self.answers_waiting.fetch_add(1, Relaxed) >= 2 {
+                    self.answers_waiting.fetch_sub(1, Relaxed);
+                    tracing::debug!(id, "cubin query left unanswered: two are waiting");
+                } else {
+                    let (db, nowhere) = (d.db_path.to_path_buf(), d.pc.nowhere.clone());
+                    let scope = crate::pcsamp::lookup::Scope::of(self.agent);
+                    let (to, one_at_a_time, waiting) =
+                        (self.agent.commands.clone(), self.answering.clone(), self.answers_waiting.clone());
+                    tokio::spawn(async move {
+                        {
+                            let _turn = one_at_a_time.lock().await;
+                            crate::pcsamp::lookup::serve(db, scope, q.hashes, nowhere, to).await;
+                        }
+                        waiting.fetch_sub(1, Relaxed);
+                    });
+                }
             }
             Msg::CubinsNotFound(n) => {
                 tracing::debug!(id, cubins = n.hashes.len(), "cubins found in no mapped file");
-                d.pc.nowhere.note(self.agent.uid, &n.hashes, std::time::Instant::now());
+                let scope = crate::pcsamp::lookup::Scope::of(self.agent);
+                d.pc.nowhere.note(&scope, &n.hashes, std::time::Instant::now());
             }
             Msg::Cubin(c) => {
                 if let Some((hash, data)) = self.check.cubin(c, |h| d.pc.cubin_known(h))?

@@ -138,8 +138,7 @@ fn with_a_daemon_the_process_says_hello_and_goodbye() {
     assert_eq!(h.pid, child.id());
     assert_eq!(h.cupti_version, 0, "no CUPTI in CI");
     assert!(h.exe.ends_with(std::env::current_exe().unwrap().file_name().unwrap().to_str().unwrap()));
-    let welcome =
-        pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 };
+    let welcome = pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, ..Default::default() };
     write_frame(&mut s, &pb::DaemonMessage { msg: Some(pb::daemon_message::Msg::Welcome(welcome)) }).unwrap();
     // A trace cannot start without CUPTI: the failure is reported, not fatal.
     let start = pb::StartTrace { session_id: 1, config: None };
@@ -191,8 +190,7 @@ fn a_forked_child_does_not_hold_the_connection() {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let m: pb::AgentMessage = read_message(&mut s, 1 << 20).unwrap();
     assert!(matches!(m.msg, Some(Out::Hello(_))));
-    let welcome =
-        pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, heartbeat_interval_ms: 0 };
+    let welcome = pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, ..Default::default() };
     write_frame(&mut s, &pb::DaemonMessage { msg: Some(pb::daemon_message::Msg::Welcome(welcome)) }).unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
     let parent_gone = Instant::now();

@@ -125,6 +125,7 @@ async fn agent_connections_without_a_daemon() {
         send(&mut client, hello(AgentKind::Injector)).await;
         let w = welcome(&mut client).await;
         assert!(w.process_id > 0 && w.heartbeat_interval_ms == p.cfg.agent.heartbeat_interval_ms, "{w:?}");
+        assert!(w.cubin_cache, "this daemon answers cubin queries");
         let a = p.registry.get(w.process_id).expect("registered");
         assert_eq!((a.pid, a.kind), (std::process::id(), "injector"));
         assert_eq!(p.stats.connected_agents.load(Relaxed), 1);

@@ -6,9 +6,10 @@
 //! found in none of its files (`CubinsNotFound`, e.g. cuBLAS's GEMM kernels, which are in no
 //! fatbin cubin of `libcublasLt`) are answered as such, so that the next process of the same
 //! job does not read the same libraries for nothing. The key is CUPTI's CRC of the cubin:
-//! its content, whichever file or container it came from. A process gets only what
-//! processes of its own user (or root) sent or reported: a cubin is parsed inside the
-//! process that receives it, and no user's upload reaches another user's processes.
+//! its content, whichever file it came from. A process gets only what processes of its own
+//! scope sent or reported (the same uid, and the same pod, or container outside pods): a cubin
+//! is parsed inside the process that receives it, and CUPTI's CRC is no defence against a
+//! crafted one, so no tenant's upload reaches another's processes.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -20,8 +21,6 @@ use rusqlite::OptionalExtension;
 
 /// How long a "found in no mapped file" report holds (a new library version may bring it).
 pub const NOWHERE_FOR: Duration = Duration::from_secs(3600);
-/// Reports kept at most (the oldest go first).
-pub const MAX_NOWHERE: usize = 65_536;
 /// Largest piece of a cubin sent to an agent (the injector reads frames of up to 1 MiB).
 pub const ANSWER_CHUNK: usize = 512 << 10;
 /// Cubin bytes one answer sends at most (the rest are answered unknown: the process looks).
@@ -29,43 +28,78 @@ pub const MAX_ANSWER_BYTES: usize = 128 << 20;
 /// Answers being read or sent at once, node-wide (each holds its cubins in memory).
 static ANSWERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
 
-/// Cubins reported found in no mapped file, by the reporting process's uid, and when.
+/// Whose uploads and reports a process may be answered with: the same uid, and the same pod
+/// (outside pods, the same container; neither: the host).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Scope {
+    pub uid: u32,
+    pub pod_uid: String,
+    /// Only outside pods (empty in one).
+    pub container_id: String,
+}
+
+impl Scope {
+    pub fn of(a: &crate::registry::Agent) -> Scope {
+        let p = &a.placement;
+        let container_id = if p.pod_uid.is_empty() { p.container_id.clone() } else { String::new() };
+        Scope { uid: a.uid, pod_uid: p.pod_uid.clone(), container_id }
+    }
+}
+
+/// Reports kept per scope at most (the oldest go first).
+pub const MAX_NOWHERE_PER_SCOPE: usize = 4096;
+/// Scopes with reports kept at most (the one with the oldest latest report goes first).
+pub const MAX_SCOPES: usize = 1024;
+
+/// Cubins reported found in no mapped file, per scope, and when.
 #[derive(Default)]
 pub struct Nowhere {
-    seen: Mutex<HashMap<(u32, String), Instant>>,
+    seen: Mutex<HashMap<Scope, HashMap<String, Instant>>>,
 }
 
 impl Nowhere {
-    /// Notes `hashes` as found in no mapped file now by a process of `uid`.
-    pub fn note<'a>(&self, uid: u32, hashes: impl IntoIterator<Item = &'a String>, now: Instant) {
+    /// Notes `hashes` as found in no mapped file now by a process of `scope`.
+    pub fn note<'a>(&self, scope: &Scope, hashes: impl IntoIterator<Item = &'a String>, now: Instant) {
         let mut g = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = g.entry(scope.clone()).or_default();
         for h in hashes {
-            g.insert((uid, h.clone()), now);
+            mine.insert(h.clone(), now);
         }
-        if g.len() > MAX_NOWHERE {
-            g.retain(|_, t| now.duration_since(*t) < NOWHERE_FOR);
-            while g.len() > MAX_NOWHERE {
-                let Some(oldest) = g.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone()) else { break };
-                g.remove(&oldest);
+        if mine.len() > MAX_NOWHERE_PER_SCOPE {
+            mine.retain(|_, t| now.duration_since(*t) < NOWHERE_FOR);
+        }
+        if mine.len() > MAX_NOWHERE_PER_SCOPE {
+            // One pass: the times of the newest MAX_NOWHERE_PER_SCOPE stay.
+            let mut times: Vec<Instant> = mine.values().copied().collect();
+            let cut = times.len() - MAX_NOWHERE_PER_SCOPE;
+            let (_, nth, _) = times.select_nth_unstable(cut);
+            let keep_from = *nth;
+            mine.retain(|_, t| *t >= keep_from);
+        }
+        if g.len() > MAX_SCOPES {
+            g.retain(|_, m| m.values().any(|t| now.duration_since(*t) < NOWHERE_FOR));
+            while g.len() > MAX_SCOPES {
+                let stalest = g.iter().min_by_key(|(_, m)| m.values().max().copied()).map(|(s, _)| s.clone());
+                let Some(s) = stalest else { break };
+                g.remove(&s);
             }
         }
     }
 
-    /// Whether a process of `uid` or root reported `hash` found in no mapped file within
+    /// Whether a process of `scope` reported `hash` found in no mapped file within
     /// [`NOWHERE_FOR`] of `now`.
-    pub fn contains(&self, uid: u32, hash: &str, now: Instant) -> bool {
+    pub fn contains(&self, scope: &Scope, hash: &str, now: Instant) -> bool {
         let g = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let recent = |u: u32| g.get(&(u, hash.to_string())).is_some_and(|t| now.duration_since(*t) < NOWHERE_FOR);
-        recent(uid) || recent(0)
+        g.get(scope).and_then(|m| m.get(hash)).is_some_and(|t| now.duration_since(*t) < NOWHERE_FOR)
     }
 }
 
-/// The answer to one query of a process of `uid`, in the order it goes out: the stored
-/// cubins' pieces (those sent by a process of `uid` or root, up to `max_bytes` in all), then
+/// The answer to one query of a process of `scope`, in the order it goes out: the stored
+/// cubins' pieces (those sent by a process of the same scope, up to `max_bytes` in all), then
 /// the `CubinAnswer`. Reads the database (blocking: run it off the async threads).
 pub fn answer(
     db: &Path,
-    uid: u32,
+    scope: &Scope,
     hashes: &[String],
     nowhere: &Nowhere,
     now: Instant,
@@ -83,8 +117,9 @@ pub fn answer(
         }
         let stored = reader.as_ref().and_then(|c| {
             c.query_row(
-                "SELECT c.data FROM cubins c JOIN processes p ON p.id = c.proc WHERE c.hash = ?1 AND p.uid IN (?2, 0)",
-                rusqlite::params![h, uid],
+                "SELECT c.data FROM cubins c JOIN processes p ON p.id = c.proc
+                 WHERE c.hash = ?1 AND p.uid = ?2 AND p.pod_uid = ?3 AND (?3 <> '' OR p.container_id = ?4)",
+                rusqlite::params![h, scope.uid, scope.pod_uid, scope.container_id],
                 |r| r.get::<_, Vec<u8>>(0),
             )
             .optional()
@@ -107,7 +142,7 @@ pub fn answer(
                 }
                 a.sent.push(h.clone());
             }
-            _ if nowhere.contains(uid, h, now) => a.nowhere.push(h.clone()),
+            _ if nowhere.contains(scope, h, now) => a.nowhere.push(h.clone()),
             _ => a.unknown.push(h.clone()),
         }
     }
@@ -115,26 +150,47 @@ pub fn answer(
     out
 }
 
-/// Answers a query of a process of `uid` on its command queue `to` ([`answer`] off the async
-/// threads, at most a few at once node-wide).
+/// The agent's command queue keeps this many places for commands (lease and trace starts and
+/// stops go in with `try_send`): an answer's pieces wait for room above it.
+pub const COMMAND_RESERVE: usize = 64;
+/// How long one answer may take to go out (a process that does not read gets no more).
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// Answers a query of a process of `scope` on its command queue `to` ([`answer`] off the
+/// async threads, at most a few at once node-wide), leaving [`COMMAND_RESERVE`] places of the
+/// queue to commands and giving up after [`ANSWER_WITHIN`].
 pub async fn serve(
     db: std::path::PathBuf,
-    uid: u32,
+    scope: Scope,
     hashes: Vec<String>,
     nowhere: std::sync::Arc<Nowhere>,
     to: tokio::sync::mpsc::Sender<wire::DaemonMessage>,
 ) {
-    let Ok(_turn) = ANSWERING.acquire().await else { return };
-    let now = Instant::now();
-    let Ok(msgs) =
-        tokio::task::spawn_blocking(move || answer(&db, uid, &hashes, &nowhere, now, MAX_ANSWER_BYTES)).await
-    else {
-        return;
-    };
-    for m in msgs {
-        if to.send(m).await.is_err() {
+    let go = async {
+        let Ok(_turn) = ANSWERING.acquire().await else { return };
+        if to.is_closed() {
             return;
         }
+        let now = Instant::now();
+        let Ok(msgs) =
+            tokio::task::spawn_blocking(move || answer(&db, &scope, &hashes, &nowhere, now, MAX_ANSWER_BYTES)).await
+        else {
+            return;
+        };
+        for m in msgs {
+            while to.capacity() <= COMMAND_RESERVE {
+                if to.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if to.send(m).await.is_err() {
+                return;
+            }
+        }
+    };
+    if tokio::time::timeout(ANSWER_WITHIN, go).await.is_err() {
+        tracing::debug!("cubin answer given up: the process did not read it in time");
     }
 }
 
@@ -146,21 +202,34 @@ mod tests {
     fn reports_hold_for_a_while_and_the_oldest_go_first_past_the_bound() {
         let n = Nowhere::default();
         let t0 = Instant::now();
-        n.note(1000, &["00000000000000aa".to_string()], t0);
-        n.note(0, &["00000000000000dd".to_string()], t0);
-        assert!(n.contains(1000, "00000000000000aa", t0 + Duration::from_secs(60)));
-        assert!(!n.contains(1001, "00000000000000aa", t0), "another user's report does not hold for this one");
-        assert!(n.contains(1001, "00000000000000dd", t0), "root's holds for everyone");
-        assert!(!n.contains(1000, "00000000000000aa", t0 + NOWHERE_FOR), "an old report no longer holds");
-        assert!(!n.contains(1000, "00000000000000bb", t0));
-        let many: Vec<String> = (0..MAX_NOWHERE + 10).map(|i| format!("{i:016x}")).collect();
+        let user = |uid, pod: &str| Scope { uid, pod_uid: pod.into(), container_id: String::new() };
+        n.note(&user(1000, "p1"), &["00000000000000aa".to_string()], t0);
+        assert!(n.contains(&user(1000, "p1"), "00000000000000aa", t0 + Duration::from_secs(60)));
+        assert!(!n.contains(&user(1001, "p1"), "00000000000000aa", t0), "another user's report does not hold");
+        assert!(!n.contains(&user(1000, "p2"), "00000000000000aa", t0), "another pod's report does not hold");
+        assert!(!n.contains(&user(0, "p1"), "00000000000000aa", t0), "nor for root");
+        assert!(!n.contains(&user(1000, "p1"), "00000000000000aa", t0 + NOWHERE_FOR), "an old report no longer holds");
+        assert!(!n.contains(&user(1000, "p1"), "00000000000000bb", t0));
+        let many: Vec<String> = (0..MAX_NOWHERE_PER_SCOPE + 10).map(|i| format!("{i:016x}")).collect();
         for (i, h) in many.iter().enumerate() {
-            n.note(7, [h], t0 + Duration::from_millis(i as u64));
+            n.note(&user(7, ""), [h], t0 + Duration::from_millis(i as u64));
         }
         let later = t0 + Duration::from_secs(120);
-        assert!(!n.contains(7, &many[0], later), "the oldest went past the bound");
-        assert!(n.contains(7, &many[MAX_NOWHERE + 9], later));
-        assert!(n.seen.lock().unwrap().len() <= MAX_NOWHERE);
+        assert!(!n.contains(&user(7, ""), &many[0], later), "the oldest went past the bound");
+        assert!(n.contains(&user(7, ""), &many[MAX_NOWHERE_PER_SCOPE + 9], later));
+        assert!(
+            n.contains(&user(1000, "p1"), "00000000000000aa", later),
+            "one scope's reports do not push out another's"
+        );
+        assert_eq!(n.seen.lock().unwrap()[&user(7, "")].len(), MAX_NOWHERE_PER_SCOPE);
+        for uid in 0..MAX_SCOPES as u32 + 5 {
+            n.note(
+                &user(20_000 + uid, ""),
+                &["00000000000000cc".to_string()],
+                later + Duration::from_millis(uid.into()),
+            );
+        }
+        assert!(n.seen.lock().unwrap().len() <= MAX_SCOPES);
     }
 
     #[test]
@@ -169,23 +238,30 @@ mod tests {
         let db = dir.path().join("t.db");
         let c = rusqlite::Connection::open(&db).unwrap();
         c.execute_batch(
-            "CREATE TABLE processes(id INTEGER PRIMARY KEY, uid INTEGER);
+            "CREATE TABLE processes(id INTEGER PRIMARY KEY, uid INTEGER, pod_uid TEXT, container_id TEXT);
              CREATE TABLE cubins(hash TEXT PRIMARY KEY, data BLOB, proc INTEGER);
-             INSERT INTO processes VALUES (1, 1000), (2, 1001);
-             INSERT INTO cubins VALUES ('00000000000000ee', x'7f454c46', 2);",
+             INSERT INTO processes VALUES (1, 1000, '', 'c1'), (2, 1001, '', 'c1'), (3, 1000, '', 'c2');
+             INSERT INTO cubins VALUES ('00000000000000ee', x'7f454c46', 2), ('00000000000000ff', x'7f454c46', 3);",
         )
         .unwrap();
         let big: Vec<u8> = (0..ANSWER_CHUNK * 2 + 100).map(|i| (i % 251) as u8).collect();
         c.execute("INSERT INTO cubins(hash, data, proc) VALUES ('00000000000000aa', ?1, 1)", [&big]).unwrap();
         let n = Nowhere::default();
         let now = Instant::now();
-        n.note(1000, &["00000000000000bb".to_string()], now);
-        let asked: Vec<String> =
-            ["00000000000000aa", "00000000000000bb", "00000000000000cc", "00000000000000aa", "00000000000000ee"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-        let out = answer(&db, 1000, &asked, &n, now, MAX_ANSWER_BYTES);
+        let me = Scope { uid: 1000, pod_uid: String::new(), container_id: "c1".into() };
+        n.note(&me, &["00000000000000bb".to_string()], now);
+        let asked: Vec<String> = [
+            "00000000000000aa",
+            "00000000000000bb",
+            "00000000000000cc",
+            "00000000000000aa",
+            "00000000000000ee",
+            "00000000000000ff",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let out = answer(&db, &me, &asked, &n, now, MAX_ANSWER_BYTES);
         let mut got: Vec<u8> = Vec::new();
         for m in &out[..out.len() - 1] {
             let Some(Msg::Cubin(p)) = &m.msg else { panic!("pieces first: {m:?}") };
@@ -197,9 +273,13 @@ mod tests {
         let Some(Msg::CubinAnswer(a)) = &out.last().unwrap().msg else { panic!("the answer last") };
         assert_eq!(a.sent, ["00000000000000aa"]);
         assert_eq!(a.nowhere, ["00000000000000bb"]);
-        assert_eq!(a.unknown, ["00000000000000cc", "00000000000000ee"], "another user's cubin is not handed out");
+        assert_eq!(
+            a.unknown,
+            ["00000000000000cc", "00000000000000ee", "00000000000000ff"],
+            "another user's or container's cubin is not handed out"
+        );
 
-        let out = answer(&db, 1000, &asked[..1], &n, now, big.len() - 1);
+        let out = answer(&db, &me, &asked[..1], &n, now, big.len() - 1);
         let [m] = &out[..] else { panic!("only the answer: {out:?}") };
         let Some(Msg::CubinAnswer(a)) = &m.msg else { panic!() };
         assert_eq!(a.unknown, ["00000000000000aa"], "past the bytes of one answer, the process looks itself");

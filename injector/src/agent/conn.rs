@@ -25,6 +25,8 @@ pub(super) struct Conn {
     pub(super) stream: UnixStream,
     pub(super) rbuf: Vec<u8>,
     pub(super) welcomed: bool,
+    /// The daemon answers cubin queries (`Welcome.cubin_cache`).
+    pub(super) cubin_cache: bool,
     pub(super) max_frame: usize,
     pub(super) heartbeat: Duration,
     pub(super) last_sent: Instant,
@@ -42,6 +44,7 @@ impl<B: Backend> Agent<B> {
                     stream,
                     rbuf: Vec::new(),
                     welcomed: false,
+                    cubin_cache: false,
                     max_frame: gpuprof_proto::frame::DEFAULT_MAX_FRAME_BYTES as usize,
                     heartbeat: Duration::from_secs(10),
                     last_sent: Instant::now(),

@@ -243,6 +243,7 @@ pub(super) fn accept_welcomed(listener: &UnixListener) -> UnixStream {
             process_id: 1,
             max_frame_bytes: 4 << 20,
             heartbeat_interval_ms: 0,
+            cubin_cache: true,
         }),
     );
     s
@@ -302,6 +303,7 @@ fn hello_trace_stop_and_exit_over_a_socket() {
             process_id: 1,
             max_frame_bytes: 4 << 20,
             heartbeat_interval_ms: 50,
+            cubin_cache: false,
         }),
     );
     let idle = until(&mut s, |m| matches!(m, Out::TraceState(_)));
@@ -443,7 +445,7 @@ fn reports_displacement_and_reconnects_after_a_daemon_restart() {
     assert!(matches!(next(&mut s), Out::Hello(_)));
     daemon_send(
         &mut s,
-        In::Welcome(pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 0, heartbeat_interval_ms: 0 }),
+        In::Welcome(pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 0, ..Default::default() }),
     );
     daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 3, config: None }));
     let seen = until(&mut s, |m| matches!(m, Out::TraceState(t) if t.status == pb::TraceStatus::Displaced as i32));

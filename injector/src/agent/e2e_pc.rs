@@ -174,6 +174,7 @@ fn late_cubins_are_asked_of_gpuprofd_and_its_answer_reaches_the_backend() {
         In::Cubin(pb::CubinChunk { hash: hash.into(), size: size as u64, offset: offset as u64, data: data.to_vec() })
     };
     daemon_send(&mut s, piece("00000000000000cc", 5, b"late", 9));
+    daemon_send(&mut s, piece("00000000000000ee", 0, b"not asked", 9));
     daemon_send(&mut s, piece("00000000000000aa", 0, &cubin[..512 << 10], cubin.len()));
     daemon_send(&mut s, piece("00000000000000aa", 512 << 10, &cubin[512 << 10..], cubin.len()));
     let answer = pb::CubinAnswer {
@@ -190,6 +191,30 @@ fn late_cubins_are_asked_of_gpuprofd_and_its_answer_reaches_the_backend() {
             "answer: [(\"00000000000000aa\", {})] nowhere [\"00000000000000bb\"] unknown [\"00000000000000cc\"]",
             cubin.len()
         )
+    );
+    control.request_exit(&wake, Duration::from_millis(10));
+    h.join().unwrap();
+}
+
+/// A daemon that does not say it keeps cubins (an older one closes a connection that sends
+/// the queries) is asked nothing: the backend looks in the mapped files at once.
+#[test]
+fn late_cubins_are_not_asked_of_a_daemon_without_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, control, wake, h, _) = start_agent(dir.path(), false);
+    let (mut s, _) = listener.accept().unwrap();
+    assert!(matches!(next(&mut s), Out::Hello(_)));
+    let welcome = pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, ..Default::default() };
+    daemon_send(&mut s, In::Welcome(welcome));
+    start_tracing(&mut s, 9);
+    let lease = pb::StartPcSampling { session_id: 9, device_id: 3, flush_interval_ms: 50, ..Default::default() };
+    daemon_send(&mut s, In::StartPcSampling(lease));
+    let seen = until(&mut s, |m| matches!(m, Out::PcSamplingState(st) if st.detail.starts_with("answer")));
+    assert!(!seen.iter().any(|m| matches!(m, Out::CubinQuery(_) | Out::CubinsNotFound(_))), "{seen:?}");
+    let Some(Out::PcSamplingState(st)) = seen.last() else { panic!() };
+    assert_eq!(
+        st.detail,
+        "answer: [] nowhere [] unknown [\"00000000000000aa\", \"00000000000000bb\", \"00000000000000cc\"]"
     );
     control.request_exit(&wake, Duration::from_millis(10));
     h.join().unwrap();

@@ -239,6 +239,7 @@ impl<B: Backend> Agent<B> {
             In::Welcome(w) => {
                 if let Some(c) = &mut self.conn {
                     c.welcomed = true;
+                    c.cubin_cache = w.cubin_cache;
                     if w.max_frame_bytes > 0 {
                         c.max_frame = w.max_frame_bytes as usize;
                     }

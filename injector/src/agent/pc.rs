@@ -27,6 +27,8 @@ pub struct PcState {
     pub incoming: HashMap<String, (u64, Vec<u8>)>,
     /// Cubins received whole, for the answer that ends the query.
     pub received: Vec<(String, Vec<u8>)>,
+    /// Cubins asked of gpuprofd and not answered yet (pieces of others are left out).
+    pub queried: HashSet<String>,
     /// Per device: samples, dropped, heals since the lease began.
     pub totals: HashMap<u32, (u64, u64, u32)>,
     /// Devices the backend reported sampling.
@@ -44,11 +46,12 @@ impl PcState {
         self.cubins_sent.clear();
         self.incoming.clear();
         self.received.clear();
+        self.queried.clear();
     }
 }
 
-/// Largest cubin accepted from gpuprofd (as gpuprofd accepts from agents).
-const MAX_CUBIN: u64 = 256 << 20;
+/// Cubin bytes accepted from gpuprofd in one answer (as gpuprofd sends at most).
+const MAX_ANSWER_BYTES: usize = 128 << 20;
 /// Cubins in one query (as gpuprofd accepts).
 const MAX_QUERY: usize = 256;
 
@@ -200,10 +203,24 @@ impl<B: Backend> Agent<B> {
     /// A piece of a cubin gpuprofd sends in answer to a query. A piece out of order or past
     /// the size drops that cubin (it is looked for in the mapped files instead).
     pub(super) fn pc_cubin_piece(&mut self, c: pb::CubinChunk) {
+        if !self.pc.queried.contains(&c.hash) {
+            log!(Warn, "PC sampling: a piece of cubin {} from gpuprofd, which was not asked for, left out", c.hash);
+            return;
+        }
         let (size, mut data) = self.pc.incoming.remove(&c.hash).unwrap_or((c.size, Vec::new()));
         let end = c.offset.saturating_add(c.data.len() as u64);
-        if c.size != size || size > MAX_CUBIN || c.offset != data.len() as u64 || end > size {
-            log!(Warn, "PC sampling: a piece of cubin {} from gpuprofd out of order, left out", c.hash);
+        let held: usize = self.pc.incoming.values().map(|(_, d)| d.len()).sum::<usize>()
+            + self.pc.received.iter().map(|(_, d)| d.len()).sum::<usize>();
+        if c.size != size
+            || c.offset != data.len() as u64
+            || end > size
+            || held.saturating_add(size as usize) > MAX_ANSWER_BYTES
+        {
+            log!(
+                Warn,
+                "PC sampling: a piece of cubin {} from gpuprofd out of order or over the limit, left out",
+                c.hash
+            );
             return;
         }
         data.extend_from_slice(&c.data);
@@ -222,20 +239,26 @@ impl<B: Backend> Agent<B> {
         let mut unknown = a.unknown;
         unknown.extend(a.sent.into_iter().filter(|h| !cubins.iter().any(|(c, _)| c == h)));
         self.pc.incoming.clear();
+        for h in cubins.iter().map(|(h, _)| h).chain(&unknown).chain(&a.nowhere) {
+            self.pc.queried.remove(h);
+        }
         self.backend.pc_cubin_answer(crate::tracer::CubinAnswer { cubins, nowhere: a.nowhere, unknown });
     }
 
     fn send_pc_output(&mut self, out: PcOutput) {
         let welcomed = self.conn.as_ref().is_some_and(|c| c.welcomed);
-        // Unsent (no connection), a query is answered by no one: the backend looks in the
-        // mapped files after a while.
-        if welcomed {
+        if self.conn.as_ref().is_some_and(|c| c.welcomed && c.cubin_cache) {
             for q in out.cubin_query.chunks(MAX_QUERY) {
+                self.pc.queried.extend(q.iter().cloned());
                 self.send(Out::CubinQuery(pb::CubinQuery { hashes: q.to_vec() }));
             }
             for n in out.cubins_not_found.chunks(MAX_QUERY) {
                 self.send(Out::CubinsNotFound(pb::CubinsNotFound { hashes: n.to_vec() }));
             }
+        } else if !out.cubin_query.is_empty() {
+            // No daemon, or one without the cache: the backend looks in the mapped files now.
+            let unknown = out.cubin_query.clone();
+            self.backend.pc_cubin_answer(crate::tracer::CubinAnswer { unknown, ..Default::default() });
         }
         // Cubins first, so the daemon has each before the samples that name it.
         for (hash, bytes) in &out.cubins {
