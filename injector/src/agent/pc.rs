@@ -195,7 +195,9 @@ impl<B: Backend> Agent<B> {
     /// At exit: sends what the exiting thread read when it disabled PC sampling.
     pub(super) fn pc_exit(&mut self) {
         if !self.pc.leases.is_empty() {
-            let out = self.backend.pc_exit();
+            let mut out = self.backend.pc_exit();
+            // Nothing is asked for or looked for in the files of a process on its way out.
+            out.cubin_query.clear();
             self.send_pc_output(out);
         }
     }
