@@ -402,7 +402,7 @@ impl PcSampler {
         // A window due soon, or an enable armed while CUPTI is finalized between windows,
         // needs the callbacks back.
         self.reattach_if_due();
-        let out = self.output();
+        let out = self.output(true);
         self.release_if_idle();
         out
     }
@@ -416,11 +416,13 @@ impl PcSampler {
                 d.phase = Phase::Closed(PcEventKind::Stopped, "process exit".into());
             }
         }
-        self.output()
+        // No cubin is looked for in the files of a process on its way out.
+        self.output(false)
     }
 
     /// Hands out what the devices hold: rows with their lines, cubins, events.
-    fn output(&mut self) -> PcOutput {
+    /// `late`: modules loaded before sampling are asked for and looked for.
+    fn output(&mut self, late: bool) -> PcOutput {
         let keys: Vec<u32> = self.devs.keys().copied().collect();
         let (seen, kept, skipped) = cubins::stats();
         log!(
@@ -430,7 +432,9 @@ impl PcSampler {
         );
         let sm_of =
             |dev| DRIVER.get().and_then(|drv| drv.facts(dev).ok()).map(|f| f.compute_major * 10 + f.compute_minor);
-        self.resolve.find_late_cubins(self.devs.iter().map(|(dev, d)| (*dev, &d.agg)), sm_of);
+        if late {
+            self.resolve.find_late_cubins(self.devs.iter().map(|(dev, d)| (*dev, &d.agg)), sm_of);
+        }
         let now = gpuprof_cupti::clock::realtime_ns();
         let mut out = PcOutput::default();
         let deadline = Instant::now() + LINE_BUDGET;
