@@ -11,8 +11,8 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -310,8 +310,7 @@ pub async fn handle(stream: UnixStream, d: Connections<'_>, shutdown: Cancellati
         agent: &agent,
         check: check::Checker::new(kind),
         names: Default::default(),
-        answering: Default::default(),
-        answers_waiting: Default::default(),
+        answers: Default::default(),
     };
     let result = loop {
         match read_message(&mut rd, &mut buf, max, timeout, &shutdown).await {
@@ -404,10 +403,8 @@ struct Conn<'a> {
     check: check::Checker,
     /// The strings defined so far, for PC sample rows pushed to stream subscribers.
     names: crate::pcsamp::names::ConnNames,
-    /// Held by the answer to a `CubinQuery` being sent: answers go out one after another.
-    answering: Arc<tokio::sync::Mutex<()>>,
-    /// Answers to `CubinQuery`s waiting or being sent.
-    answers_waiting: Arc<AtomicUsize>,
+    /// The answers to its `CubinQuery`s.
+    answers: crate::pcsamp::lookup::Answers,
 }
 
 impl Conn<'_> {
@@ -540,25 +537,12 @@ impl Conn<'_> {
                 }
             }
             Msg::CubinQuery(q) => {
-                // Answered on its own task (a database read, then the pieces in order on the
-                // agent's command queue, one answer after another); the connection reads on
-                // meanwhile. Past two queries waiting, one is left unanswered (the process
-                // looks itself after a while).
-                if self.answers_waiting.fetch_add(1, Relaxed) >= 2 {
-                    self.answers_waiting.fetch_sub(1, Relaxed);
-                    tracing::debug!(id, "cubin query left unanswered: two are waiting");
-                } else {
-                    let (db, nowhere) = (d.db_path.to_path_buf(), d.pc.nowhere.clone());
-                    let scope = crate::pcsamp::lookup::Scope::of(self.agent);
-                    let (to, one_at_a_time, waiting) =
-                        (self.agent.commands.clone(), self.answering.clone(), self.answers_waiting.clone());
-                    tokio::spawn(async move {
-                        {
-                            let _turn = one_at_a_time.lock().await;
-                            crate::pcsamp::lookup::serve(db, scope, q.hashes, nowhere, to).await;
-                        }
-                        waiting.fetch_sub(1, Relaxed);
-                    });
+                let scope = crate::pcsamp::lookup::Scope::of(self.agent);
+                let (db, nowhere, to) = (d.db_path.to_path_buf(), d.pc.nowhere.clone(), self.agent.commands.clone());
+                // Answered beside the reading of the connection, one answer after another.
+                match self.answers.task(db, scope, q.hashes, nowhere, to) {
+                    Some(answer) => drop(tokio::spawn(answer)),
+                    None => tracing::debug!(id, "cubin query left unanswered: two are waiting"),
                 }
             }
             Msg::CubinsNotFound(n) => {

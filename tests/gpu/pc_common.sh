@@ -21,6 +21,8 @@ calc() { awk "BEGIN { printf \"%.4g\", $1 }"; }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 jq_py() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 session_start() { "${CTL[@]}" --json session start "$@" | jq_py 'd["id"]'; }
+# The newest session's id (one `trace --pid` started).
+last_session() { "${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))'; }
 DPID=
 finish() {
   [ -n "$DPID" ] && kill -TERM "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null

@@ -140,7 +140,7 @@ if [[ $PARTS == *" ddptrace "* ]]; then
   for _ in $(seq 120); do [ "$(grep -c '^TRAINING rank=' "$STATE/ddptrace.txt")" -ge "$NGPU" ] && break; sleep 0.5; done
   sleep 1
   "${CTL[@]}" trace --pid "$LPID" --pc-sampling --duration 10s >"$STATE/ddptrace_trace.txt" 2>&1
-  S=$("${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))')
+  S=$(last_session)
   wait $LPID
   echo "--- ddp traced by the launcher's pid"; tail -25 "$STATE/ddptrace_trace.txt"
   "${CTL[@]}" pc top "$S" --by line --limit 5 | tee "$STATE/ddptrace_top.txt"
@@ -190,7 +190,7 @@ if [[ $PARTS == *" late "* ]]; then
     local k=$!
     sleep 3
     "${CTL[@]}" trace --pid "$k" --pc-sampling --duration 6s >"$STATE/${tag}_trace.txt" 2>&1
-    S=$("${CTL[@]}" --json session list | jq_py 'max(s["id"] for s in (d["sessions"] if isinstance(d, dict) else d))')
+    S=$(last_session)
     wait $k
     echo "--- $tag attach"; tail -12 "$STATE/${tag}_trace.txt"
     "${CTL[@]}" pc top "$S" --by line --limit 4 | tee "$STATE/${tag}_top.txt"

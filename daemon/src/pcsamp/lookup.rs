@@ -156,10 +156,45 @@ pub const COMMAND_RESERVE: usize = 64;
 /// How long one answer may take to go out (a process that does not read gets no more).
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
 
+/// One connection's answers: they go out one after another, and at most two wait.
+#[derive(Default)]
+pub struct Answers {
+    one_at_a_time: std::sync::Arc<tokio::sync::Mutex<()>>,
+    waiting: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Answers {
+    /// The task that answers a query of a process of `scope` (a database read, then the pieces
+    /// in order on the command queue `to`), for the connection to start beside its reading;
+    /// None when two answers wait already (the process looks itself after a while).
+    pub fn task(
+        &self,
+        db: std::path::PathBuf,
+        scope: Scope,
+        hashes: Vec<String>,
+        nowhere: std::sync::Arc<Nowhere>,
+        to: tokio::sync::mpsc::Sender<wire::DaemonMessage>,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.waiting.fetch_add(1, Relaxed) >= 2 {
+            self.waiting.fetch_sub(1, Relaxed);
+            return None;
+        }
+        let (one_at_a_time, waiting) = (self.one_at_a_time.clone(), self.waiting.clone());
+        Some(async move {
+            {
+                let _turn = one_at_a_time.lock().await;
+                serve(db, scope, hashes, nowhere, to).await;
+            }
+            waiting.fetch_sub(1, Relaxed);
+        })
+    }
+}
+
 /// Answers a query of a process of `scope` on its command queue `to` ([`answer`] off the
 /// async threads, at most a few at once node-wide), leaving [`COMMAND_RESERVE`] places of the
 /// queue to commands and giving up after [`ANSWER_WITHIN`].
-pub async fn serve(
+async fn serve(
     db: std::path::PathBuf,
     scope: Scope,
     hashes: Vec<String>,

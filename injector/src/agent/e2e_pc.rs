@@ -9,6 +9,17 @@ use gpuprof_proto::agent::daemon_message::Msg as In;
 
 use super::e2e::{accept_welcomed, daemon_send, next, start_agent, start_tracing, until};
 
+/// Grants the agent a PC-sampling lease on `device` for `session`, collected every `flush_ms`.
+fn lease(s: &mut std::os::unix::net::UnixStream, session: u64, device: u32, flush_ms: u32) {
+    let l = pb::StartPcSampling {
+        session_id: session,
+        device_id: device,
+        flush_interval_ms: flush_ms,
+        ..Default::default()
+    };
+    daemon_send(s, In::StartPcSampling(l));
+}
+
 #[test]
 fn pc_lease_sends_cubins_strings_batches_and_states() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,15 +105,7 @@ fn the_first_samples_of_a_lease_do_not_wait_for_the_flush_interval() {
     let mut s = accept_welcomed(&listener);
     start_tracing(&mut s, 8);
     let t0 = Instant::now();
-    daemon_send(
-        &mut s,
-        In::StartPcSampling(pb::StartPcSampling {
-            session_id: 8,
-            device_id: 2,
-            flush_interval_ms: 60_000,
-            ..Default::default()
-        }),
-    );
+    lease(&mut s, 8, 2, 60_000);
     let seen = until(&mut s, |m| matches!(m, Out::PcSamples(b) if b.total_samples > 0));
     assert!(
         t0.elapsed() < Duration::from_secs(20),
@@ -123,15 +126,7 @@ fn pc_samples_read_at_exit_are_sent_before_goodbye() {
     let (listener, control, wake, h, _) = start_agent(dir.path(), false);
     let mut s = accept_welcomed(&listener);
     start_tracing(&mut s, 6);
-    daemon_send(
-        &mut s,
-        In::StartPcSampling(pb::StartPcSampling {
-            session_id: 6,
-            device_id: 0,
-            flush_interval_ms: 60_000,
-            ..Default::default()
-        }),
-    );
+    lease(&mut s, 6, 0, 60_000);
     until(&mut s, |m| matches!(m, Out::PcSamples(_)));
     assert!(control.request_exit(&wake, Duration::from_secs(5)));
     let rest = until(&mut s, |m| matches!(m, Out::Goodbye(_)));
@@ -161,8 +156,7 @@ fn late_cubins_are_asked_of_gpuprofd_and_its_answer_reaches_the_backend() {
     let (listener, control, wake, h, _) = start_agent(dir.path(), false);
     let mut s = accept_welcomed(&listener);
     start_tracing(&mut s, 9);
-    let lease = pb::StartPcSampling { session_id: 9, device_id: 3, flush_interval_ms: 50, ..Default::default() };
-    daemon_send(&mut s, In::StartPcSampling(lease));
+    lease(&mut s, 9, 3, 50);
     let seen = until(&mut s, |m| matches!(m, Out::CubinsNotFound(_)));
     let query = seen.iter().find_map(|m| if let Out::CubinQuery(q) = m { Some(q.hashes.clone()) } else { None });
     assert_eq!(query.expect("a query before the report"), ["00000000000000aa", "00000000000000bb", "00000000000000cc"]);
@@ -207,8 +201,7 @@ fn late_cubins_are_not_asked_of_a_daemon_without_the_cache() {
     let welcome = pb::Welcome { protocol_version: 1, process_id: 1, max_frame_bytes: 4 << 20, ..Default::default() };
     daemon_send(&mut s, In::Welcome(welcome));
     start_tracing(&mut s, 9);
-    let lease = pb::StartPcSampling { session_id: 9, device_id: 3, flush_interval_ms: 50, ..Default::default() };
-    daemon_send(&mut s, In::StartPcSampling(lease));
+    lease(&mut s, 9, 3, 50);
     let seen = until(&mut s, |m| matches!(m, Out::PcSamplingState(st) if st.detail.starts_with("answer")));
     assert!(!seen.iter().any(|m| matches!(m, Out::CubinQuery(_) | Out::CubinsNotFound(_))), "{seen:?}");
     let Some(Out::PcSamplingState(st)) = seen.last() else { panic!() };

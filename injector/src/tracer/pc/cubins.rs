@@ -137,9 +137,16 @@ pub fn adopt(crc: u64, bytes: Vec<u8>) -> bool {
     if c.cupti.cubin_crc(&bytes).ok() != Some(crc) {
         return false;
     }
-    c.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
-    c.map.lock().unwrap_or_else(|p| p.into_inner()).insert(crc, Arc::new(bytes));
+    c.keep(crc, bytes);
     true
+}
+
+impl Cubins {
+    /// Keeps a cubin found for a module loaded before sampling (outside the capture budget).
+    fn keep(&self, crc: u64, bytes: Vec<u8>) {
+        self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(crc, Arc::new(bytes));
+    }
 }
 
 /// Asks for the cubins of `wanted` (CRC, function name) in the mapped files, for SM `sm`
@@ -210,8 +217,7 @@ fn find_mapped(wanted: &[(u64, String)], sm: u32) {
             if let Ok(crc) = crc
                 && left.remove(&crc).is_some()
             {
-                c.bytes.fetch_add(cubin.len(), Ordering::Relaxed);
-                c.map.lock().unwrap_or_else(|p| p.into_inner()).insert(crc, Arc::new(cubin.to_vec()));
+                c.keep(crc, cubin.to_vec());
             }
         });
         match r {
