@@ -5,7 +5,8 @@
 //! besides (the strings' names, PC sample rows with demangled names, cubins) is mirrored, and
 //! what was accepted must hold up: string ids in order and defined before use, messages only
 //! from the agent kind allowed to send them, drop totals equal to the increases counted, whole
-//! cubins of their announced size.
+//! cubins of their announced size, cubin queries and reports of bounded lists of
+//! well-formed hashes.
 #![no_main]
 
 use std::collections::HashMap;
@@ -91,6 +92,12 @@ fuzz_target!(|data: &[u8]| {
                     Ok(None) => {}
                     Err(_) => break,
                 }
+            }
+            Msg::CubinQuery(gpuprof_proto::agent::CubinQuery { hashes })
+            | Msg::CubinsNotFound(gpuprof_proto::agent::CubinsNotFound { hashes }) => {
+                assert_eq!(kind, "injector");
+                assert!(hashes.len() <= gpuprofd::agent::check::MAX_CUBIN_HASHES, "the hash list is bounded");
+                assert!(hashes.iter().all(|h| gpuprofd::pcsamp::cubin::valid_hash(h)), "accepted hashes are well formed");
             }
             Msg::Goodbye(_) => break,
             Msg::TraceState(_) | Msg::Heartbeat(_) => {}
