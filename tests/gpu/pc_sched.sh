@@ -11,6 +11,7 @@
 #          program: the hottest line is gather's dependent load (pc_kernel.cu:15), the pprof
 #          export names the file; then the same on a second run of the program, whose cubin
 #          comes from gpuprofd's cache (the first run sent it) without reading any file;
+#          LATE_SECS (default 14) is how long each run of the program lasts (attached at 3 s);
 #   cost   medians of REPS (default 5) alternating runs: untraced, CUPTI's own
 #          pc_sampling_continuous sample (the floor), gpuprof windows (the default: an enable
 #          and a disable each, CUPTI finalized between them), windows that are ranges of one
@@ -185,7 +186,7 @@ if [[ $PARTS == *" late "* ]]; then
   # late_attach TAG: a run of the program attached 3 s after its start; checks its hottest line.
   late_attach() {
     local tag=$1
-    CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info GPUPROF_LOG_FILE="$STATE/logs/${tag}_inj.txt" "$STATE/pc_kernel" 14 0 \
+    CUDA_INJECTION64_PATH="$INJ" GPUPROF_LOG=info GPUPROF_LOG_FILE="$STATE/logs/${tag}_inj.txt" "$STATE/pc_kernel" "${LATE_SECS:-14}" 0 \
       >"$STATE/${tag}_kernel.txt" 2>&1 &
     local k=$!
     sleep 3

@@ -112,7 +112,7 @@ pub fn init(cupti: &Arc<Cupti>) {
 /// context teardown and synchronizations; kernel and graph launches (switched on while a window
 /// is open) are counted.
 pub fn register_hooks() {
-    hooks::register(hooks::User::Pc, on_callback, Some(super::meter::on_launch));
+    hooks::register(hooks::User::Pc, on_callback, Some(super::launches::on_launch));
 }
 
 /// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):

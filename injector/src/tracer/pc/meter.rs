@@ -4,7 +4,7 @@
 //! add to the synchronizations they run in ([`timed`]); the windows are spaced by the larger.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::tracer::hooks;
@@ -264,97 +264,9 @@ pub(super) fn own_thread() -> bool {
     OWN_THREAD.with(|t| t.get())
 }
 
-/// Launches counted at their entries while launch callbacks are on ([`super::window`]).
-pub(super) static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// The slowest launch (ns, entry to exit on its thread) while launch callbacks were on, its
-/// place among the window's launches, the time of launches that took over [`SLOW_LAUNCH`], and
-/// the first launch's time, since [`take_launch_times`]: what being enabled costs a window's
-/// launches beside the per-launch cost (e.g. a stall after the enable).
-static SLOWEST_LAUNCH_NS: AtomicU64 = AtomicU64::new(0);
-static SLOWEST_LAUNCH_AT: AtomicU64 = AtomicU64::new(0);
-static SLOW_LAUNCHES_NS: AtomicU64 = AtomicU64::new(0);
-static FIRST_LAUNCH_NS: AtomicU64 = AtomicU64::new(0);
-/// [`LAUNCHES`] at the last [`take_launch_times`] (a window's open).
-static LAUNCH_MARK: AtomicU64 = AtomicU64::new(0);
-/// A launch that takes longer waited for something (a launch is microseconds).
-pub(super) const SLOW_LAUNCH: Duration = Duration::from_millis(1);
-
-thread_local! {
-    /// When this thread's launch under way entered (launch callbacks on), and its number.
-    static LAUNCH_ENTRY: std::cell::Cell<Option<(Instant, u64)>> = const { std::cell::Cell::new(None) };
-}
-
-pub fn on_launch(cb: &gpuprof_cupti::Callback<'_>) {
-    if cb.is_api_entry() {
-        let n = LAUNCHES.fetch_add(1, Ordering::Relaxed) + 1;
-        LAUNCH_ENTRY.with(|e| e.set(Some((Instant::now(), n))));
-    } else if let Some((t, n)) = LAUNCH_ENTRY.with(|e| e.take()) {
-        launch_took(t.elapsed(), n);
-    }
-}
-
-/// Launch number `n` (of [`LAUNCHES`]) took `d`.
-fn launch_took(d: Duration, n: u64) {
-    let ns = d.as_nanos() as u64;
-    let at = n.saturating_sub(LAUNCH_MARK.load(Ordering::Relaxed));
-    if at == 1 {
-        FIRST_LAUNCH_NS.store(ns, Ordering::Relaxed);
-    }
-    if SLOWEST_LAUNCH_NS.fetch_max(ns, Ordering::Relaxed) < ns {
-        SLOWEST_LAUNCH_AT.store(at, Ordering::Relaxed);
-    }
-    if d > SLOW_LAUNCH {
-        SLOW_LAUNCHES_NS.fetch_add(ns, Ordering::Relaxed);
-    }
-}
-
-/// A window's launch times ([`take_launch_times`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct LaunchTimes {
-    pub slowest: Duration,
-    /// The slowest launch's place among the window's launches (1: the first).
-    pub slowest_at: u64,
-    /// The time of the launches that took over [`SLOW_LAUNCH`].
-    pub slow: Duration,
-    /// The first launch of the window. The window opened at a synchronization, so nothing of
-    /// the application's queued it: its time beyond [`SLOW_LAUNCH`] is what the enable left
-    /// for the first launch to do.
-    pub first: Duration,
-}
-
-/// The launch times since the last call; they start again, numbered from here.
-pub(super) fn take_launch_times() -> LaunchTimes {
-    LAUNCH_MARK.store(LAUNCHES.load(Ordering::Relaxed), Ordering::Relaxed);
-    LaunchTimes {
-        slowest: Duration::from_nanos(SLOWEST_LAUNCH_NS.swap(0, Ordering::Relaxed)),
-        slowest_at: SLOWEST_LAUNCH_AT.swap(0, Ordering::Relaxed),
-        slow: Duration::from_nanos(SLOW_LAUNCHES_NS.swap(0, Ordering::Relaxed)),
-        first: Duration::from_nanos(FIRST_LAUNCH_NS.swap(0, Ordering::Relaxed)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_windows_launch_times_keep_the_slowest_and_add_the_slow_ones() {
-        take_launch_times();
-        let n = LAUNCHES.load(Ordering::Relaxed);
-        launch_took(Duration::from_micros(5), n + 1);
-        launch_took(Duration::from_millis(40), n + 2);
-        launch_took(Duration::from_millis(2), n + 3);
-        launch_took(Duration::from_micros(900), n + 4);
-        let want = LaunchTimes {
-            slowest: Duration::from_millis(40),
-            slowest_at: 2,
-            slow: Duration::from_millis(42),
-            first: Duration::from_micros(5),
-        };
-        assert_eq!(take_launch_times(), want);
-        assert_eq!(take_launch_times(), LaunchTimes::default(), "they start again");
-    }
 
     /// The window length a lease gets (GPUPROF_PC_WINDOW_MS unset, as in `cargo test`).
     #[test]

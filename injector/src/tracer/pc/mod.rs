@@ -15,6 +15,7 @@
 mod app;
 mod context;
 mod cubins;
+mod launches;
 mod meter;
 mod resolve;
 pub use meter::device_activity;

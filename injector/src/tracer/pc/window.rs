@@ -40,10 +40,8 @@ use gpuprof_cupti::pcsampling::PcConfig;
 use gpuprof_cupti::{Cupti, LiveContext};
 
 use super::context::{Live as Sampled, disable_into, drain_into, enable};
-use super::meter::{
-    APP_NS, EXTRA_NS, LAUNCHES, MAX_DUTY, MAX_DUTY_MEASURED, SLOW_LAUNCH, WINDOWS, charge, take_launch_times,
-    window_read_gap,
-};
+use super::launches::{LAUNCHES, SLOW_LAUNCH, Watch};
+use super::meter::{APP_NS, EXTRA_NS, MAX_DUTY, MAX_DUTY_MEASURED, WINDOWS, charge, window_read_gap};
 use crate::tracer::hooks;
 
 /// A context sampled in windows.
@@ -151,6 +149,8 @@ pub(super) struct Win {
     spent: Duration,
     /// [`LAUNCHES`] when the window opened (None: launches are not being counted).
     launch_mark: Option<u64>,
+    /// The open window's launch times (its first launch, the slowest, the slow ones).
+    watch: Option<Watch>,
     /// Kernel launches per second in the last windows (a moving average; None: not yet).
     launch_rate: Option<f64>,
     /// The last close kept sampling enabled (start/stop control) then: what staying enabled
@@ -162,7 +162,6 @@ impl Win {
     /// The first window, opened by the enable.
     pub(super) fn opened(cupti: &Cupti, cfg: WinCfg) -> Win {
         WINDOWS.fetch_add(1, Ordering::Relaxed);
-        take_launch_times();
         Win {
             cfg,
             opened: Some(Instant::now()),
@@ -173,6 +172,7 @@ impl Win {
             closes: 0,
             spent: Duration::ZERO,
             launch_mark: count_launches(cupti),
+            watch: Some(Watch::start()),
             launch_rate: None,
             kept_since: None,
         }
@@ -189,12 +189,14 @@ impl Win {
     }
 }
 
-/// Sampling on the context ends: the launch callbacks go off if a window counted them.
+/// Sampling on the context ends: the launch callbacks go off if a window counted them, and
+/// its watch of their times ends.
 pub(super) fn end(cupti: &Cupti, l: &mut Live) {
-    if let Some((w, _, _)) = &mut l.win
-        && w.launch_mark.take().is_some()
-    {
-        hooks::count_launches(cupti, false);
+    if let Some((w, _, _)) = &mut l.win {
+        w.watch = None;
+        if w.launch_mark.take().is_some() {
+            hooks::count_launches(cupti, false);
+        }
     }
 }
 
@@ -219,7 +221,7 @@ pub(super) fn window(
     match w.opened {
         Some(at) if now.duration_since(at) >= w.cfg.window => {
             let open = now.duration_since(at);
-            let times = take_launch_times();
+            let times = w.watch.take().map(Watch::take).unwrap_or_default();
             if let Some(mark) = w.launch_mark.take() {
                 hooks::count_launches(cupti, false);
                 let rate = LAUNCHES.load(Ordering::Relaxed).saturating_sub(mark) as f64 / open.as_secs_f64();
@@ -349,7 +351,7 @@ pub(super) fn window(
                 Ok(()) => {
                     l.on_since = Some(Instant::now());
                     w.opened = Some(Instant::now());
-                    take_launch_times();
+                    w.watch = Some(Watch::start());
                     w.launch_mark = count_launches(cupti);
                     WINDOWS.fetch_add(1, Ordering::Relaxed);
                 }
