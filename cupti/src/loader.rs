@@ -365,4 +365,40 @@ mod tests {
         let pm = Cupti::load_path(&p, Purpose::PmSampling).expect("load for PM sampling");
         pm.check_pm_sampling().expect("PM sampling functions");
     }
+
+    /// What gives PC samples their source lines, without a GPU: CUPTI's CRC of a cubin (the key
+    /// of gpuprof's cubins, in the injector and in gpuprofd's cache) and the line of a PC
+    /// offset in a function, on a real sm_90 cubin built by `ptxas -lineinfo` from
+    /// `tests/data/gather.ptx` (`ptxas -arch=sm_90 -lineinfo -O3 -o tests/data/gather_sm90.cubin
+    /// tests/data/gather.ptx`; ptxas from the `nvidia-cuda-nvcc` 13.0 wheel).
+    #[test]
+    #[ignore = "needs a libcupti.so.13 (no GPU needed): GPUPROF_CUPTI_LIBRARY=/path/libcupti.so.13 cargo test -p gpuprof-cupti -- --ignored"]
+    fn a_real_cubin_has_a_crc_and_the_lines_of_its_pcs() {
+        let p = env_library().expect("set GPUPROF_CUPTI_LIBRARY to a libcupti.so.13 to run this test");
+        let c = Cupti::load_path(&p, Purpose::Tracing).expect("load");
+        let cubin = include_bytes!("../tests/data/gather_sm90.cubin");
+        let crc = c.cubin_crc(cubin).expect("cuptiGetCubinCrc");
+        assert_ne!(crc, 0);
+        let copy = cubin.to_vec();
+        assert_eq!(c.cubin_crc(&copy).unwrap(), crc, "the CRC is of the content, wherever it lies");
+        let mut other = cubin.to_vec();
+        let text = other.len() / 2;
+        other[text] ^= 0xff;
+        assert_ne!(c.cubin_crc(&other).ok(), Some(crc), "another content, another CRC");
+        // Each SASS instruction is 16 bytes on sm_90: the lines of the function's PCs.
+        let f = c"gather";
+        let mut lines = std::collections::BTreeSet::new();
+        for pc in (0..512).step_by(16) {
+            if let Ok(Some((file, line))) = c.sass_to_source(cubin, f, pc) {
+                assert_eq!(file, "/src/gather.cu", "pc {pc:#x}");
+                lines.insert(line);
+            }
+        }
+        for want in [14, 15, 16] {
+            assert!(lines.contains(&want), "line {want} (the loads and the store) among the PCs' lines {lines:?}");
+        }
+        assert!(lines.iter().all(|l| (10..=18).contains(l)), "only the PTX's .loc lines: {lines:?}");
+        let unknown = c.sass_to_source(cubin, c"no_such_function", 0);
+        assert!(!matches!(unknown, Ok(Some(_))), "no line for a function the cubin lacks: {unknown:?}");
+    }
 }

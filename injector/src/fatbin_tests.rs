@@ -318,3 +318,30 @@ fn mapped_elf_files_lists_each_mapped_file_once() {
     assert_eq!(mapped_elf_files(maps), want.map(PathBuf::from));
     assert!(mapped_elf_files("").is_empty());
 }
+
+/// The fixtures made by CUDA 13.0's own tools (`cupti/tests/data/make.sh`).
+fn real_fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../cupti/tests/data").join(name)
+}
+
+#[test]
+fn fatbins_made_by_cuda_s_fatbinary_give_back_the_cubin_they_hold() {
+    let cubin = std::fs::read(real_fixture("gather_sm90.cubin")).unwrap();
+    for name in ["gather_plain.fatbin", "gather_lz4.fatbin", "gather_zstd.fatbin", "gather_ptx.fatbin"] {
+        let section = std::fs::read(real_fixture(name)).unwrap();
+        let (got, stats) = cubins_for_sm_stats(&section, 90);
+        assert_eq!(got, std::slice::from_ref(&cubin), "{name}: the cubin, byte for byte");
+        assert_eq!((stats.matched, stats.failed, stats.error), (1, 0, None), "{name}");
+        assert!(cubins_for_sm(&section, 80).is_empty(), "{name}: nothing for another SM");
+    }
+    let ptx = std::fs::read(real_fixture("gather_ptx.fatbin")).unwrap();
+    let all = entries(&ptx).unwrap();
+    assert!(all.iter().any(|e| e.kind == Ptx && e.compressed), "the PTX beside it, compressed");
+    assert!(all.iter().any(|e| e.kind == Cubin && e.compressed));
+    let lz4 = entries(&std::fs::read(real_fixture("gather_lz4.fatbin")).unwrap()).unwrap();
+    assert!(lz4.iter().all(|e| e.compressed), "the compressed fixtures are compressed");
+
+    // As gpuprof finds it in a process: the .nv_fatbin section of a mapped library.
+    let (got, stats) = file_cubins_for_sm(&real_fixture("libgather.so"), 90).unwrap();
+    assert_eq!((got, stats.blobs), (vec![cubin], 1));
+}

@@ -193,12 +193,18 @@ pub fn unresolved() -> usize {
 
 /// Reads the fatbins of the mapped files for the cubins of `wanted`; keeps those found.
 fn find_mapped(wanted: &[(u64, String)], sm: u32) {
+    if let Ok(maps) = std::fs::read_to_string("/proc/self/maps") {
+        find_in_files(&maps, wanted, sm);
+    }
+}
+
+/// [`find_mapped`] in the files of `maps` (the text of a `/proc/PID/maps`).
+fn find_in_files(maps: &str, wanted: &[(u64, String)], sm: u32) {
     let Some(c) = CUBINS.get() else { return };
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
     let t = std::time::Instant::now();
     let mut left: HashMap<u64, &str> = wanted.iter().map(|(crc, f)| (*crc, f.as_str())).collect();
     let (mut files, mut cubins, mut crcs) = (0, 0, 0);
-    for path in crate::fatbin::mapped_elf_files(&maps) {
+    for path in crate::fatbin::mapped_elf_files(maps) {
         if left.is_empty() {
             break;
         }
@@ -244,11 +250,53 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A late attach's lines without a GPU, on a real libcupti: the cubin of a module loaded
+    /// before sampling is found in a mapped library's zstd-compressed fatbin by CUPTI's CRC and
+    /// kept; a cubin received with a CRC it does not have is refused. The fixtures are made by
+    /// CUDA 13.0's ptxas and fatbinary (`cupti/tests/data/make.sh`).
+    #[test]
+    #[ignore = "needs a libcupti.so.13 (no GPU needed): GPUPROF_CUPTI_LIBRARY=/path/libcupti.so.13 cargo test -p gpuprof-inject -- --ignored"]
+    fn a_late_module_s_cubin_is_found_in_a_mapped_library_by_cupti_s_crc() {
+        let lib = std::env::var_os("GPUPROF_CUPTI_LIBRARY").expect("set GPUPROF_CUPTI_LIBRARY to a libcupti.so.13");
+        let cupti =
+            Arc::new(Cupti::load_path(std::path::Path::new(&lib), gpuprof_cupti::Purpose::Tracing).expect("load"));
+        capture_on(&cupti, false);
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../cupti/tests/data");
+        let cubin = std::fs::read(data.join("gather_sm90.cubin")).unwrap();
+        let crc = cupti.cubin_crc(&cubin).unwrap();
+        let so = data.join("libgather.so").canonicalize().unwrap();
+        let maps = format!(
+            "7f0000000000-7f0000001000 r--p 00000000 08:01 42 /usr/lib/missing.so\n\
+             7f0000001000-7f0000002000 r-xp 00001000 08:01 43 {}\n\
+             7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n",
+            so.display()
+        );
+        assert!(get(crc).is_none());
+        find_in_files(&maps, &[(crc ^ 1, "gather".into())], 90);
+        assert!(get(crc).is_none(), "a CRC asked for is the one kept, not another of the same function");
+        find_in_files(&maps, &[(crc, "no_such_kernel".into())], 90);
+        assert!(get(crc).is_none(), "only cubins naming the wanted function are looked at");
+        find_in_files(&maps, &[(crc, "gather".into())], 90);
+        assert_eq!(get(crc).as_deref(), Some(&cubin), "found in the library's fatbin and kept");
+        assert!(get(crc + 1).is_none());
+
+        let mut tampered = cubin.clone();
+        let mid = tampered.len() / 2;
+        tampered[mid] ^= 0xff;
+        assert!(!adopt(crc + 1, tampered.clone()), "a received cubin whose CRC is not the one asked is refused");
+        assert!(!adopt(crc + 1, cubin.clone()), "nor one that is another module's");
+        assert!(get(crc + 1).is_none());
+        let line = cupti.sass_to_source(&get(crc).unwrap(), c"gather", 0x10).unwrap();
+        assert!(line.as_ref().is_some_and(|(f, _)| f == "/src/gather.cu"), "the kept cubin gives lines: {line:?}");
+    }
+
     #[test]
     fn finds_a_function_name_in_a_cubin() {
         let cubin = b"\x7fELF....._Z6gatherPKiPfi\0.text._Z6gatherPKiPfi";
-        assert!(super::contains(cubin, b"_Z6gatherPKiPfi"));
-        assert!(!super::contains(cubin, b"_Z9fma_chainPfi"));
-        assert!(!super::contains(b"short", b"a longer needle"));
+        assert!(contains(cubin, b"_Z6gatherPKiPfi"));
+        assert!(!contains(cubin, b"_Z9fma_chainPfi"));
+        assert!(!contains(b"short", b"a longer needle"));
     }
 }
