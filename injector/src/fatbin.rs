@@ -565,4 +565,4 @@ fn u64le(b: &[u8], at: usize) -> u64 {
 
 #[cfg(test)]
 #[path = "fatbin_tests.rs"]
-mod tests;
+pub(crate) mod tests;

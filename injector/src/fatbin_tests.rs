@@ -320,7 +320,7 @@ fn mapped_elf_files_lists_each_mapped_file_once() {
 }
 
 /// The fixtures made by CUDA 13.0's own tools (`cupti/tests/data/make.sh`).
-fn real_fixture(name: &str) -> std::path::PathBuf {
+pub(crate) fn real_fixture(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../cupti/tests/data").join(name)
 }
 

@@ -259,14 +259,13 @@ mod tests {
     #[test]
     #[ignore = "needs a libcupti.so.13 (no GPU needed): GPUPROF_CUPTI_LIBRARY=/path/libcupti.so.13 cargo test -p gpuprof-inject -- --ignored"]
     fn a_late_module_s_cubin_is_found_in_a_mapped_library_by_cupti_s_crc() {
-        let lib = std::env::var_os("GPUPROF_CUPTI_LIBRARY").expect("set GPUPROF_CUPTI_LIBRARY to a libcupti.so.13");
-        let cupti =
-            Arc::new(Cupti::load_path(std::path::Path::new(&lib), gpuprof_cupti::Purpose::Tracing).expect("load"));
+        let lib = gpuprof_cupti::loader::env_library().expect("set GPUPROF_CUPTI_LIBRARY to a libcupti.so.13");
+        let cupti = Arc::new(Cupti::load_path(&lib, gpuprof_cupti::Purpose::Tracing).expect("load"));
         capture_on(&cupti, false);
-        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../cupti/tests/data");
-        let cubin = std::fs::read(data.join("gather_sm90.cubin")).unwrap();
+        let fixture = crate::fatbin::tests::real_fixture;
+        let cubin = std::fs::read(fixture("gather_sm90.cubin")).unwrap();
         let crc = cupti.cubin_crc(&cubin).unwrap();
-        let so = data.join("libgather.so").canonicalize().unwrap();
+        let so = fixture("libgather.so").canonicalize().unwrap();
         let maps = format!(
             "7f0000000000-7f0000001000 r--p 00000000 08:01 42 /usr/lib/missing.so\n\
              7f0000001000-7f0000002000 r-xp 00001000 08:01 43 {}\n\
