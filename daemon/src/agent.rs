@@ -531,8 +531,7 @@ impl Conn<'_> {
                 }
             }
             Msg::DeviceActivity(a) => {
-                let working = a.devices.iter().filter(|u| u.context && u.syncs > 0).map(|u| u.device_id);
-                if d.pc.activity(id, working, std::time::Instant::now()) {
+                if d.pc.activity(id, working_devices(&a), std::time::Instant::now()) {
                     d.sessions.wake_supervisor();
                 }
             }
@@ -560,5 +559,25 @@ impl Conn<'_> {
             }
         }
         Ok(true)
+    }
+}
+
+/// The devices an agent's activity report says it works on (for the GPUs' PC-sampling
+/// schedulers): with a context there, and synchronizations or kernel launches seen on it.
+fn working_devices(a: &gpuprof_proto::agent::DeviceActivity) -> impl Iterator<Item = u32> + '_ {
+    a.devices.iter().filter(|u| u.context && (u.syncs > 0 || u.launches > 0)).map(|u| u.device_id)
+}
+
+#[cfg(test)]
+mod activity_tests {
+    use gpuprof_proto::agent::{DeviceActivity, DeviceUse};
+
+    #[test]
+    fn a_device_is_worked_on_with_synchronizations_or_launches_and_a_context() {
+        let u = |device_id, context, syncs, launches| DeviceUse { device_id, context, syncs, launches };
+        let a = DeviceActivity {
+            devices: vec![u(0, true, 3, 0), u(1, true, 0, 40), u(2, true, 0, 0), u(3, false, 5, 5)],
+        };
+        assert_eq!(super::working_devices(&a).collect::<Vec<_>>(), [0, 1]);
     }
 }

@@ -254,7 +254,7 @@ impl crate::tracer::PcBackend for LazyCupti {
     fn pc_devices(&self) -> Vec<u32> {
         self.inner.as_ref().map(|b| b.pc_devices()).unwrap_or_default()
     }
-    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
+    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
         self.inner.as_mut().map(|b| b.device_activity(devices)).unwrap_or_default()
     }
 }

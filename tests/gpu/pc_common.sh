@@ -64,3 +64,78 @@ start_gpuprofd() {
   for _ in $(seq 100); do [ -S "$STATE/api.sock" ] && "${CTL[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
   "${CTL[@]}" status >/dev/null 2>&1 || { echo "gpuprofd did not start"; cat "$STATE/gpuprofd.log"; exit 2; }
 }
+
+# COST_PIN=CPUS runs every cost process on those CPUs (taskset -c), to take the scheduler's moves
+# out of a CPU-bound loop's noise.
+PIN=(); [ -n "${COST_PIN:-}" ] && command -v taskset >/dev/null && PIN=(taskset -c "$COST_PIN")
+CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
+
+# setup_modes: builds CUPTI's own pc_sampling_continuous sample (the floor; FLOOR_LIB, empty when
+# it did not build) and defines cost_run MODE COMMAND...: the command run in a mode (its output; a
+# session's id last, "SESSION N"); its injector logs to logs/${RUN_TAG:-cost}_MODE.log. Modes:
+#   off      untraced;              floor  CUPTI's sample injected (it writes files in $STATE/pcs);
+#   inj      the injector, no session;   kern  a kernels-only session;
+#   win      windows (the default);  winlow/winq  under a 0.1 / 0.25 % budget;
+#   winkeep  windows keeping CUPTI attached between them (GPUPROF_PC_DETACH=0);
+#   win16 / winhw512  a 16 / 512 MiB hardware buffer;  winsc  a 64 MiB scratch buffer;
+#   winwk / win100wk  CUPTI's worker waking every 1 / 100 ms;  win20  20 ms windows;
+#   winexit  the synchronizations' work at their exits;
+#   cont     continuous;  contexit  continuous, work at synchronization exits; contrd  reads at
+#   most once a second; conthw16  a 16 MiB hardware buffer; contsc1  a 1 MiB scratch buffer;
+#   contwk10  CUPTI's worker waking every 10 ms; contls  one stall reason (long scoreboard);
+#   contp18  period 2^18 (fewer samples).
+setup_modes() {
+  FLOOR_LIB=
+  # CUPTI's sample builds in place (its Makefile finds nvcc and CUPTI relative to the folder).
+  FLOOR_DIR=$CUPTI/samples/pc_sampling_continuous
+  if [ -d "$FLOOR_DIR" ]; then
+    [ -e "$FLOOR_DIR/libpc_sampling_continuous.so" ] || (cd "$FLOOR_DIR" && make >"$STATE/floor_make.txt" 2>&1)
+    FLOOR_LIB=$(ls "$FLOOR_DIR"/libpc_sampling_continuous.so 2>/dev/null)
+    [ -z "$FLOOR_LIB" ] && tail -5 "$STATE/floor_make.txt"
+    mkdir -p "$STATE/pcs"
+  fi
+}
+cost_run() {
+  local mode=$1; shift
+  set -- "${PIN[@]}" "$@"
+  local s= sess=() env=() pc=(--preset pc --pc-sampling) cont=(--preset pc --pc-sampling --pc-mode continuous)
+  case $mode in
+    off) "$@"; return ;;
+    floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$FLOOR_DIR:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@"); return ;;
+    inj) ;;
+    kern) sess=(--preset kernels) ;;
+    win) sess=("${pc[@]}") ;;
+    winlow) sess=("${pc[@]}" --pc-budget 0.1) ;;
+    winq) sess=("${pc[@]}" --pc-budget 0.25) ;;
+    winkeep) sess=("${pc[@]}"); env=(GPUPROF_PC_DETACH=0) ;;
+    win16) sess=("${pc[@]}"); env=(GPUPROF_PC_HW_MIB=16) ;;
+    winhw512) sess=("${pc[@]}"); env=(GPUPROF_PC_HW_MIB=512) ;;
+    winsc) sess=("${pc[@]}"); env=(GPUPROF_PC_SCRATCH_MIB=64) ;;
+    winwk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=1) ;;
+    win100wk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=0) ;;
+    win20) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=20) ;;
+    winexit) sess=("${pc[@]}"); env=(GPUPROF_PC_AT=exit) ;;
+    cont) sess=("${cont[@]}") ;;
+    contexit) sess=("${cont[@]}"); env=(GPUPROF_PC_AT=exit) ;;
+    contrd) sess=("${cont[@]}"); env=(GPUPROF_PC_READ_MS=1000) ;;
+    conthw16) sess=("${cont[@]}"); env=(GPUPROF_PC_HW_MIB=16) ;;
+    contsc1) sess=("${cont[@]}"); env=(GPUPROF_PC_SCRATCH_MIB=1) ;;
+    contwk10) sess=("${cont[@]}"); env=(GPUPROF_PC_WORKER_MS=10) ;;
+    contls) sess=("${cont[@]}" --pc-stall stalled_long_scoreboard) ;;
+    contp18) sess=("${cont[@]}" --pc-period 18) ;;
+    *) echo "unknown cost mode $mode"; return ;;
+  esac
+  [ ${#sess[@]} -gt 0 ] && s=$(session_start --exe python3 "${sess[@]}" --name "${RUN_TAG:-cost}-$mode")
+  env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/${RUN_TAG:-cost}_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@"
+  [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
+}
+
+# Samples per (pid, device) of a session, "pid:device:samples:state" lines.
+samples_of() {
+  "${CTL[@]}" --json session show "$1" | "$PY" -c '
+import json, sys
+d = json.load(sys.stdin)
+for p in d.get("processes", []):
+    for x in p.get("pc_sampling", []):
+        print("%s:%s:%s:%s" % (p["pid"], x["device"], x.get("samples", 0), x.get("state", "")))'
+}

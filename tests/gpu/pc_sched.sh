@@ -12,36 +12,22 @@
 #          export names the file; then the same on a second run of the program, whose cubin
 #          comes from gpuprofd's cache (the first run sent it) without reading any file;
 #          LATE_SECS (default 14) is how long each run of the program lasts (attached at 3 s);
-#   cost   medians of REPS (default 5) alternating runs: untraced, CUPTI's own
-#          pc_sampling_continuous sample (the floor), gpuprof windows (the default: an enable
-#          and a disable each, CUPTI finalized between them), windows that are ranges of one
-#          enable (winrange, GPUPROF_PC_WINDOWS=ranges), gpuprof continuous (COST_MODES picks
-#          others: contexit is continuous with the work at synchronization exits, the old
-#          place; win16 windows with a 16 MiB hardware buffer; winkeep windows keeping CUPTI
-#          attached between them; inj the injector loaded with no session; kern a kernels-only
-#          session, no PC sampling; winlow and winq windows under a 0.1 and a 0.25 % budget;
-#          winsc windows with a 64 MiB scratch buffer, winwk with CUPTI's worker waking every
-#          1 ms, win100wk every 100 ms (CUPTI's default), winrd reading every 5 ms inside a
-#          window, winhw512 a 512 MiB hardware buffer, winexit the work at synchronization
-#          exits, win20 20 ms windows (GPUPROF_PC_WINDOW_MS): what each does to the samples a
-#          window keeps),
-#          on a bf16 8192^3 matmul loop and on a loop of small PyTorch kernels with a
-#          synchronization every 100 (small_sync.py; without synchronizations no window opens);
+#   cost   medians of REPS (default 5) alternating runs of COST_MODES (pc_common.sh's cost_run
+#          lists them; default: untraced, CUPTI's own pc_sampling_continuous sample (the floor),
+#          gpuprof windows, gpuprof continuous) on a bf16 8192^3 matmul loop and on a loop of
+#          small PyTorch kernels with a synchronization every 100 (small_sync.py);
 #          COST_MM_SECS=0 or COST_SMALL_N=0 leaves that loop out. COST_WARM=S runs each loop
 #          untimed first (the matmul loop S s, default 1; the small loop S x 100k ops, default
-#          none), so that with S past a process's first window (CUPTI's one-time set-up, ~0.1-0.2
-#          s) what is timed is the steady state; the set-up is printed beside it either way.
-#          COST_CLOCKS=1 samples the SM clock and power during each matmul run (nvidia-smi every
-#          100 ms) and prints their medians per mode. COST_PIN=CPUS pins every cost and residue
-#          process to those CPUs (taskset -c).
+#          none). COST_CLOCKS=1 samples the SM clock and power during each matmul run
+#          (nvidia-smi every 100 ms) and prints their medians per mode. COST_PIN=CPUS pins every
+#          cost and residue process to those CPUs (taskset -c).
 #   residue  where the windows' cost goes on launch-bound work: the small-kernel loop
 #          (RESIDUE_N ops, default 1.5M) untraced, in windows (the default) and in windows
-#          keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks modes,
-#          winrange and inj too), its pace printed per 50k ops beside the windows the injector
+#          keeping CUPTI attached (winkeep, GPUPROF_PC_DETACH=0; RESIDUE_MODES picks modes), its pace printed per 50k ops beside the windows the injector
 #          logged (before the first window, inside, after a disable).
 #   yield  the samples each window keeps on the matmul loop synchronizing after every 1, 10 and
-#          100 matmuls (YIELD_BATCH), in each of YIELD_MODES (cost modes; default "win winrange
-#          winwk winrd"), from the injector's log: 3 s runs.
+#          100 matmuls (YIELD_BATCH), in each of YIELD_MODES (cost modes; default "win
+#          winwk"), from the injector's log: 3 s runs.
 #   pair   (2 GPUs) the small-kernel loop in each of PAIR_MODES (default "off win") beside an
 #          untraced twin run at the same time on the other GPU and CPUs (PAIR_CPUS_A/B, default
 #          4-7 and 8-11; swapped every rep) and GPUs (PAIR_GPUS, default "0 1": two runs of
@@ -63,11 +49,7 @@ NAME=pcsched
 # shellcheck source=pc_common.sh
 . "$HERE/pc_common.sh"
 REPS=${REPS:-5}
-# COST_PIN=CPUS runs every cost and residue process on those CPUs (taskset -c), to take the
-# scheduler's moves out of a CPU-bound loop's noise.
-PIN=(); [ -n "${COST_PIN:-}" ] && command -v taskset >/dev/null && PIN=(taskset -c "$COST_PIN")
 PARTS=" ${PARTS:-ddp ddptrace share late cost} "
-CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 export PATH="/usr/local/cuda/bin:$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 start_gpuprofd 'log_level = "info"'
@@ -75,15 +57,6 @@ NGPU=$(nvidia-smi -L | grep -c '^GPU')
 
 cp "$HERE/mm.py" "$STATE/mm.py"
 
-# Samples per (pid, device) of a session, "pid:device:samples:state" lines.
-samples_of() {
-  "${CTL[@]}" --json session show "$1" | "$PY" -c '
-import json, sys
-d = json.load(sys.stdin)
-for p in d.get("processes", []):
-    for x in p.get("pc_sampling", []):
-        print("%s:%s:%s:%s" % (p["pid"], x["device"], x.get("samples", 0), x.get("state", "")))'
-}
 
 # ---------------------------------------------------------------- probe
 # One PC-only session on the matmul loop with the injector's debug log: what it reports.
@@ -212,48 +185,7 @@ fi
 
 # ---------------------------------------------------------------- the modes (cost, residue, yield, pair)
 if [[ $PARTS == *" cost "* || $PARTS == *" pair "* || $PARTS == *" yield "* || $PARTS == *" residue "* ]]; then
-  FLOOR_LIB=
-  # CUPTI's sample builds in place (its Makefile finds nvcc and CUPTI relative to the folder).
-  FLOOR_DIR=$CUPTI/samples/pc_sampling_continuous
-  if [ -d "$FLOOR_DIR" ]; then
-    [ -e "$FLOOR_DIR/libpc_sampling_continuous.so" ] || (cd "$FLOOR_DIR" && make >"$STATE/floor_make.txt" 2>&1)
-    FLOOR_LIB=$(ls "$FLOOR_DIR"/libpc_sampling_continuous.so 2>/dev/null)
-    [ -z "$FLOOR_LIB" ] && tail -5 "$STATE/floor_make.txt"
-    mkdir -p "$STATE/pcs"
-  fi
-  # The floor's library writes its samples to files in the working directory: run it in one.
-  # cost_run MODE COMMAND...: the command run in a mode (its output; a session's id last); its
-  # injector logs to logs/${RUN_TAG:-cost}_MODE.log.
-  cost_run() {
-    local mode=$1; shift
-    set -- "${PIN[@]}" "$@"
-    local s= sess=() env=() pc=(--preset pc --pc-sampling)
-    case $mode in
-      off) "$@"; return ;;
-      floor) (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:$FLOOR_DIR:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$FLOOR_LIB" "$@"); return ;;
-      inj) ;;
-      kern) sess=(--preset kernels) ;;
-      win) sess=("${pc[@]}") ;;
-      winlow) sess=("${pc[@]}" --pc-budget 0.1) ;;
-      winq) sess=("${pc[@]}" --pc-budget 0.25) ;;
-      cont) sess=("${pc[@]}" --pc-mode continuous) ;;
-      win16) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_HW_MIB=16) ;;
-      winrange) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOWS=ranges) ;;
-      winsc) sess=("${pc[@]}"); env=(GPUPROF_PC_SCRATCH_MIB=64) ;;
-      winwk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=1) ;;
-      winrd) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_READ_MS=5) ;;
-      winhw512) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_HW_MIB=512) ;;
-      winexit) sess=("${pc[@]}"); env=(GPUPROF_PC_AT=exit) ;;
-      win100wk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=0) ;;
-      win20) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=20) ;;
-      winkeep) sess=("${pc[@]}"); env=(GPUPROF_PC_DETACH=0) ;;
-      contexit) sess=("${pc[@]}" --pc-mode continuous); env=(GPUPROF_PC_AT=exit) ;;
-      *) echo "unknown cost mode $mode"; return ;;
-    esac
-    [ ${#sess[@]} -gt 0 ] && s=$(session_start --exe python3 "${sess[@]}" --name "${RUN_TAG:-cost}-$mode")
-    env "${env[@]}" GPUPROF_LOG_FILE="$STATE/logs/${RUN_TAG:-cost}_$mode.log" CUDA_INJECTION64_PATH="$INJ" "$@"
-    [ -n "$s" ] && "${CTL[@]}" session stop "$s" >/dev/null && echo "SESSION $s"
-  }
+  setup_modes
 fi
 # ---------------------------------------------------------------- residue
 if [[ $PARTS == *" residue "* ]]; then
@@ -268,8 +200,8 @@ fi
 
 # ---------------------------------------------------------------- cost
 if [[ $PARTS == *" cost "* ]]; then
-  MODES=${COST_MODES:-off win winrange cont}
-  [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win winrange cont"
+  MODES=${COST_MODES:-off win cont}
+  [ -n "$FLOOR_LIB" ] && [ -z "${COST_MODES:-}" ] && MODES="off floor win cont"
   declare -A MM SM MMS SMS
   for r in $(seq "$REPS"); do
     for mode in $MODES; do
@@ -292,7 +224,7 @@ if [[ $PARTS == *" cost "* ]]; then
     done
     line="rep $r:"; for m in $MODES; do line="$line $m ${MM[$m]:-}ms/${SM[$m]:-}us"; done; echo "$line"
   done
-  for m in win winrange; do
+  for m in win; do
     [ -e "$STATE/logs/cost_$m.log" ] && { echo "--- $m: the first windows"; grep -h "enable:\|window closed" "$STATE/logs/cost_$m.log" | head -6; }
   done
   # CUPTI's one-time set-up in each process (its first cuptiPCSamplingEnable and first range's
@@ -346,10 +278,10 @@ fi
 
 # ---------------------------------------------------------------- yield
 # The samples each window keeps on the matmul loop, by how the windows are made (YIELD_MODES, cost
-# modes' names; winrd reads inside an open window every 5 ms) and how often the loop synchronizes
+# modes' names) and how often the loop synchronizes
 # (YIELD_BATCH: a synchronization after every N matmuls; 3 s runs, no warm-up).
 if [[ $PARTS == *" yield "* ]]; then
-  for m in ${YIELD_MODES:-win winrange winwk winrd}; do
+  for m in ${YIELD_MODES:-win winwk}; do
     for b in ${YIELD_BATCH:-1 10 100}; do
       o=$(cost_run "$m" "$PY" "$STATE/mm.py" 3 0 8192 "$b" 2>&1)
       pid=$(grep -oE 'MM pid=[0-9]+ ms_per' <<<"$o" | grep -oE '[0-9]+')

@@ -140,7 +140,7 @@ impl PcAgent {
                 let devs = working3.lock().unwrap().clone();
                 if !devs.is_empty() {
                     let devices =
-                        devs.iter().map(|&d| wire::DeviceUse { device_id: d, context: true, syncs: 3 }).collect();
+                        devs.iter().map(|&d| wire::DeviceUse { device_id: d, context: true, syncs: 3, launches: 0 }).collect();
                     if send(&out3, Msg::DeviceActivity(wire::DeviceActivity { devices })).is_err() {
                         break;
                     }

@@ -115,7 +115,7 @@ fn injector_session() -> Vec<AgentMessage> {
         sampled_ns: 1_000_000,
     })));
     out.push(msg(Msg::DeviceActivity(wire::DeviceActivity {
-        devices: vec![wire::DeviceUse { device_id: 0, context: true, syncs: 12 }],
+        devices: vec![wire::DeviceUse { device_id: 0, context: true, syncs: 12, launches: 40 }],
     })));
     let cubin: Vec<u8> = (0..96u8).collect();
     for (i, piece) in cubin.chunks(40).enumerate() {

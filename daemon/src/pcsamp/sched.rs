@@ -4,8 +4,8 @@
 //! processes of PC-sampling sessions that work on one GPU take turns:
 //!
 //! - A process is a candidate on a GPU once its session asks for PC sampling there, and is
-//!   eligible while it works on that GPU: it reported a CUDA synchronization on the GPU's
-//!   context within `active_for` ([`Sched::activity`]). A launcher, a data-loader worker or an
+//!   eligible while it works on that GPU: it reported a CUDA synchronization or kernel launch
+//!   on the GPU's context within `active_for` ([`Sched::activity`]). A launcher, a data-loader worker or an
 //!   idle notebook kernel never is, and never holds the GPU.
 //! - One eligible process holds the GPU as long as it is the only one. When several are, each
 //!   turn lasts `turn` and the next goes to the eligible process with the least service per

@@ -71,9 +71,10 @@ impl PcBackend for FakeBackend {
         }
         self.pc_collect()
     }
-    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
-        // Works on its first device only; a context on every one.
-        devices.iter().map(|&d| (d, true, if d == devices[0] { 5 } else { 0 })).collect()
+    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
+        // Works on its first device only (synchronizing), launches on its second without
+        // synchronizing; a context on every one.
+        devices.iter().enumerate().map(|(i, &d)| (d, true, if i == 0 { 5 } else { 0 }, if i == 1 { 9 } else { 0 })).collect()
     }
     fn pc_cubin_answer(&mut self, answer: CubinAnswer) {
         self.cubin_answer = Some(answer);
@@ -374,7 +375,14 @@ fn a_traced_process_reports_the_devices_it_works_on() {
     daemon_send(&mut s, In::StartTrace(pb::StartTrace { session_id: 9, config: None }));
     let seen = until(&mut s, |m| matches!(m, Out::DeviceActivity(_)));
     let Some(Out::DeviceActivity(a)) = seen.last() else { panic!() };
-    assert_eq!(a.devices, [pb::DeviceUse { device_id: 0, context: true, syncs: 5 }], "devices without work left out");
+    assert_eq!(
+        a.devices,
+        [
+            pb::DeviceUse { device_id: 0, context: true, syncs: 5, launches: 0 },
+            pb::DeviceUse { device_id: 1, context: true, syncs: 0, launches: 9 },
+        ],
+        "a device launched on without a synchronization is worked on too"
+    );
     assert!(t0.elapsed() < Duration::from_secs(2), "reported within a flush or two: {:?}", t0.elapsed());
     assert!(control.request_exit(&wake, Duration::from_secs(2)));
     h.join().unwrap();

@@ -196,10 +196,14 @@ impl<B: Backend> Agent<B> {
             .backend
             .device_activity(&ids)
             .into_iter()
-            .filter(|(_, _, syncs)| *syncs > 0)
-            .map(|(device_id, context, syncs)| pb::DeviceUse { device_id, context, syncs })
+            .filter(|(_, _, syncs, launches)| *syncs > 0 || *launches > 0)
+            .map(|(device_id, context, syncs, launches)| pb::DeviceUse { device_id, context, syncs, launches })
             .collect();
-        log!(Debug, "device activity: {:?}", devices.iter().map(|d| (d.device_id, d.syncs)).collect::<Vec<_>>());
+        log!(
+            Debug,
+            "device activity: {:?}",
+            devices.iter().map(|d| (d.device_id, d.syncs, d.launches)).collect::<Vec<_>>()
+        );
         if !devices.is_empty() {
             self.send(Out::DeviceActivity(pb::DeviceActivity { devices }));
         }

@@ -189,7 +189,7 @@ pub trait PcBackend {
     }
     /// Per device of `devices` (CUDA ordinals): whether the process has an active primary
     /// context there and the CUDA synchronizations on it since the last call.
-    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
+    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
         let _ = devices;
         Vec::new()
     }

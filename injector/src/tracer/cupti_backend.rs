@@ -389,7 +389,7 @@ impl PcBackend for CuptiBackend {
     fn pc_devices(&self) -> Vec<u32> {
         self.pc.devices()
     }
-    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64)> {
+    fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
         pc::device_activity(devices)
     }
 }

@@ -42,11 +42,11 @@ impl User {
 struct Hooks {
     sub: Option<Subscriber>,
     users: u8,
-    /// PC-sampling windows counting launches ([`count_launches`]), under this subscriber.
-    launches: LaunchCount,
+    /// The launch callbacks are on ([`set_launches`]), under this subscriber.
+    launches: bool,
 }
 
-static HOOKS: Mutex<Hooks> = Mutex::new(Hooks { sub: None, users: 0, launches: LaunchCount { windows: 0, on: false } });
+static HOOKS: Mutex<Hooks> = Mutex::new(Hooks { sub: None, users: 0, launches: false });
 /// Set when `cuptiFinalize` succeeded (which ended the subscriber); the handle is forgotten at
 /// the next use, without taking the lock in CUPTI's callback.
 static ENDED: AtomicBool = AtomicBool::new(false);
@@ -56,7 +56,7 @@ fn hooks() -> MutexGuard<'static, Hooks> {
     if ENDED.swap(false, Ordering::SeqCst) {
         h.sub = None;
         h.users = 0;
-        h.launches.forget();
+        h.launches = false;
     }
     h
 }
@@ -123,9 +123,8 @@ pub fn acquire(cupti: &Cupti, user: User) -> Result<(), CuptiError> {
     Ok(())
 }
 
-/// The driver's kernel and graph launches (the runtime's go through them), counted while a
-/// PC-sampling window is open: what keeping sampling enabled would cost depends on the
-/// launch rate.
+/// The driver's kernel and graph launches (the runtime's go through them), at which PC
+/// sampling opens and closes windows and reads, and counts launches while a window is open.
 const LAUNCH_CALLS: [u32; 8] = [
     ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
     ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
@@ -141,64 +140,30 @@ fn is_launch(domain: ids::CUpti_CallbackDomain, cbid: ids::CUpti_CallbackId) -> 
     domain == ids::CUPTI_CB_DOMAIN_DRIVER_API && LAUNCH_CALLS.contains(&cbid)
 }
 
-/// Windows whose end found the subscriber busy: taken off the count at the next switch.
-static LAUNCH_ENDS_PENDING: AtomicU32 = AtomicU32::new(0);
-
-/// The windows counting launches, and whether the launch callbacks are on: on while any
-/// counts, so that windows of two devices of one process open at once each see the launches
-/// until their own close.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct LaunchCount {
-    windows: u32,
-    on: bool,
+/// Switches the launch callbacks on or off (gpuprof's thread, while PC sampling may have work
+/// at launches): whether they are now as asked (false when CUPTI refused; with no subscriber,
+/// whether they were to go off).
+pub fn set_launches(cupti: &Cupti, on: bool) -> bool {
+    switch_launches(&mut hooks(), cupti, on)
 }
 
-impl LaunchCount {
-    /// `ended` windows stopped counting and, when `start`, one starts: the state the callbacks
-    /// are to be switched to, if it changes.
-    fn change(&mut self, ended: u32, start: bool) -> Option<bool> {
-        self.windows = self.windows.saturating_sub(ended) + u32::from(start);
-        let want = self.windows > 0;
-        (want != self.on).then_some(want)
-    }
-
-    /// The switch to `to` asked by [`Self::change`] went through (`ok`) or not: a window whose
-    /// start could not switch them on does not count; a switch off that failed is tried again
-    /// at the next change.
-    fn switched(&mut self, to: bool, ok: bool, start: bool) {
-        if ok {
-            self.on = to;
-        } else if to && start {
-            self.windows -= 1;
-        }
-    }
-
-    /// The subscriber went, and its callbacks with it.
-    fn forget(&mut self) {
-        *self = LaunchCount::default();
-        LAUNCH_ENDS_PENDING.store(0, Ordering::SeqCst);
-    }
+/// [`set_launches`] from an application thread: never waits (false when the subscriber is
+/// busy or gone).
+pub fn try_set_launches(cupti: &Cupti, on: bool) -> bool {
+    let Ok(mut h) = HOOKS.try_lock() else { return false };
+    !ENDED.load(Ordering::SeqCst) && switch_launches(&mut h, cupti, on)
 }
 
-/// A PC-sampling window starts (`on`) or stops counting launches: the launch callbacks are on
-/// while any window counts. Never waits (it runs on the application's threads): false when
-/// the subscriber is busy or gone, or a callback could not be switched (a stop that finds the
-/// subscriber busy counts at the next call).
-pub fn count_launches(cupti: &Cupti, on: bool) -> bool {
-    if !on {
-        LAUNCH_ENDS_PENDING.fetch_add(1, Ordering::SeqCst);
+fn switch_launches(h: &mut Hooks, cupti: &Cupti, on: bool) -> bool {
+    if h.launches == on {
+        return true;
     }
-    let Ok(mut guard) = HOOKS.try_lock() else { return false };
-    if ENDED.load(Ordering::SeqCst) {
-        return false;
-    }
-    let h = &mut *guard;
-    let Some(s) = &h.sub else { return false };
-    let ended = LAUNCH_ENDS_PENDING.swap(0, Ordering::SeqCst);
-    let Some(to) = h.launches.change(ended, on) else { return true };
+    let Some(s) = &h.sub else { return !on };
     let ok =
-        LAUNCH_CALLS.iter().all(|&cbid| cupti.enable_callback(s, ids::CUPTI_CB_DOMAIN_DRIVER_API, cbid, to).is_ok());
-    h.launches.switched(to, ok, on);
+        LAUNCH_CALLS.iter().all(|&cbid| cupti.enable_callback(s, ids::CUPTI_CB_DOMAIN_DRIVER_API, cbid, on).is_ok());
+    if ok {
+        h.launches = on;
+    }
     ok
 }
 
@@ -221,7 +186,7 @@ pub fn release(cupti: &Cupti, user: User) {
     if h.users == 0
         && let Some(s) = h.sub.take()
     {
-        h.launches.forget();
+        h.launches = false;
         let _ = cupti.unsubscribe(s);
     }
 }
@@ -339,7 +304,7 @@ extern "C" fn on_callback(
     // Safety: CUPTI's arguments to this subscriber callback, used only until it returns.
     let cb = unsafe { Callback::from_raw(domain, cbid, cbdata) };
     if is_launch(domain, cbid) {
-        // Counted, nothing else: a trace's detach never happens under a launch.
+        // PC sampling's only: a trace's detach never happens under a launch.
         if let Some(f) = PC_LAUNCH.get() {
             f(&cb);
         }
@@ -368,24 +333,6 @@ mod tests {
     /// gpuprof's thread in CUPTI and a finalize on an application thread exclude each other:
     /// the application thread is refused (never waits) while gpuprof's thread works; gpuprof's
     /// thread waits while a finalize is under way, and goes on once it ends.
-    #[test]
-    fn launch_callbacks_stay_on_while_any_window_counts() {
-        let mut c = LaunchCount::default();
-        assert_eq!(c.change(0, true), Some(true), "the first window switches them on");
-        c.switched(true, true, true);
-        assert_eq!(c.change(0, true), None, "a second device's window opens: already on");
-        assert_eq!(c.change(1, false), None, "the first closes: the second still counts");
-        assert_eq!(c.change(1, false), Some(false), "the last closes: off");
-        c.switched(false, false, false);
-        assert_eq!(c, LaunchCount { windows: 0, on: true }, "the switch off failed: still on");
-        assert_eq!(c.change(0, false), Some(false), "tried again at the next change");
-        c.switched(false, true, false);
-        assert_eq!(c.change(0, true), Some(true));
-        c.switched(true, false, true);
-        assert_eq!(c, LaunchCount { windows: 0, on: false }, "a window that could not switch them on does not count");
-        assert_eq!(c.change(3, false), None, "ends never take the count below zero");
-    }
-
     #[test]
     fn a_finalize_and_gpuprofs_cupti_work_exclude_each_other() {
         let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

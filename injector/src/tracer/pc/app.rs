@@ -1,22 +1,16 @@
-//! What runs on the application's threads, at a CUDA synchronization: enabling and
-//! configuring PC sampling on a context, reading it (`GetData`, at most every [`super::meter::READ_GAP`]),
-//! and disabling it; in windows mode, opening and closing windows at the synchronizations
-//! around them ([`super::window`]).
-//! The work runs at the synchronization's entry by default (`GPUPROF_PC_AT=exit`: at its
-//! exit): the thread is about to wait for the GPU anyway, so the time spent here overlaps
-//! the GPU's queued work instead of leaving the GPU idle after the wait. On the H100, enabling or reading from the background thread while a
-//! PyTorch process loaded modules and launched kernels hung or aborted the process in 2 of 5
-//! runs, as `cuptiFinalize` did (see `detach`); at a synchronization's exit the thread that uses
-//! the context is inside CUPTI's callback and the GPU work it waited for is done. The
-//! background thread only arms operations and takes their results, and its own
-//! synchronizations (before a trace's last flush) never run them: disabling from there while
-//! the application launched kernels hung it.
-//! Every CUPTI call here takes the callback's [`LiveContext`] (at exit, the one
-//! `lifecycle` vouches for).
+//! What runs on the application's threads, inside CUPTI's callbacks at the entries of kernel
+//! launches and of CUDA synchronizations: enabling and configuring PC sampling on a context,
+//! reading it (`GetData`, at most every [`super::meter::READ_GAP`]), disabling it, and in windows
+//! mode the windows' steps ([`super::window`]). A launch does this work only when some is due
+//! ([`DUE_AT`], one atomic load per launch), so that a loop that never synchronizes is sampled
+//! too. The background thread only arms operations and takes their results: CUPTI calls on a
+//! context from another thread while the application launched kernels hung or aborted PyTorch.
+//! Every CUPTI call here takes the callback's [`LiveContext`] (at exit, the one `lifecycle`
+//! vouches for).
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -28,7 +22,7 @@ use super::context::{Agg, Live as Sampled, disable_into, drain_into, enable, sto
 use super::cubins;
 use super::meter::{add_extra, at_entry, charge, count_sync, outside_syncs, own_thread, read_gap, set_detached, timed};
 pub use super::meter::{app_cost, app_cost_extra};
-use super::window::{DETACHED, Win, WinCfg, ask_detach, take_detach, window};
+use super::window::{DETACHED, Win, WinCfg, allowed, ask_detach, take_detach, window};
 use crate::tracer::hooks;
 
 /// A context being sampled, with its windows' state (windows mode).
@@ -78,14 +72,60 @@ pub enum Done {
 #[derive(Default)]
 struct State {
     pending: Vec<Op>,
+    /// A windowed enable the budget did not allow yet is tried again then.
+    deferred_until: Option<Instant>,
     live: BTreeMap<u32, Live>,
     done: Vec<Done>,
     /// Time each device was sampled (enabled) since the last [`take`].
     sampled: BTreeMap<u32, Duration>,
 }
 
-static STATE: Mutex<State> =
-    Mutex::new(State { pending: Vec::new(), live: BTreeMap::new(), done: Vec::new(), sampled: BTreeMap::new() });
+static STATE: Mutex<State> = Mutex::new(State {
+    pending: Vec::new(),
+    deferred_until: None,
+    live: BTreeMap::new(),
+    done: Vec::new(),
+    sampled: BTreeMap::new(),
+});
+
+/// When a launch next has work here (ns on [`mono_ns`]'s clock; 0: at once; `u64::MAX`: none).
+static DUE_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Nanoseconds since this module's first use, for [`DUE_AT`].
+fn mono_ns(t: Instant) -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    t.saturating_duration_since(*EPOCH.get_or_init(Instant::now)).as_nanos() as u64
+}
+
+/// Sets [`DUE_AT`] from what is armed and sampled.
+fn set_due(s: &State) {
+    let now = Instant::now();
+    let mut due: Option<Instant> = None;
+    let mut at = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
+    if !s.pending.is_empty() {
+        at(s.deferred_until.unwrap_or(now));
+    }
+    for l in s.live.values().filter(|l| l.failure.is_none()) {
+        match &l.win {
+            Some((w, _, _)) => at(w.due()),
+            None => at(l.last_read.map_or(now, |t| t + read_gap())),
+        }
+    }
+    // The epoch is taken before `now` is turned into nanoseconds, so that a first `now` is 0.
+    let _ = mono_ns(now);
+    DUE_AT.store(due.map_or(u64::MAX, mono_ns), Ordering::SeqCst);
+}
+
+/// Whether the launch callbacks are needed within `ahead`: an operation waits, a context is
+/// sampled continuously or has a window open, or a window is due.
+pub fn launches_wanted(ahead: Duration) -> bool {
+    let s = state();
+    !s.pending.is_empty()
+        || s.live.values().any(|l| match &l.win {
+            None => l.on.is_some(),
+            Some((w, _, _)) => w.is_open() || w.due_within(ahead),
+        })
+}
 
 /// Counts the time `l` has been enabled since it was last counted, for `device`.
 fn count_on(sampled: &mut BTreeMap<u32, Duration>, device: u32, l: &mut Live, still_on: bool) {
@@ -108,11 +148,44 @@ pub fn init(cupti: &Arc<Cupti>) {
     let _ = CUPTI.set(cupti.clone());
 }
 
+/// The CUPTI handle [`init`] was given.
+pub(super) fn cupti() -> Option<&'static Cupti> {
+    CUPTI.get().map(|c| &**c)
+}
+
 /// Registers PC sampling's part of the subscriber's callback ([`hooks`]): module loads,
-/// context teardown and synchronizations; kernel and graph launches (switched on while a window
-/// is open) are counted.
+/// context teardown and synchronizations; kernel and graph launches (switched on while work may
+/// be due at them, [`launches_wanted`]).
 pub fn register_hooks() {
-    hooks::register(hooks::User::Pc, on_callback, Some(super::launches::on_launch));
+    hooks::register(hooks::User::Pc, on_callback, Some(on_launch));
+}
+
+/// The launch callback: at a launch's entry, the work due on its context; the launch counted
+/// and timed ([`super::launches`]); at its exit, a finalize that a window's close asked.
+pub fn on_launch(cb: &Callback<'_>) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let entry = cb.is_api_entry();
+        if entry
+            && ACTIVE.load(Ordering::Relaxed)
+            && mono_ns(Instant::now()) >= DUE_AT.load(Ordering::Relaxed)
+            && !own_thread()
+            && let Some(live) = cb.live_context()
+            && let Ok(mut s) = STATE.try_lock()
+        {
+            run(&mut s, live);
+        }
+        super::launches::on_launch(cb);
+        if entry && let Some(ctx) = cb.api_context() {
+            super::meter::LAUNCHES_BY_CTX.count(ctx.id());
+        }
+        end_probe();
+        if !entry
+            && outside_syncs()
+            && let Some(cupti) = CUPTI.get()
+        {
+            detach_at_exit(cupti);
+        }
+    }));
 }
 
 /// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
@@ -179,6 +252,26 @@ pub fn arm(op: Op) {
     };
     s.pending.push(op);
     ACTIVE.store(true, Ordering::SeqCst);
+    DUE_AT.store(0, Ordering::SeqCst);
+}
+
+/// A probe of the launches ([`super::meter::PROBING`]) has seen enough of them: the launch
+/// callbacks go off again unless PC sampling has work at launches (never waits: a busy
+/// subscriber leaves it to the next launch).
+fn end_probe() {
+    use super::meter::{PROBE_LAUNCHES, PROBING};
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+    if !PROBING.load(Ordering::Relaxed) || SEEN.fetch_add(1, Ordering::Relaxed) + 1 < PROBE_LAUNCHES {
+        return;
+    }
+    if ACTIVE.load(Ordering::Relaxed) {
+        PROBING.store(false, Ordering::SeqCst);
+    } else if let Some(cupti) = CUPTI.get()
+        && hooks::try_set_launches(cupti, false)
+    {
+        PROBING.store(false, Ordering::SeqCst);
+    }
+    SEEN.store(0, Ordering::Relaxed);
 }
 
 /// Takes back an enable armed for `device` that no synchronization has run yet: whether there
@@ -342,20 +435,33 @@ pub fn on_callback(cb: &Callback<'_>) {
     }));
 }
 
-/// Runs on the thread whose current context is `cur` (a synchronization just returned).
+/// Runs on the thread whose current context is `cur` (at a launch's or synchronization's entry).
 fn run(s: &mut State, cur: LiveContext<'_>) {
     let Some(cupti) = CUPTI.get() else { return };
     let ctx = cur.context();
     let ops: Vec<Op> = std::mem::take(&mut s.pending);
+    let now = Instant::now();
     for op in ops {
+        // A window's enable waits while the process's budget does not allow it.
+        if let Op::Enable { win: Some(w), .. } = &op
+            && (s.deferred_until.is_some_and(|t| t > now) || !allowed(w.budget))
+        {
+            if s.deferred_until.is_none_or(|t| t <= now) {
+                s.deferred_until = Some(now + Duration::from_secs(1));
+            }
+            s.pending.push(op);
+            continue;
+        }
         match op {
             Op::Enable { device, ctx: c, cfg, wanted, win } if c == ctx => {
+                s.deferred_until = None;
+                let app_before = super::meter::APP_NS.load(Ordering::Relaxed);
                 let t = Instant::now();
                 let r = enable(cupti, cur, cfg.clone(), &wanted);
                 charge(t);
                 match r {
                     Ok((on, reasons, unknown)) => {
-                        let win = win.map(|w| (Win::opened(cupti, w), cfg, wanted));
+                        let win = win.map(|w| (Win::opened(w, app_before), cfg, wanted));
                         s.live.insert(
                             device,
                             Live {
@@ -378,7 +484,7 @@ fn run(s: &mut State, cur: LiveContext<'_>) {
                 let Some(mut l) = s.live.remove(&device) else { continue };
                 count_on(&mut s.sampled, device, &mut l, false);
                 let t = Instant::now();
-                super::window::end(cupti, &mut l);
+                super::window::end(&mut l);
                 if let Some(mut on) = l.on.take() {
                     stop_range(cupti, cur, &mut on);
                     if kind == PcEventKind::Stopped {
@@ -424,6 +530,7 @@ fn run(s: &mut State, cur: LiveContext<'_>) {
         charge(t);
     }
     ACTIVE.store(!s.pending.is_empty() || !s.live.is_empty(), Ordering::SeqCst);
+    set_due(s);
 }
 
 /// A context is about to be destroyed (CUPTI's resource callback, on the destroying thread,
@@ -485,7 +592,7 @@ pub fn stop_all(reason: &str, vouch: &dyn Fn(Context) -> Option<LiveContext<'sta
 
 /// Reads what the context still holds and disables sampling on it.
 fn close(cupti: &Cupti, c: LiveContext<'_>, l: &mut Live) {
-    super::window::end(cupti, l);
+    super::window::end(l);
     let Some(mut on) = l.on.take() else { return };
     stop_range(cupti, c, &mut on);
     if l.failure.is_none() {

@@ -79,6 +79,11 @@ pub(super) fn enable(
     let t0 = Instant::now();
     let mut sampling = PcSampling::enable(cupti, c)?;
     let t_enable = t0.elapsed();
+    // The process's first enable carries CUPTI's one-time set-up.
+    static ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !ONCE.swap(true, Ordering::Relaxed) {
+        super::window::SETUP_NS.store(t_enable.as_nanos() as u64, Ordering::Relaxed);
+    }
     let reasons = match sampling.stall_reasons(cupti, c) {
         Ok(r) => r,
         Err(e) => return Err(undo(cupti, c, sampling, e)),

@@ -1,20 +1,14 @@
 //! What PC sampling costs the application and where the application works, measured on its
-//! own threads at CUDA synchronizations: the synchronizations per context (for the daemon's
-//! scheduler, [`take_syncs`]), and the time PC-sampling calls take ([`charge`]) and what they
-//! add to the synchronizations they run in ([`timed`]); the windows are spaced by the larger.
+//! own threads: the synchronizations and launches per context (for the daemon's scheduler,
+//! [`device_activity`]), the time PC-sampling calls take ([`charge`], which goes to the
+//! budget's ledger) and what they add to the synchronizations they run in ([`timed`]), and the
+//! settings read from the environment for measurements.
 
 use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::tracer::hooks;
-
-/// Windows mode: the most of the time a window may be open while what sampling costs inside
-/// windows is not known (CUPTI's enable floor on launch-bound work was 1.18-1.29x on the H100,
-/// so a duty of 1.5 % keeps that part under 0.5 %).
-pub(super) const MAX_DUTY: f64 = 0.015;
-/// Windows mode: the most of the time a window may be open once that cost is known.
-pub(super) const MAX_DUTY_MEASURED: f64 = 0.5;
 
 /// Time spent in PC-sampling calls on the application's threads, and windows opened, since
 /// the process started (for the log and the cost figures).
@@ -48,8 +42,11 @@ thread_local! {
     static PLAIN_NS: std::cell::Cell<f64> = const { std::cell::Cell::new(-1.0) };
 }
 
+/// The time since `t` was spent in PC-sampling calls on this application thread: it goes to
+/// the process's ledger ([`super::budget`]) and the totals.
 pub(super) fn charge(t: Instant) -> Duration {
     let d = t.elapsed();
+    super::budget::spend(d);
     APP_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
     WORK_NS.with(|w| w.set(w.get() + d.as_nanos() as u64));
     d
@@ -99,39 +96,58 @@ pub(super) fn add_extra(d: Duration) {
     EXTRA_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
 }
 
-/// CUDA synchronizations per context since the last [`take_syncs`], for the daemon's
-/// PC-sampling scheduler (which process works on which GPU): a few slots of (context, count).
-const SYNC_SLOTS: usize = 16;
-static SYNC_CTX: [std::sync::atomic::AtomicUsize; SYNC_SLOTS] =
-    [const { std::sync::atomic::AtomicUsize::new(0) }; SYNC_SLOTS];
-static SYNC_N: [std::sync::atomic::AtomicU64; SYNC_SLOTS] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; SYNC_SLOTS];
+/// Counts per CUDA context since the last [`PerContext::take`], for the daemon's PC-sampling
+/// scheduler (which process works on which GPU): a few slots of (context, count), lock-free.
+pub(super) struct PerContext {
+    ctx: [std::sync::atomic::AtomicUsize; SYNC_SLOTS],
+    n: [std::sync::atomic::AtomicU64; SYNC_SLOTS],
+}
 
-pub(super) fn count_sync(ctx: usize) {
-    if ctx == 0 {
-        return;
+const SYNC_SLOTS: usize = 16;
+
+impl PerContext {
+    const fn new() -> PerContext {
+        PerContext {
+            ctx: [const { std::sync::atomic::AtomicUsize::new(0) }; SYNC_SLOTS],
+            n: [const { std::sync::atomic::AtomicU64::new(0) }; SYNC_SLOTS],
+        }
     }
-    for i in 0..SYNC_SLOTS {
-        let c = SYNC_CTX[i].load(Ordering::Relaxed);
-        if c == ctx
-            || (c == 0 && SYNC_CTX[i].compare_exchange(0, ctx, Ordering::Relaxed, Ordering::Relaxed).is_ok())
-            || SYNC_CTX[i].load(Ordering::Relaxed) == ctx
-        {
-            SYNC_N[i].fetch_add(1, Ordering::Relaxed);
+
+    /// One more on `ctx` (a context past the slots is not counted).
+    pub(super) fn count(&self, ctx: usize) {
+        if ctx == 0 {
             return;
         }
+        for i in 0..SYNC_SLOTS {
+            let c = self.ctx[i].load(Ordering::Relaxed);
+            if c == ctx
+                || (c == 0 && self.ctx[i].compare_exchange(0, ctx, Ordering::Relaxed, Ordering::Relaxed).is_ok())
+                || self.ctx[i].load(Ordering::Relaxed) == ctx
+            {
+                self.n[i].fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// The counts per context since the last call.
+    pub(super) fn take(&self) -> Vec<(usize, u64)> {
+        (0..SYNC_SLOTS)
+            .filter_map(|i| {
+                let c = self.ctx[i].load(Ordering::Relaxed);
+                let n = self.n[i].swap(0, Ordering::Relaxed);
+                (c != 0 && n > 0).then_some((c, n))
+            })
+            .collect()
     }
 }
 
-/// The synchronizations per context since the last call.
-pub fn take_syncs() -> Vec<(usize, u64)> {
-    (0..SYNC_SLOTS)
-        .filter_map(|i| {
-            let c = SYNC_CTX[i].load(Ordering::Relaxed);
-            let n = SYNC_N[i].swap(0, Ordering::Relaxed);
-            (c != 0 && n > 0).then_some((c, n))
-        })
-        .collect()
+/// CUDA synchronizations and kernel launches per context, while their callbacks are on.
+pub(super) static SYNCS: PerContext = PerContext::new();
+pub(super) static LAUNCHES_BY_CTX: PerContext = PerContext::new();
+
+pub(super) fn count_sync(ctx: usize) {
+    SYNCS.count(ctx);
 }
 
 /// Where the work runs: at a synchronization's entry (true, the default) or its exit.
@@ -145,10 +161,9 @@ fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// How often CUPTI's worker thread wakes in windows mode, in ms (`GPUPROF_PC_WORKER_MS`; 0:
-/// CUPTI's default, 100 ms). A disable waits for the worker's wake-up: with the default, a
-/// window's disable took 49-52 ms on the H100, the main part of what a window costs.
-pub(super) fn window_worker_ms(default: u32) -> u32 {
+/// How often CUPTI's worker thread wakes, in ms (`GPUPROF_PC_WORKER_MS`, else `default`; 0:
+/// CUPTI's default, 100 ms). A disable waits for the worker's wake-up.
+pub(super) fn worker_ms(default: u32) -> u32 {
     static MS: OnceLock<Option<u32>> = OnceLock::new();
     MS.get_or_init(|| env_num("GPUPROF_PC_WORKER_MS")).unwrap_or(default)
 }
@@ -164,42 +179,27 @@ pub(super) fn scratch_mib_or(leased: u32) -> usize {
     *MIB.get_or_init(|| env_num("GPUPROF_PC_SCRATCH_MIB").unwrap_or(0))
 }
 
-/// The hardware buffer of windows when the lease does not say (`GPUPROF_PC_WINDOW_HW_MIB`, for
-/// measuring what its size costs the first enable; else `default`).
-pub(super) fn window_hw_mib(default: usize) -> usize {
+/// CUPTI's hardware buffer in MiB when the lease does not say (`GPUPROF_PC_HW_MIB`, for
+/// measuring what its size costs; else `default`, 0: CUPTI's own).
+pub(super) fn hw_mib(default: usize) -> usize {
     static MIB: OnceLock<Option<usize>> = OnceLock::new();
-    MIB.get_or_init(|| env_num("GPUPROF_PC_WINDOW_HW_MIB").filter(|m| *m > 0)).unwrap_or(default)
+    MIB.get_or_init(|| env_num("GPUPROF_PC_HW_MIB").filter(|m| *m > 0)).unwrap_or(default)
 }
 
 /// A window's length: `GPUPROF_PC_WINDOW_MS` (for measuring what the length does to a
-/// window's samples and cost), else the lease's (`leased` ms; 0: [`WINDOW`]); at most
-/// [`RANGE_WINDOW`] for `ranged` windows (`GPUPROF_PC_WINDOWS=ranges`).
-pub(super) fn window_len(leased: u32, ranged: bool) -> Duration {
+/// window's samples and cost), else the lease's (`leased` ms; 0: [`WINDOW`]).
+pub(super) fn window_len(leased: u32) -> Duration {
     static MS: OnceLock<Option<u64>> = OnceLock::new();
-    let ms = MS.get_or_init(|| env_num("GPUPROF_PC_WINDOW_MS").filter(|m| *m > 0));
-    let len = match (*ms, leased) {
+    match (*MS.get_or_init(|| env_num("GPUPROF_PC_WINDOW_MS").filter(|m| *m > 0)), leased) {
         (Some(ms), _) => Duration::from_millis(ms),
         (None, 0) => WINDOW,
         (None, leased) => Duration::from_millis(u64::from(leased)),
-    };
-    if ranged { len.min(RANGE_WINDOW) } else { len }
+    }
 }
 
 /// A window's length when the lease does not say. CUPTI keeps only what it sampled from about
-/// 60 ms after an enable: on the H200, windows of a bf16 matmul loop that synchronizes after
-/// every matmul kept one matmul's samples (~8.6k) when 20 ms long (they closed ~70 ms after
-/// the enable), 0.70-0.74M when 200 ms long; a disable costs ~50-65 ms either way
-/// (`tests/gpu/pc_sched.sh` yield).
+/// 60 ms after an enable, so a window of 200 ms keeps most of what ran in it.
 pub const WINDOW: Duration = Duration::from_millis(200);
-/// The longest range: its hardware buffer (16 MiB) fills in ~30 ms at the default period.
-pub const RANGE_WINDOW: Duration = Duration::from_millis(20);
-
-/// Least time between two reads inside an open window (`GPUPROF_PC_WINDOW_READ_MS`; None, the
-/// default: a window is read at its close only).
-pub(super) fn window_read_gap() -> Option<Duration> {
-    static GAP: OnceLock<Option<Duration>> = OnceLock::new();
-    *GAP.get_or_init(|| env_num("GPUPROF_PC_WINDOW_READ_MS").map(Duration::from_millis))
-}
 
 /// Least time between two reads of a context in continuous mode (`GPUPROF_PC_READ_MS`
 /// overrides it).
@@ -223,29 +223,45 @@ pub(super) fn set_detached(ctxs: Vec<usize>) {
     }
 }
 
+/// A probe of the launches: the launch callbacks switched on only to see whether the process
+/// launches kernels (it synchronized nowhere, and nothing else needs them); the launch
+/// callback switches them off again after [`PROBE_LAUNCHES`] launches.
+pub(super) static PROBING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(super) const PROBE_LAUNCHES: u64 = 8;
+
 /// Per device of `devices`: whether the process has an active primary context there, and the
-/// CUDA synchronizations counted on that context since the last call (by the subscriber's
-/// callback, which exists while a session traces the process).
-pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64)> {
+/// CUDA synchronizations and kernel launches counted on that context since the last call (by
+/// the subscriber's callbacks, which exist while a session traces the process). When it saw
+/// none, the launch callbacks are switched on for a few launches ([`PROBING`]), so that a
+/// process that launches without ever synchronizing is seen working at the next call.
+pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
     if super::DRIVER.get().is_none()
         && let Some(d) = gpuprof_cupti::device::Driver::already_loaded()
     {
         let _ = super::DRIVER.set(d);
     }
     let Some(driver) = super::DRIVER.get() else { return Vec::new() };
-    let syncs = take_syncs();
+    let syncs = SYNCS.take();
+    let launches = LAUNCHES_BY_CTX.take();
     let detached: Vec<usize> = DETACHED_CTX.iter().map(|c| c.load(Ordering::SeqCst)).filter(|&c| c != 0).collect();
-    let out: Vec<(u32, bool, u64)> = devices
+    let on = |of: &[(usize, u64)], ctx: usize| of.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum::<u64>();
+    let out: Vec<(u32, bool, u64, u64)> = devices
         .iter()
         .filter_map(|&dev| {
             let ctx = driver.active_primary_context(dev)?.context().id();
-            let n: u64 = syncs.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum();
-            // Between windows with CUPTI finalized no synchronization is seen: the context
-            // counts as working as it did in its last window (the next window looks again).
-            Some((dev, true, if n == 0 && detached.contains(&ctx) { 1 } else { n }))
+            let (n, l) = (on(&syncs, ctx), on(&launches, ctx));
+            // Between windows with CUPTI finalized no call is seen: the context counts as
+            // working as it did in its last window (the next window looks again).
+            Some((dev, true, if n == 0 && l == 0 && detached.contains(&ctx) { 1 } else { n }, l))
         })
         .collect();
-    crate::log::log!(Debug, "synchronizations by context {syncs:x?}; by device {out:?}");
+    crate::log::log!(Debug, "synchronizations by context {syncs:x?}, launches {launches:x?}; by device {out:?}");
+    if syncs.is_empty() && !out.is_empty() && hooks::held() && !super::app::launches_wanted(Duration::ZERO) {
+        PROBING.store(true, Ordering::SeqCst);
+        if let Some(cupti) = super::app::cupti() {
+            hooks::set_launches(cupti, true);
+        }
+    }
     out
 }
 
@@ -270,11 +286,9 @@ mod tests {
 
     /// The window length a lease gets (GPUPROF_PC_WINDOW_MS unset, as in `cargo test`).
     #[test]
-    fn window_length_is_the_lease_s_or_200_ms_and_ranges_stay_short() {
+    fn window_length_is_the_lease_s_or_200_ms() {
         assert!(std::env::var_os("GPUPROF_PC_WINDOW_MS").is_none(), "unset GPUPROF_PC_WINDOW_MS to run this test");
-        assert_eq!(window_len(0, false), Duration::from_millis(200));
-        assert_eq!(window_len(500, false), Duration::from_millis(500));
-        assert_eq!(window_len(0, true), RANGE_WINDOW);
-        assert_eq!(window_len(10, true), Duration::from_millis(10));
+        assert_eq!(window_len(0), Duration::from_millis(200));
+        assert_eq!(window_len(500), Duration::from_millis(500));
     }
 }

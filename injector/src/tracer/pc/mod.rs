@@ -1,18 +1,21 @@
-//! Continuous PC sampling through CUPTI on the daemon's lease, per device's primary context:
-//! enabled, read and disabled at the exits of the application's CUDA synchronizations
-//! ([`app`]); aggregated per (function, PC, stall reason) and resolved to source lines from the
-//! cubins captured at module load ([`cubins`]) on the background thread ([`resolve`]), which also heals a
-//! hardware buffer stuck full (disable, enable again) and stands down on HARDWARE_BUSY.
+//! PC sampling through CUPTI on the daemon's lease, per device's primary context, in windows
+//! under a cost budget ([`window`], [`budget`]) or continuously: enabled, read and disabled on
+//! the application's threads at its kernel launches and synchronizations ([`app`]); aggregated
+//! per (function, PC, stall reason) and resolved to source lines from the cubins captured at
+//! module load ([`cubins`]) on the background thread ([`resolve`]), which also heals a hardware
+//! buffer stuck full (disable, enable again) and stands down on HARDWARE_BUSY.
 //!
 //! While any device is leased the library holds the process's CUPTI subscriber (one per process
-//! on CUDA 13.0), with the module-load and synchronization callbacks on; it is given up when the
-//! last lease ends, before a trace's detach. Without it (another CUPTI client holds it) PC
+//! on CUDA 13.0), with the module-load and synchronization callbacks on, and the launch
+//! callbacks while work may be due at launches; it is given up when the last lease ends,
+//! before a trace's detach. Without it (another CUPTI client holds it) PC
 //! sampling is refused. When a PC-sampling session awaits the process (the new-process hint)
 //! it is held from `cuInit` on, so that modules loaded before the lease have cubins; else
 //! modules loaded before the lease are looked for in the mapped ELF files, and those in no file
 //! (JIT-compiled, loaded from memory) carry no line.
 
 mod app;
+mod budget;
 mod context;
 mod cubins;
 mod launches;
@@ -42,14 +45,11 @@ use app::{Done, Op};
 use context::Agg;
 use resolve::Resolver;
 
-/// The sampling period when the lease names none: 2^15 cycles. On the H100 at 2^10 and 2^13 a
-/// busy GPU fills CUPTI's hardware buffer in 2–6 s faster than CUPTI decodes it (the buffer
-/// must then be reset, losing what it held); at 2^14 and 2^16 it never filled.
+/// The sampling period when the lease names none: 2^15 cycles (at 2^10 and 2^13 a busy GPU
+/// filled CUPTI's hardware buffer faster than CUPTI decoded it).
 pub const DEFAULT_PERIOD_LOG2: u32 = 15;
-/// Windows mode: the hardware buffer when the session names none (CUPTI's worker drains it
-/// every [`WINDOW_WORKER_MS`]; CUPTI's default is 512 MiB). A window's `cuptiPCSamplingStart`
-/// grows with it: 286-601 ms at 512 MiB, 90-97 at 64, 58-69 at 8, 58-65 at 2 (H100,
-/// `tests/gpu/pc_floor.sh` loop modes).
+/// Windows mode: the hardware buffer when the session names none (CUPTI's default is 512 MiB;
+/// starting the hardware takes longer the larger it is).
 const WINDOW_HW_BUFFER_MIB: usize = 16;
 /// Windows mode with CUPTI finalized between windows: how long before the next window is due
 /// CUPTI is attached again (collections run about once a second).
@@ -227,7 +227,20 @@ impl PcSampler {
         };
         self.devs.insert(device, dev);
         self.arm_enable(device);
+        self.switch_launches();
         Ok(())
+    }
+
+    /// The launch callbacks on while work may be due at launches (an enable armed, a window
+    /// open or due within [`REATTACH_AHEAD`], a continuous read), off otherwise.
+    fn switch_launches(&mut self) {
+        if window::DETACHED.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // no subscriber until CUPTI is attached again
+        }
+        let want = app::launches_wanted(REATTACH_AHEAD);
+        if !hooks::set_launches(&self.cupti, want) {
+            log!(Debug, "PC sampling: launch callbacks could not be switched {}", if want { "on" } else { "off" });
+        }
     }
 
     /// Arms enabling on the device's primary context, once it exists.
@@ -244,17 +257,17 @@ impl PcSampler {
             stall_index: Vec::new(),
             scratch_bytes: meter::scratch_mib_or(d.req.scratch_buffer_mib) << 20,
             hw_bytes: match d.req.hw_buffer_mib {
-                0 if !d.req.continuous => meter::window_hw_mib(WINDOW_HW_BUFFER_MIB) << 20,
+                0 => meter::hw_mib(if d.req.continuous { 0 } else { WINDOW_HW_BUFFER_MIB }) << 20,
                 m => (m as usize) << 20,
             },
             // Continuous: CUPTI's default (its worker thread wakes every 100 ms). Windows: a
             // disable waits for the worker's wake-up, so it wakes more often (a window's
             // samples not decoded by its close come with the next).
-            worker_sleep_ms: if d.req.continuous { 0 } else { meter::window_worker_ms(WINDOW_WORKER_MS) },
-            start_stop: !d.req.continuous && window::ranged(),
+            worker_sleep_ms: meter::worker_ms(if d.req.continuous { 0 } else { WINDOW_WORKER_MS }),
+            start_stop: false,
         };
         let win = (!d.req.continuous).then(|| window::WinCfg {
-            window: meter::window_len(d.req.window_ms, window::ranged()),
+            window: meter::window_len(d.req.window_ms),
             budget: f64::from(if d.req.cost_budget_ppm == 0 { 5000 } else { d.req.cost_budget_ppm }) / 1e6,
         });
         app::arm(Op::Enable { device, ctx: pctx.context(), cfg, wanted: d.req.stall_reasons.clone(), win });
@@ -403,6 +416,7 @@ impl PcSampler {
         // A window due soon, or an enable armed while CUPTI is finalized between windows,
         // needs the callbacks back.
         self.reattach_if_due();
+        self.switch_launches();
         let out = self.output(true);
         self.release_if_idle();
         out
