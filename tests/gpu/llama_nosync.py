@@ -11,6 +11,7 @@ cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
 model = LlamaForCausalLM(cfg).to("cuda", dtype=torch.bfloat16)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 x = torch.randint(0, cfg.vocab_size, (8, 512), device="cuda")
+print(f"LLAMA pid={os.getpid()} ready", flush=True)
 steps, t0 = 0, time.perf_counter()
 while time.perf_counter() - t0 < secs:
     loss = model(input_ids=x, labels=x).loss

@@ -39,20 +39,27 @@ pid_samples() { grep -E "^$2:" <<<"$1" | cut -d: -f3 | awk '{s+=$1} END {print s
 total_of() { "${CTL[@]}" --json pc top "$1" | jq_py 'd["total_samples"]'; }
 
 # The samples CUPTI's sample kept in a run: its files in $STATE/pcs, read by CUPTI's
-# pc_sampling_utility sample (built in place) when it is there; else empty.
+# pc_sampling_utility sample (built in place; its output kept as floor_util_N.txt); empty when
+# it is not there.
 UTIL_DIR=$CUPTI/samples/pc_sampling_utility
+FLOOR_RUN=0
 floor_samples() {
   [ -d "$UTIL_DIR" ] || return
   [ -x "$UTIL_DIR/pc_sampling_utility" ] || (cd "$UTIL_DIR" && make >"$STATE/util_make.txt" 2>&1)
   [ -x "$UTIL_DIR/pc_sampling_utility" ] || return
-  local f n=0 s
-  for f in "$STATE"/pcs/*.dat; do
-    [ -e "$f" ] || continue
-    s=$(cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:${LD_LIBRARY_PATH:-}" "$UTIL_DIR/pc_sampling_utility" --file-name "$(basename "$f")" 2>/dev/null |
-      grep -oE 'samples *[:=] *[0-9]+|totalSamples *[:=] *[0-9]+' | grep -oE '[0-9]+$' | awk '{s+=$1} END {print s+0}')
-    n=$((n + ${s:-0}))
-  done
-  echo "$n"
+  local f
+  FLOOR_RUN=$((FLOOR_RUN + 1))
+  for f in "$STATE"/pcs/*; do
+    [ -f "$f" ] || continue
+    (cd "$STATE/pcs" && LD_LIBRARY_PATH="$CUPTI/lib64:${LD_LIBRARY_PATH:-}" "$UTIL_DIR/pc_sampling_utility" --file-name "$(basename "$f")" 2>&1)
+  done >"$STATE/floor_util_$FLOOR_RUN.txt"
+  "$PY" - "$STATE/floor_util_$FLOOR_RUN.txt" <<'EOF2'
+import re, sys
+t = open(sys.argv[1], errors="replace").read()
+# "totalSamples N" lines when the utility prints them; else the stall counts of its PC records.
+tot = [int(x) for x in re.findall(r"(?i)total\s*samples\D{0,6}(\d+)", t)]
+print(sum(tot) if tot else sum(int(x) for x in re.findall(r"(?i)samples\D{0,6}(\d+)", t)))
+EOF2
 }
 
 # ---------------------------------------------------------------- llama
@@ -60,7 +67,13 @@ if [[ $PARTS == *" llama "* ]]; then
   # (1) late: the loop runs with the injector in it and no session; traced 12 s in.
   GPUPROF_LOG_FILE="$STATE/logs/llama_late.log" CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/llama_nosync.py" 28 >"$STATE/llama_late.txt" 2>&1 &
   L=$!
-  sleep 12
+  # Training (the model built), and its injector connected to gpuprofd.
+  for _ in $(seq 120); do grep -q ready "$STATE/llama_late.txt" && break; sleep 0.25; done
+  for _ in $(seq 40); do
+    "${CTL[@]}" --json procs 2>/dev/null | "$PY" -c 'import json,sys; d=json.load(sys.stdin); p=d.get("processes", d) if isinstance(d, dict) else d; sys.exit(0 if any(x.get("pid") == int(sys.argv[1]) for x in p) else 1)' "$L" && break
+    sleep 0.25
+  done
+  sleep 2
   "${CTL[@]}" trace --pid "$L" --pc-sampling --duration 10s >"$STATE/llama_trace.txt" 2>&1
   S=$(last_session)
   "${CTL[@]}" pc top "$S" --limit 3 >"$STATE/llama_late_top.txt" 2>&1
@@ -95,10 +108,12 @@ always_on = true'
   B=$!
   GPUPROF_LOG_FILE="$STATE/logs/ao_idle.log" CUDA_INJECTION64_PATH="$INJ" "$PY" "$HERE/idle_cuda.py" 45 >"$STATE/ao_idle.txt" 2>&1 &
   C=$!
-  wait $A $B
+  # The profile's members while they run (a process that left is no member any more).
+  sleep 36
   "${CTL[@]}" --json session show "$NODE" >"$STATE/ao_show.json" 2>&1
   all=$(samples_of "$NODE")
-  wait $C
+  echo "--- always-on members (pid:device:samples:state)"; echo "$all"
+  wait $A $B $C
   na=$(pid_samples "$all" "$A"); nb=$(pid_samples "$all" "$B"); nc=$(pid_samples "$all" "$C")
   "${CTL[@]}" pc top "$NODE" --limit 4 >"$STATE/ao_top.txt" 2>&1; head -12 "$STATE/ao_top.txt"
   pass_if "always-on: the synchronization-free Llama and the matmul beside it both sampled, the idle process not" \
@@ -114,7 +129,7 @@ if [[ $PARTS == *" small "* ]]; then
   declare -A SM SMS
   all_sampled=1
   for r in $(seq "${SMALL_REPS:-3}"); do
-    for m in off win; do
+    for m in ${SMALL_MODES:-off inj win}; do
       o=$(cost_run "$m" "$PY" "$HERE/small_loop.py" "${SMALL_SECS:-10}" 1.5 2>&1)
       v=$(grep -oE 'per_op_us=[0-9.]+' <<<"$o" | cut -d= -f2); [ -z "$v" ] && { echo "small $m: $o" | tail -3; continue; }
       SM[$m]="${SM[$m]:-} $v"
@@ -124,12 +139,13 @@ if [[ $PARTS == *" small "* ]]; then
         [ "${t:-0}" -gt 0 ] || all_sampled=0
       fi
     done
-    echo "small rep $r: off ${SM[off]:-} win ${SM[win]:-} (samples ${SMS[win]:-})"
+    echo "small rep $r: off ${SM[off]:-} inj ${SM[inj]:-} win ${SM[win]:-} (samples ${SMS[win]:-})"
   done
   grep -hE "window closed|enable:" "$STATE/logs/cost_win.log" 2>/dev/null | cut -c1-300 | head -6
   so=$(echo "${SM[off]:-}" | median); sw=$(echo "${SM[win]:-}" | median)
   pct=$(calc "($sw / $so - 1) * 100")
-  figure "small-kernel loop, no synchronization, ${SMALL_SECS:-10} s runs, us/op medians: untraced $so, windows $sw ($pct %); samples per run ${SMS[win]:-}"
+  si=$(echo "${SM[inj]:-}" | median)
+  figure "small-kernel loop, no synchronization, ${SMALL_SECS:-10} s runs, us/op medians: untraced $so, injector without a session ${si:-n/a}, windows $sw ($pct %); samples per run ${SMS[win]:-}"
   pass_if "small-kernel loop without synchronizations: every windowed run sampled" "$all_sampled" "samples ${SMS[win]:-}"
   pass_if "small-kernel loop: windows cost <= 3 %" "$(awk "BEGIN { print ($pct <= 3) ? 1 : 0 }")" "$pct %"
 fi

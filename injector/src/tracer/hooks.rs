@@ -123,21 +123,43 @@ pub fn acquire(cupti: &Cupti, user: User) -> Result<(), CuptiError> {
     Ok(())
 }
 
-/// The driver's kernel and graph launches (the runtime's go through them), at which PC
-/// sampling opens and closes windows and reads, and counts launches while a window is open.
-const LAUNCH_CALLS: [u32; 8] = [
-    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
-    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
-    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
-    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
-    ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
-    ids::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
-    ids::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
-];
+/// Kernel and graph launches, the driver's and the runtime's (which go through the driver's),
+/// at which PC sampling opens and closes windows and reads: its work runs at the outermost
+/// entry of a launch, a finalize at the outermost exit.
+const LAUNCH_CALLS: [(ids::CUpti_CallbackDomain, u32); 18] = {
+    use ids::{CUPTI_CB_DOMAIN_DRIVER_API as D, CUPTI_CB_DOMAIN_RUNTIME_API as R};
+    [
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel),
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz),
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx),
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz),
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel),
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz),
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch),
+        (D, ids::CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000),
+        (R, ids::CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000),
+    ]
+};
 
 fn is_launch(domain: ids::CUpti_CallbackDomain, cbid: ids::CUpti_CallbackId) -> bool {
-    domain == ids::CUPTI_CB_DOMAIN_DRIVER_API && LAUNCH_CALLS.contains(&cbid)
+    LAUNCH_CALLS.contains(&(domain, cbid))
+}
+
+/// Times the launch callbacks were switched (and CUPTI finalized): a thread whose launch was
+/// under way at a switch never saw its exit, so its nesting count starts again.
+static LAUNCH_SWITCHES: AtomicU64 = AtomicU64::new(0);
+
+pub fn launch_epoch() -> u64 {
+    LAUNCH_SWITCHES.load(Ordering::Relaxed) + FINALIZED.load(Ordering::Relaxed)
 }
 
 /// Switches the launch callbacks on or off (gpuprof's thread, while PC sampling may have work
@@ -159,8 +181,8 @@ fn switch_launches(h: &mut Hooks, cupti: &Cupti, on: bool) -> bool {
         return true;
     }
     let Some(s) = &h.sub else { return !on };
-    let ok =
-        LAUNCH_CALLS.iter().all(|&cbid| cupti.enable_callback(s, ids::CUPTI_CB_DOMAIN_DRIVER_API, cbid, on).is_ok());
+    LAUNCH_SWITCHES.fetch_add(1, Ordering::SeqCst);
+    let ok = LAUNCH_CALLS.iter().all(|&(domain, cbid)| cupti.enable_callback(s, domain, cbid, on).is_ok());
     if ok {
         h.launches = on;
     }

@@ -160,26 +160,49 @@ pub fn register_hooks() {
     hooks::register(hooks::User::Pc, on_callback, Some(on_launch));
 }
 
-/// The launch callback: at a launch's entry, the work due on its context; the launch counted
-/// and timed ([`super::launches`]); at its exit, a finalize that a window's close asked.
+thread_local! {
+    /// This thread's launch under way: nesting depth (a runtime launch wraps the driver's) and
+    /// [`hooks::launch_epoch`] when it entered (a switch of the callbacks or a finalize on
+    /// another thread meanwhile means its exits never come).
+    static LAUNCH: std::cell::Cell<(u32, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The launch callback: at a launch's outermost entry, the work due on its context; the
+/// driver's launches counted and timed ([`super::launches`]); at the outermost exit, a finalize
+/// that a window's close asked (CUPTI may be finalized in an API exit callback).
 pub fn on_launch(cb: &Callback<'_>) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let entry = cb.is_api_entry();
-        if entry
-            && ACTIVE.load(Ordering::Relaxed)
-            && mono_ns(Instant::now()) >= DUE_AT.load(Ordering::Relaxed)
-            && !own_thread()
-            && let Some(live) = cb.live_context()
-            && let Ok(mut s) = STATE.try_lock()
-        {
-            run(&mut s, live);
+        let driver = cb.domain() == ids::CUPTI_CB_DOMAIN_DRIVER_API;
+        let epoch = hooks::launch_epoch();
+        let (depth, at) = LAUNCH.with(|l| l.get());
+        let depth = if at == epoch { depth } else { 0 };
+        if entry {
+            LAUNCH.with(|l| l.set((depth + 1, epoch)));
+            if depth == 0
+                && ACTIVE.load(Ordering::Relaxed)
+                && mono_ns(Instant::now()) >= DUE_AT.load(Ordering::Relaxed)
+                && !own_thread()
+                && let Some(live) = cb.live_context()
+                && let Ok(mut s) = STATE.try_lock()
+            {
+                run(&mut s, live);
+            }
+            if driver {
+                super::launches::on_launch(cb);
+                if let Some(ctx) = cb.api_context() {
+                    super::meter::LAUNCHES_BY_CTX.count(ctx.id());
+                }
+                end_probe();
+            }
+            return;
         }
-        super::launches::on_launch(cb);
-        if entry && let Some(ctx) = cb.api_context() {
-            super::meter::LAUNCHES_BY_CTX.count(ctx.id());
+        if driver {
+            super::launches::on_launch(cb);
         }
-        end_probe();
-        if !entry
+        let depth = depth.saturating_sub(1);
+        LAUNCH.with(|l| l.set((depth, epoch)));
+        if depth == 0
             && outside_syncs()
             && let Some(cupti) = CUPTI.get()
         {

@@ -88,10 +88,10 @@ pub(super) fn may_open(spent: Duration, expected: Duration, budget: f64, horizon
 }
 
 /// The least time from one window's open to the next's, for windows costing `cost` each: the
-/// budget's pace, so that windows spread evenly through a job's life instead of spending a
-/// horizon's allowance at its start.
+/// budget's pace (at most a horizon: the ledger holds back a costlier window), so that windows
+/// spread evenly through a job's life instead of spending a horizon's allowance at its start.
 pub(super) fn pace(cost: Duration, budget: f64) -> Duration {
-    if budget <= 0.0 { HORIZON } else { cost.div_f64(budget).min(HORIZON * 2) }
+    if budget <= 0.0 { HORIZON } else { cost.div_f64(budget).min(HORIZON) }
 }
 
 /// A new window's expected cost after one that cost `last`: a moving average of the windows'

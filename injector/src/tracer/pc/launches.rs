@@ -1,7 +1,7 @@
-//! Kernel launches timed while a window is open (launch callbacks on): how many the process
-//! made, and, per open window, its first launch, its slowest and the time of launches that
-//! waited ([`SLOW_LAUNCH`]): what being enabled costs a window's launches beside the
-//! per-launch cost (on the H200, a stall of the first launch after each enable).
+//! Kernel launches counted and timed while the launch callbacks are on: how many the process
+//! made, how long a launch took outside windows ([`take_base`]), and, per open window, its
+//! first launch (which waits for CUPTI to start the hardware), its slowest, and the time of the
+//! others: what being enabled cost the window's launches.
 //!
 //! Each open window watches the launches from its own open ([`Watch`]), so that windows of
 //! two devices of one process open at once keep their own first launch: neither's open or
@@ -34,6 +34,9 @@ struct Slot {
     slowest_ns: AtomicU64,
     slowest_at: AtomicU64,
     slow_ns: AtomicU64,
+    /// The launches after the first: their time and number.
+    rest_ns: AtomicU64,
+    rest_n: AtomicU64,
 }
 
 static WATCHED: [Slot; SLOTS] = [const {
@@ -43,8 +46,20 @@ static WATCHED: [Slot; SLOTS] = [const {
         slowest_ns: AtomicU64::new(0),
         slowest_at: AtomicU64::new(0),
         slow_ns: AtomicU64::new(0),
+        rest_ns: AtomicU64::new(0),
+        rest_n: AtomicU64::new(0),
     }
 }; SLOTS];
+
+/// Launches no window watched: their time and number since the last [`take_base`].
+static BASE_NS: AtomicU64 = AtomicU64::new(0);
+static BASE_N: AtomicU64 = AtomicU64::new(0);
+
+/// The mean time of a launch no window watched since the last call (None: fewer than 16).
+pub(super) fn take_base() -> Option<Duration> {
+    let (ns, n) = (BASE_NS.swap(0, Ordering::Relaxed), BASE_N.swap(0, Ordering::Relaxed));
+    (n >= 16).then(|| Duration::from_nanos(ns / n))
+}
 
 thread_local! {
     /// When this thread's launch under way entered (launch callbacks on), and its number.
@@ -65,14 +80,19 @@ pub fn on_launch(cb: &gpuprof_cupti::Callback<'_>) {
 /// before it.
 fn launch_took(d: Duration, n: u64) {
     let ns = d.as_nanos() as u64;
+    let mut watched = false;
     for s in &WATCHED {
         let mark = s.mark.load(Ordering::Acquire);
         if mark >= CLAIMED || n <= mark {
             continue;
         }
+        watched = true;
         let at = n - mark;
         if at == 1 {
             s.first_ns.store(ns, Ordering::Relaxed);
+        } else {
+            s.rest_ns.fetch_add(ns, Ordering::Relaxed);
+            s.rest_n.fetch_add(1, Ordering::Relaxed);
         }
         if s.slowest_ns.fetch_max(ns, Ordering::Relaxed) < ns {
             s.slowest_at.store(at, Ordering::Relaxed);
@@ -80,6 +100,10 @@ fn launch_took(d: Duration, n: u64) {
         if d > SLOW_LAUNCH {
             s.slow_ns.fetch_add(ns, Ordering::Relaxed);
         }
+    }
+    if !watched {
+        BASE_NS.fetch_add(ns, Ordering::Relaxed);
+        BASE_N.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -91,10 +115,12 @@ pub(super) struct LaunchTimes {
     pub slowest_at: u64,
     /// The time of the launches that took over [`SLOW_LAUNCH`].
     pub slow: Duration,
-    /// The first launch of the window. The window opened at a synchronization, so nothing of
-    /// the application's queued it: its time beyond [`SLOW_LAUNCH`] is what the enable left
+    /// The first launch of the window: its time beyond [`SLOW_LAUNCH`] is what the enable left
     /// for the first launch to do.
     pub first: Duration,
+    /// The mean time of the window's other launches, and their number.
+    pub rest_mean: Duration,
+    pub rest: u64,
 }
 
 /// An open window's watch of the launches since its open; dropping it lets its slot go.
@@ -106,7 +132,7 @@ impl Watch {
     pub(super) fn start() -> Watch {
         for (i, s) in WATCHED.iter().enumerate() {
             if s.mark.compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                for v in [&s.first_ns, &s.slowest_ns, &s.slowest_at, &s.slow_ns] {
+                for v in [&s.first_ns, &s.slowest_ns, &s.slowest_at, &s.slow_ns, &s.rest_ns, &s.rest_n] {
                     v.store(0, Ordering::Relaxed);
                 }
                 s.mark.store(LAUNCHES.load(Ordering::Relaxed), Ordering::Release);
@@ -120,12 +146,20 @@ impl Watch {
     pub(super) fn take(self) -> LaunchTimes {
         let Some(i) = self.0 else { return LaunchTimes::default() };
         let s = &WATCHED[i];
+        let rest = s.rest_n.load(Ordering::Relaxed);
         LaunchTimes {
             slowest: Duration::from_nanos(s.slowest_ns.load(Ordering::Relaxed)),
             slowest_at: s.slowest_at.load(Ordering::Relaxed),
             slow: Duration::from_nanos(s.slow_ns.load(Ordering::Relaxed)),
             first: Duration::from_nanos(s.first_ns.load(Ordering::Relaxed)),
+            rest_mean: Duration::from_nanos(s.rest_ns.load(Ordering::Relaxed).checked_div(rest).unwrap_or(0)),
+            rest,
         }
+    }
+
+    /// The window's first launch's time so far (zero until it returned).
+    pub(super) fn first(&self) -> Duration {
+        self.0.map_or(Duration::ZERO, |i| Duration::from_nanos(WATCHED[i].first_ns.load(Ordering::Relaxed)))
     }
 }
 
@@ -165,6 +199,8 @@ mod tests {
             slowest_at: 1,
             slow: Duration::from_millis(2),
             first: Duration::from_millis(2),
+            rest_mean: Duration::from_micros(900),
+            rest: 1,
         };
         assert_eq!(b.take(), want_b);
         launch(Duration::from_millis(3));
@@ -173,6 +209,8 @@ mod tests {
             slowest_at: 2,
             slow: Duration::from_millis(45),
             first: Duration::from_micros(5),
+            rest_mean: Duration::from_micros(11_475),
+            rest: 4,
         };
         assert_eq!(a.take(), want_a, "b's open and close left a's times alone");
         // A launch under way at the open (numbered before it) is not the window's first.
@@ -182,6 +220,23 @@ mod tests {
         launch(Duration::from_micros(7));
         let got = c.take();
         assert_eq!((got.first, got.slowest), (Duration::from_micros(7), Duration::from_micros(7)));
+    }
+
+    #[test]
+    fn launches_no_window_watches_make_the_base_once_there_are_16() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = take_base();
+        for _ in 0..15 {
+            launch(Duration::from_micros(4));
+        }
+        assert_eq!(take_base(), None, "15 are too few");
+        for i in 0..16 {
+            launch(Duration::from_micros(if i % 2 == 0 { 3 } else { 5 }));
+        }
+        let w = Watch::start();
+        launch(Duration::from_millis(9));
+        assert_eq!(take_base(), Some(Duration::from_micros(4)), "a watched launch is not in the base");
+        drop(w);
     }
 
     #[test]

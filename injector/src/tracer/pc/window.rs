@@ -25,14 +25,15 @@ use gpuprof_cupti::{Cupti, LiveContext};
 
 use super::budget::{self, HORIZON};
 use super::context::{Live as Sampled, disable_into, enable};
-use super::launches::{LAUNCHES, SLOW_LAUNCH, Watch};
+use super::launches::{LAUNCHES, SLOW_LAUNCH, Watch, take_base};
 use super::meter::{APP_NS, WINDOWS, charge};
 
 /// A context sampled in windows.
 type Live = Sampled<(Win, PcConfig, Vec<String>)>;
 
-/// What CUPTI adds to a kernel launch while PC sampling is enabled (1.5 µs measured on the
-/// H100's small-kernel loop; rounded up): charged per launch inside a window.
+/// What CUPTI adds to a kernel launch while PC sampling is enabled at least (1.5 µs measured on
+/// the H100's small-kernel loop; rounded up): charged per launch inside a window when the
+/// launches outside it were not timed, or took as long.
 const ENABLED_COST_PER_LAUNCH: Duration = Duration::from_micros(2);
 /// How long a window that the budget does not allow yet waits before asking again.
 const RETRY: Duration = Duration::from_secs(1);
@@ -140,6 +141,8 @@ pub(super) struct Win {
     launch_mark: u64,
     /// The open window's launch times (its first launch, the slowest).
     watch: Option<Watch>,
+    /// A launch's mean time before the window opened (None: not timed).
+    base: Option<Duration>,
 }
 
 impl Win {
@@ -152,6 +155,7 @@ impl Win {
             app_mark: 0,
             launch_mark: 0,
             watch: None,
+            base: None,
         };
         w.open_now(app_before);
         w
@@ -163,6 +167,7 @@ impl Win {
         self.opened = Some(Instant::now());
         self.app_mark = app_before;
         self.launch_mark = LAUNCHES.load(Ordering::Relaxed);
+        self.base = take_base();
         self.watch = Some(Watch::start());
     }
 
@@ -203,8 +208,10 @@ pub(super) fn window(
 ) {
     let Some((w, cfg, wanted)) = &mut l.win else { return };
     let now = Instant::now();
+    // A window's length counts from its first launch's return (which waits for CUPTI).
+    let first = w.watch.as_ref().map_or(Duration::ZERO, Watch::first);
     match w.opened {
-        Some(at) if now.duration_since(at) >= w.cfg.window => {
+        Some(at) if now.duration_since(at) >= w.cfg.window + first => {
             let open = now.duration_since(at);
             let times = w.watch.take().map(Watch::take).unwrap_or_default();
             let launches = LAUNCHES.load(Ordering::Relaxed).saturating_sub(w.launch_mark);
@@ -229,17 +236,26 @@ pub(super) fn window(
             }
             let t_close = charge(t);
             // The first launch after the enable waits for CUPTI to start the hardware; the
-            // launches inside the window each paid CUPTI's per-launch cost.
+            // others each paid what being enabled added to them (their mean time against a
+            // launch's before the window).
             let stall = times.first.saturating_sub(SLOW_LAUNCH);
-            let per_launch = ENABLED_COST_PER_LAUNCH * launches.min(u32::MAX as u64) as u32;
+            let added = w.base.map_or(ENABLED_COST_PER_LAUNCH, |b| times.rest_mean.saturating_sub(b));
+            let per_launch = added.max(ENABLED_COST_PER_LAUNCH) * times.rest.min(u64::from(u32::MAX)) as u32;
             budget::spend(stall + per_launch);
             let app_now = APP_NS.load(Ordering::Relaxed);
             let calls = Duration::from_nanos(app_now.saturating_sub(w.app_mark));
             let setup = Duration::from_nanos(SETUP_NS.swap(0, Ordering::Relaxed));
-            let cost = (calls + stall + per_launch).saturating_sub(setup);
+            let cost = calls + stall + per_launch;
+            // The window that paid CUPTI's one-time set-up says little of the next ones: the
+            // ledger holds what it cost, and the next window's pace waits for one without it.
             let old = EXPECTED_NS.load(Ordering::Relaxed);
-            let expected = budget::expect((old != 0).then(|| Duration::from_nanos(old)), cost);
-            EXPECTED_NS.store(expected.as_nanos().max(1) as u64, Ordering::Relaxed);
+            let expected = if setup.is_zero() {
+                let e = budget::expect((old != 0).then(|| Duration::from_nanos(old)), cost);
+                EXPECTED_NS.store(e.as_nanos().max(1) as u64, Ordering::Relaxed);
+                e
+            } else {
+                Duration::from_nanos(old)
+            };
             let gap = budget::pace(expected, w.cfg.budget);
             w.opened = None;
             w.next_open = at + gap;
@@ -247,7 +263,8 @@ pub(super) fn window(
                 crate::log::log!(
                     Info,
                     "PC sampling window closed after {:.1} ms: disable {:.2} ms, {} samples{}{}; window cost {:.1} ms \
-                     (calls {:.1}, first launch {:.1}, {} launches{}), {:.0} ms spent in the last {} s; next in {:.1} s",
+                     (calls {:.1}, first launch {:.1}, {} launches {:.1} us each against {} before{}), {:.0} ms spent \
+                     in the last {} s; next in {:.1} s",
                     open.as_secs_f64() * 1e3,
                     t_close.as_secs_f64() * 1e3,
                     l.totals.0 - before,
@@ -257,6 +274,8 @@ pub(super) fn window(
                     calls.as_secs_f64() * 1e3,
                     times.first.as_secs_f64() * 1e3,
                     launches,
+                    times.rest_mean.as_secs_f64() * 1e6,
+                    w.base.map_or("none timed".to_string(), |b| format!("{:.1} us", b.as_secs_f64() * 1e6)),
                     if setup.is_zero() { String::new() } else { format!(", CUPTI's set-up {:.1} ms", setup.as_secs_f64() * 1e3) },
                     budget::spent().as_secs_f64() * 1e3,
                     HORIZON.as_secs(),
