@@ -79,7 +79,8 @@ CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 #   winkeep  windows keeping CUPTI attached between them (GPUPROF_PC_DETACH=0);
 #   win16 / winhw512  a 16 / 512 MiB hardware buffer;  winsc  a 64 MiB scratch buffer;
 #   winwk / win100wk  CUPTI's worker waking every 1 / 100 ms;  win20  20 ms windows;
-#   winexit  the synchronizations' work at their exits;
+#   winexit  the synchronizations' work at their exits; winnosync  no synchronization before a
+#   finalize at a launch's exit (GPUPROF_PC_SYNC_FINALIZE=0);
 #   cont     continuous;  contexit  continuous, work at synchronization exits; contrd  reads at
 #   most once a second; conthw16  a 16 MiB hardware buffer; contsc1  a 1 MiB scratch buffer;
 #   contwk10  CUPTI's worker waking every 10 ms; contls  one stall reason (long scoreboard);
@@ -115,6 +116,7 @@ cost_run() {
     win100wk) sess=("${pc[@]}"); env=(GPUPROF_PC_WORKER_MS=0) ;;
     win20) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=20) ;;
     winexit) sess=("${pc[@]}"); env=(GPUPROF_PC_AT=exit) ;;
+    winnosync) sess=("${pc[@]}"); env=(GPUPROF_PC_SYNC_FINALIZE=0) ;;
     cont) sess=("${cont[@]}") ;;
     contexit) sess=("${cont[@]}"); env=(GPUPROF_PC_AT=exit) ;;
     contrd) sess=("${cont[@]}"); env=(GPUPROF_PC_READ_MS=1000) ;;

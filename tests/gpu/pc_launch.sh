@@ -18,6 +18,9 @@
 #   long   the same loop in LONG_SECS (default 60) s runs, off and windows, LONG_REPS (default 3)
 #          alternating: windows <= 0.5 %; and one 30 s windowed run: the 60 s runs' samples
 #          about twice the 30 s run's (1x-3x);
+#   residue  the small-kernel loop's pace every half second, untraced and in windows with and
+#          without the synchronization before a finalize at a launch's exit (RESIDUE_MODES,
+#          default "off win winnosync"), beside the windows the injector logged;
 #   contvar  one COST_SECS run of each continuous variant (CONT_MODES, default "cont contrd
 #          conthw16 contsc1 contwk10 contls contp18"): where continuous's cost goes.
 # Binaries: release builds in .gpu/ (or GPUPROF_BIN). Summary last (CHECK and FIGURE lines);
@@ -148,6 +151,17 @@ if [[ $PARTS == *" small "* ]]; then
   figure "small-kernel loop, no synchronization, ${SMALL_SECS:-10} s runs, us/op medians: untraced $so, injector without a session ${si:-n/a}, windows $sw ($pct %); samples per run ${SMS[win]:-}"
   pass_if "small-kernel loop without synchronizations: every windowed run sampled" "$all_sampled" "samples ${SMS[win]:-}"
   pass_if "small-kernel loop: windows cost <= 3 %" "$(awk "BEGIN { print ($pct <= 3) ? 1 : 0 }")" "$pct %"
+fi
+
+# ---------------------------------------------------------------- residue
+if [[ $PARTS == *" residue "* ]]; then
+  for m in ${RESIDUE_MODES:-off win winnosync}; do
+    RUN_TAG=residue SMALL_CHUNKS=1 cost_run "$m" "$PY" "$HERE/small_loop.py" "${SMALL_SECS:-10}" 1.5 >"$STATE/residue_$m.txt" 2>&1
+    echo "--- residue $m: us/op per half second"
+    grep -oE 'utc=[0-9:.]+ per_op_us=[0-9.]+' "$STATE/residue_$m.txt" | tr '\n' ' '; echo
+    grep -hE "window closed|finalized" "$STATE/logs/residue_$m.log" 2>/dev/null | cut -c1-140
+    figure "residue $m: $(grep -oE 'per_op_us=[0-9.]+$' "$STATE/residue_$m.txt" | tail -1) overall"
+  done
 fi
 
 # cost_loop TAG SECS REPS MODES...: the matmul loop alternating the modes; fills MM_<mode>

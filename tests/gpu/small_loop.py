@@ -7,11 +7,19 @@ x = torch.randn(1024, device="cuda")
 for _ in range(2000): x = x * 1.0000001 + 0.0
 torch.cuda.synchronize()
 time.sleep(pause)
+chunks = os.environ.get("SMALL_CHUNKS") == "1"
 n, t = 0, time.perf_counter()
+c, cn = t, 0
 while True:
     for _ in range(1000): x = x * 1.0000001 + 0.0
     n += 1000
-    if time.perf_counter() - t >= secs: break
+    now = time.perf_counter()
+    if chunks and now - c >= 0.5:
+        # Each half second's pace (the injector's log says when its windows opened and closed).
+        utc = time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+        print(f"CHUNK utc={utc} per_op_us={(now - c) / (n - cn) / 2 * 1e6:.3f}", flush=True)
+        c, cn = now, n
+    if now - t >= secs: break
 torch.cuda.synchronize()
 s = time.perf_counter() - t
 print(f"SMALL pid={os.getpid()} n={n} secs={s:.3f} per_op_us={s / n / 2 * 1e6:.3f}")

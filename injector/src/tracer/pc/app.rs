@@ -206,9 +206,16 @@ pub fn on_launch(cb: &Callback<'_>) {
             && outside_syncs()
             && let Some(cupti) = CUPTI.get()
         {
-            detach_at_exit(cupti);
+            detach_at_exit(cupti, true);
         }
     }));
+}
+
+/// Whether a finalize at a launch's exit synchronizes first (`GPUPROF_PC_SYNC_FINALIZE=0`
+/// leaves it out, to measure what it is for).
+fn sync_before_finalize() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GPUPROF_PC_SYNC_FINALIZE").map(|v| v.trim() != "0").unwrap_or(true))
 }
 
 /// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
@@ -348,7 +355,11 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 /// thread not in CUPTI ([`hooks::try_finalizing`]). When something is busy the request waits
 /// for this thread's next synchronization. The subscriber goes with the finalize; the
 /// background thread subscribes again before the next window ([`window_due`]).
-fn detach_at_exit(cupti: &Cupti) {
+/// At a launch's exit (`at_launch`) the kernels it queued are still running: the process's
+/// active contexts are synchronized first, as a trace's detach does, so that none completes
+/// into CUPTI state the finalize freed (finalized with kernels in flight, a loop of small
+/// PyTorch kernels kept running 15-25 % slower afterwards on the H200).
+fn detach_at_exit(cupti: &Cupti, at_launch: bool) {
     if !take_detach() || EXITING.load(Ordering::SeqCst) {
         return;
     }
@@ -364,6 +375,15 @@ fn detach_at_exit(cupti: &Cupti) {
     }
     let Some(_finalizing) = hooks::try_finalizing() else { return ask_detach() };
     let t = Instant::now();
+    if at_launch
+        && sync_before_finalize()
+        && let Some(driver) = super::DRIVER.get()
+        && let Err(e) = driver.synchronize_active_primary_contexts()
+    {
+        crate::log::log!(Warn, "PC sampling: no finalize between windows: {e}");
+        charge(t);
+        return;
+    }
     let r = cupti.finalize();
     let took = charge(t);
     add_extra(took);
@@ -452,7 +472,7 @@ pub fn on_callback(cb: &Callback<'_>) {
             if outside_syncs()
                 && let Some(cupti) = CUPTI.get()
             {
-                detach_at_exit(cupti);
+                detach_at_exit(cupti, false);
             }
         }
     }));
