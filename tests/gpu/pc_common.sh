@@ -80,7 +80,8 @@ CUPTI=${CUPTI:-/usr/local/cuda/extras/CUPTI}
 #   win16 / winhw512  a 16 / 512 MiB hardware buffer;  winsc  a 64 MiB scratch buffer;
 #   winwk / win100wk  CUPTI's worker waking every 1 / 100 ms;  win20  20 ms windows;
 #   winexit  the synchronizations' work at their exits; winnosync  no synchronization before a
-#   finalize at a launch's exit (GPUPROF_PC_SYNC_FINALIZE=0);
+#   finalize at a launch's exit (GPUPROF_PC_SYNC_FINALIZE=0); winnolines  no source lines (no
+#   CUPTI call of the background thread after a window, GPUPROF_PC_LINES=0);
 #   cont     continuous;  contexit  continuous, work at synchronization exits; contrd  reads at
 #   most once a second; conthw16  a 16 MiB hardware buffer; contsc1  a 1 MiB scratch buffer;
 #   contwk10  CUPTI's worker waking every 10 ms; contls  one stall reason (long scoreboard);
@@ -117,6 +118,7 @@ cost_run() {
     win20) sess=("${pc[@]}"); env=(GPUPROF_PC_WINDOW_MS=20) ;;
     winexit) sess=("${pc[@]}"); env=(GPUPROF_PC_AT=exit) ;;
     winnosync) sess=("${pc[@]}"); env=(GPUPROF_PC_SYNC_FINALIZE=0) ;;
+    winnolines) sess=("${pc[@]}"); env=(GPUPROF_PC_LINES=0) ;;
     cont) sess=("${cont[@]}") ;;
     contexit) sess=("${cont[@]}"); env=(GPUPROF_PC_AT=exit) ;;
     contrd) sess=("${cont[@]}"); env=(GPUPROF_PC_READ_MS=1000) ;;

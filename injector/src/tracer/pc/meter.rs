@@ -168,6 +168,13 @@ pub(super) fn worker_ms(default: u32) -> u32 {
     MS.get_or_init(|| env_num("GPUPROF_PC_WORKER_MS")).unwrap_or(default)
 }
 
+/// Whether rows get source lines (`GPUPROF_PC_LINES=0` leaves them out, and with them every
+/// CUPTI call of the background thread after a window: to measure what those cost).
+pub(super) fn lines_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GPUPROF_PC_LINES").map(|v| v.trim() != "0").unwrap_or(true))
+}
+
 /// CUPTI's scratch buffer in MiB: the lease's (`leased`, 0 when it does not say), else
 /// `GPUPROF_PC_SCRATCH_MIB` (for measuring what its size does to the samples a window keeps),
 /// else 0 (CUPTI's default).

@@ -447,12 +447,12 @@ impl PcSampler {
         );
         let sm_of =
             |dev| DRIVER.get().and_then(|drv| drv.facts(dev).ok()).map(|f| f.compute_major * 10 + f.compute_minor);
-        if late {
+        if late && meter::lines_on() {
             self.resolve.find_late_cubins(self.devs.iter().map(|(dev, d)| (*dev, &d.agg)), sm_of);
         }
         let now = gpuprof_cupti::clock::realtime_ns();
         let mut out = PcOutput::default();
-        let deadline = Instant::now() + LINE_BUDGET;
+        let deadline = Instant::now() + if meter::lines_on() { LINE_BUDGET } else { Duration::ZERO };
         let mut need_cubins: Vec<u64> = Vec::new();
         for dev in keys {
             let Some(mut d) = self.devs.remove(&dev) else { continue };
