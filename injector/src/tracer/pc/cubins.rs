@@ -149,6 +149,14 @@ impl Cubins {
     }
 }
 
+/// Looks asked of the look-up thread and not done yet.
+static LOOKING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether the look-up thread is looking for cubins (it calls CUPTI for their CRCs).
+pub fn looking() -> bool {
+    LOOKING.load(Ordering::SeqCst) > 0
+}
+
 /// Asks for the cubins of `wanted` (CRC, function name) in the mapped files, for SM `sm`
 /// (e.g. 90). They are kept when found.
 pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
@@ -167,6 +175,7 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
             }
             while let Ok((wanted, sm)) = rx.recv() {
                 let _ = catch_unwind(AssertUnwindSafe(|| find_mapped(&wanted, sm)));
+                LOOKING.fetch_sub(1, Ordering::SeqCst);
                 missing(|m| {
                     for (crc, _) in &wanted {
                         if get(*crc).is_none() && m.all.insert(*crc) {
@@ -182,7 +191,10 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
         *g = Some(Late { tx });
     }
     if let Some(l) = g.as_mut() {
-        let _ = l.tx.send((wanted, sm));
+        LOOKING.fetch_add(1, Ordering::SeqCst);
+        if l.tx.send((wanted, sm)).is_err() {
+            LOOKING.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 

@@ -58,6 +58,8 @@ const REATTACH_AHEAD: Duration = Duration::from_millis(1100);
 const WINDOW_WORKER_MS: u32 = 5;
 /// Time spent resolving source lines per collection at most.
 const LINE_BUDGET: Duration = Duration::from_millis(100);
+/// How long rows wait for their module's cubin to be found (see [`PcSampler::output`]).
+const HOLD_FOR: Duration = Duration::from_secs(15);
 
 /// The process's CUDA driver (for the devices' primary contexts).
 static DRIVER: OnceLock<Driver> = OnceLock::new();
@@ -88,6 +90,8 @@ struct Dev {
     sampled: Duration,
     /// A stop is armed (the disable waits for the application's next synchronization).
     stopping: bool,
+    /// Rows have waited for their module's cubin since then.
+    held_since: Option<Instant>,
 }
 
 /// The PC sampler of a [`CuptiBackend`](super::CuptiBackend).
@@ -224,6 +228,7 @@ impl PcSampler {
             stop_after: None,
             sampled: Duration::ZERO,
             stopping: false,
+            held_since: None,
         };
         self.devs.insert(device, dev);
         self.arm_enable(device);
@@ -237,7 +242,8 @@ impl PcSampler {
         if window::DETACHED.load(std::sync::atomic::Ordering::SeqCst) {
             return; // no subscriber until CUPTI is attached again
         }
-        let want = app::launches_wanted(REATTACH_AHEAD);
+        // A finalize asked of the next launch or synchronization needs the launch callbacks too.
+        let want = app::launches_wanted(REATTACH_AHEAD) || window::detach_asked() || window::finalize_due();
         if !hooks::set_launches(&self.cupti, want) {
             log!(Debug, "PC sampling: launch callbacks could not be switched {}", if want { "on" } else { "off" });
         }
@@ -416,8 +422,15 @@ impl PcSampler {
         // A window due soon, or an enable armed while CUPTI is finalized between windows,
         // needs the callbacks back.
         self.reattach_if_due();
-        self.switch_launches();
         let out = self.output(true);
+        // A window closed: CUPTI is finalized once its rows have their lines (a CUPTI call after
+        // the finalize would attach CUPTI again, with its cost per launch) and no cubin is being
+        // looked for; at the next launch or synchronization of any application thread.
+        if window::finalize_due() && !cubins::looking() {
+            window::take_finalize_due();
+            window::ask_detach_any();
+        }
+        self.switch_launches();
         self.release_if_idle();
         out
     }
@@ -457,10 +470,17 @@ impl PcSampler {
         for dev in keys {
             let Some(mut d) = self.devs.remove(&dev) else { continue };
             let mut rows = Vec::with_capacity(d.agg.len());
-            // Rows of a module whose cubin is still being looked for go out without lines (the
-            // look can take seconds in a large library; `pc watch` shows rows as they come);
-            // the rows after it is found have their lines.
+            // Rows of a module whose cubin is still being asked for or looked for wait for it
+            // (windows are seconds apart: sent without lines, a late attach's first window
+            // would have none), for [`HOLD_FOR`] at most and never at a close or exit.
+            let closing = !late || matches!(d.phase, Phase::Closed(..));
+            let hold = !closing && d.held_since.get_or_insert_with(Instant::now).elapsed() < HOLD_FOR;
+            let mut held = Agg::new();
             for ((fptr, crc, pc, stall), count) in std::mem::take(&mut d.agg) {
+                if hold && crc != 0 && cubins::get(crc).is_none() && self.resolve.looking_for(crc) {
+                    held.insert((fptr, crc, pc, stall), count);
+                    continue;
+                }
                 let function = self.resolve.name(fptr);
                 let stall_name = match &d.reasons {
                     Some(r) if !r.name(stall).is_empty() => self.resolve.intern(r.name(stall)),
@@ -473,6 +493,10 @@ impl PcSampler {
                 let module = if crc == 0 { String::new() } else { format!("{crc:016x}") };
                 rows.push(PcRow { function, pc_offset: pc, stall: stall_name, count, module, file, line });
             }
+            if held.is_empty() {
+                d.held_since = None;
+            }
+            d.agg = held;
             if !rows.is_empty() || d.totals != (0, 0) {
                 out.batches.push(PcBatch {
                     device: dev,

@@ -112,6 +112,11 @@ impl Resolver {
         }
     }
 
+    /// Whether module `crc`'s cubin is still being asked of gpuprofd or looked for.
+    pub(super) fn looking_for(&self, crc: u64) -> bool {
+        self.asked.contains_key(&crc) || (self.late_tried.contains(&crc) && cubins::looking())
+    }
+
     /// The modules to ask gpuprofd for (16 hex digits each), once.
     pub(super) fn take_query(&mut self) -> Vec<String> {
         std::mem::take(&mut self.query).into_iter().map(|crc| format!("{crc:016x}")).collect()

@@ -79,6 +79,18 @@ pub(super) fn take_detach() -> bool {
     own || (DETACH_ANY.load(Ordering::Relaxed) && DETACH_ANY.swap(false, Ordering::SeqCst))
 }
 
+/// A window closed with a disable: CUPTI is to be finalized once the background thread took
+/// its rows (resolving their lines calls CUPTI).
+static FINALIZE_DUE: AtomicBool = AtomicBool::new(false);
+
+pub(super) fn finalize_due() -> bool {
+    FINALIZE_DUE.load(Ordering::SeqCst)
+}
+
+pub(super) fn take_finalize_due() -> bool {
+    FINALIZE_DUE.swap(false, Ordering::SeqCst)
+}
+
 /// CUPTI is finalized between windows: no callback comes until the background thread
 /// subscribes again before the next window is due.
 pub(super) static DETACHED: AtomicBool = AtomicBool::new(false);
@@ -235,7 +247,7 @@ pub(super) fn window(
                     Ok(n) => {
                         at_disable = Some(n);
                         if detach_between() {
-                            ask_detach();
+                            FINALIZE_DUE.store(true, Ordering::SeqCst);
                         }
                     }
                     // CUPTI may still sample the context: no finalize under it.
