@@ -3,14 +3,13 @@
 //! source line, samples per stall reason). Frames from the bottom: function → source line →
 //! stall reason; a frame's width is its samples.
 
-use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use gpuprofctl::pb;
 
-use crate::export::{ExportArgs, part_file};
-use crate::output::{Usage, human_bytes};
+use crate::export::ExportArgs;
+use crate::output::{Usage, WrongState, human_bytes};
 use crate::pc::{By, short_stall};
 use crate::sessions::Client;
 
@@ -91,17 +90,18 @@ pub async fn export_svg(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
     let started = Instant::now();
     let r = crate::pc::query(c, a.session, By::Line, f.name.clone(), MAX_ROWS).await?;
     if r.total_samples == 0 {
-        anyhow::bail!(
+        return Err(WrongState(format!(
             "session {} has no PC samples{} to draw (was it started with --pc-sampling? see gpuprofctl session show {})",
             a.session,
             if f.name.is_some() { " of functions matching --name" } else { "" },
             a.session
-        );
+        ))
+        .into());
     }
     let title = format!("gpuprof session {}: {} PC samples", a.session, r.total_samples);
     let svg = svg(&title, &folded(&r))?;
     let to_stdout = a.output.as_os_str() == "-";
-    write(&a.output, &svg)?;
+    crate::outfile::write_file(&a.output, &svg)?;
     let secs = started.elapsed().as_secs_f64();
     let file = if to_stdout { "-".to_string() } else { a.output.display().to_string() };
     let line = if json {
@@ -117,17 +117,6 @@ pub async fn export_svg(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
         println!("{line}");
     }
     Ok(())
-}
-
-/// Writes a drawn flame graph to `path` (`-`: stdout), through a part file renamed at the end.
-pub fn write(path: &std::path::Path, svg: &[u8]) -> Result<()> {
-    if path.as_os_str() == "-" {
-        return std::io::stdout().write_all(svg).context("writing the flame graph");
-    }
-    let (part, mut file) = part_file(path)?;
-    file.write_all(svg).and_then(|()| file.flush()).context("writing the flame graph")?;
-    drop(file);
-    std::fs::rename(&part.0, path).with_context(|| format!("renaming into {}", path.display()))
 }
 
 #[cfg(test)]

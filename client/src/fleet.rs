@@ -8,7 +8,6 @@
 //! trace says each offset and its error bound (half that round trip).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -210,7 +209,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
             gz.write_all(&merged)?;
             merged = gz.finish()?;
         }
-        write_atomically(path, &merged)?;
+        crate::outfile::write_file(path, &merged)?;
         if !json {
             eprintln!("wrote {} ({} hosts, {} bytes)", path.display(), traces.len(), merged.len());
         }
@@ -228,12 +227,6 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         bail!("failed: {}", failed.join("; "));
     }
     Ok(())
-}
-
-fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
 }
 
 /// One host's export and its clock against the caller's.

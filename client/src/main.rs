@@ -6,6 +6,7 @@ mod flame;
 mod fleet;
 mod fleet_perfetto;
 mod job;
+mod outfile;
 mod output;
 mod pc;
 mod profile;

@@ -276,11 +276,14 @@ async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
     let what = format!("always-on profile, last {}", humantime::format_duration(since));
     if let Some(path) = &a.svg {
         if r.total_samples == 0 {
-            anyhow::bail!("{what}: no PC samples to draw (is [pc] always_on set in gpuprofd's configuration?)");
+            return Err(crate::output::WrongState(format!(
+                "{what}: no PC samples to draw (is [pc] always_on set in gpuprofd's configuration?)"
+            ))
+            .into());
         }
         let svg =
             crate::flame::svg(&format!("gpuprof {what}: {} PC samples", r.total_samples), &crate::flame::folded(&r))?;
-        crate::flame::write(path, &svg)?;
+        crate::outfile::write_file(path, &svg)?;
         if path.as_os_str() != "-" {
             println!("wrote {} ({} PC samples)", path.display(), r.total_samples);
         }
