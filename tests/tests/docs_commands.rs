@@ -9,7 +9,7 @@
 //!   programs a `cargo build` names exist, and `cargo test --workspace` is what `.ci/run` runs.
 //!   Streaming commands (`pm watch`, `pc watch`) are cut after 3 s. Every command must succeed.
 //! - tagged with where it runs (```` ```sh gpu ````, `root`, `remote`, `cluster`, `bench`,
-//!   `pip`, `grpcurl`): each `gpuprofctl` command is parsed by gpuprofctl itself against a
+//!   `pip`, `grpcurl`, `always-on`: a daemon with `[pc] always_on`): each `gpuprofctl` command is parsed by gpuprofctl itself against a
 //!   socket that is not there (it must fail to connect, not on its arguments), each `gpuprofd`
 //!   command's arguments likewise (`--help` added), each script or program path must exist,
 //!   each `cargo` command must name packages and programs that exist, and any other program
@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use gpuprof_testkit::layout::repo_root;
 use gpuprof_testkit::pc_agent::{FakePc, PcAgent, PcCommand, ctl_ok, start_daemon_config};
 use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
-use gpuprof_testkit::layout::repo_root;
 use gpuprof_testkit::{TestDaemon, bin_path};
 
 /// One ```sh block: where it is, its tag (the word after `sh`), its text.
@@ -34,7 +34,7 @@ struct Block {
     text: String,
 }
 
-const TAGS: &[&str] = &["gpu", "root", "remote", "cluster", "bench", "pip", "grpcurl"];
+const TAGS: &[&str] = &["gpu", "root", "remote", "cluster", "bench", "pip", "grpcurl", "always-on"];
 
 fn blocks(path: &Path) -> Vec<Block> {
     let text = std::fs::read_to_string(path).unwrap();
@@ -117,7 +117,8 @@ fn workspace() -> (Vec<String>, Vec<String>) {
     let root = repo_root();
     let (mut packages, mut bins) = (Vec::new(), Vec::new());
     for dir in ["proto", "cupti", "daemon", "client", "injector", "sampler", "tests"] {
-        let toml: toml::Table = toml::from_str(&std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap()).unwrap();
+        let toml: toml::Table =
+            toml::from_str(&std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap()).unwrap();
         let name = toml["package"]["name"].as_str().unwrap().to_string();
         for b in toml.get("bin").and_then(|b| b.as_array()).into_iter().flatten() {
             bins.push(b["name"].as_str().unwrap().to_string());
@@ -212,7 +213,7 @@ fn allowed(tag: &str) -> &'static [&'static str] {
         "gpu" => &["export", "python3", "torchrun"],
         "root" => &["apt-get", "dpkg", "systemctl", "install", "buildah"],
         "cluster" => &["kubectl"],
-        "pip" => &["python3"],
+        "pip" => &["python3", "venv/bin/pip"],
         "grpcurl" => &["grpcurl"],
         _ => &[],
     }
@@ -272,6 +273,7 @@ fn check_tagged(b: &Block, bin: &Path) -> Vec<String> {
                     }
                 }
             }
+            p if allowed(tag).contains(&p) => {}
             p if p.contains('/') => {
                 let path = repo_root().join(p.trim_start_matches("./"));
                 if !path.exists() && !Path::new(p).is_absolute() {
@@ -395,7 +397,8 @@ fn prepared(dir: &Path) -> Prepared {
         .collect();
     let mut pc = PcAgent::connect(&d.agent_socket, "/usr/bin/python3", 1).unwrap();
     let v: serde_json::Value =
-        serde_json::from_str(&ctl_ok(&d, &["--json", "session", "start", "--exe", "python3", "--pc-sampling"])).unwrap();
+        serde_json::from_str(&ctl_ok(&d, &["--json", "session", "start", "--exe", "python3", "--pc-sampling"]))
+            .unwrap();
     assert_eq!(v["id"], 7);
     for a in &agents {
         assert_eq!(a.wait_event(Duration::from_secs(10)).unwrap(), Event::Started(7));
