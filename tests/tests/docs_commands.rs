@@ -263,13 +263,13 @@ fn check_tagged(b: &Block, bin: &Path) -> Vec<String> {
                         bad.push(format!("{what}: no {kind} {name}"));
                     }
                 }
-                if tag == "bench" {
-                    if let Some(i) = words.iter().position(|w| *w == "--bin") {
-                        let prog = bin.join(words[i + 1]);
-                        let ok = Command::new(&prog).arg("--help").output().is_ok_and(|o| o.status.success());
-                        if !ok {
-                            bad.push(format!("{what}: {} --help failed", prog.display()));
-                        }
+                if tag == "bench"
+                    && let Some(i) = words.iter().position(|w| *w == "--bin")
+                {
+                    let prog = bin.join(words[i + 1]);
+                    let ok = Command::new(&prog).arg("--help").output().is_ok_and(|o| o.status.success());
+                    if !ok {
+                        bad.push(format!("{what}: {} --help failed", prog.display()));
                     }
                 }
             }
