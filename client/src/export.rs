@@ -1,5 +1,6 @@
 //! `gpuprofctl export`: a session to a file, or to stdout, in the format its name or
-//! `--format` asks for; Parquet to one file per record kind in a directory.
+//! `--format` asks for; Parquet to one file per record kind in a directory; the SVG flame graph
+//! of its PC samples, drawn here (`flame`).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -9,12 +10,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use gpuprofctl::pb;
+use gpuprofctl::{Client, pb};
 
 use crate::outfile::{PartPath, part_file};
-use crate::output::{Usage, human_bytes};
+use crate::output::{Usage, WrongState, human_bytes};
 use crate::records::FilterArgs;
-use crate::sessions::Client;
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -110,7 +110,7 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         return export_parquet(c, a, json).await;
     }
     if format == Format::Svg {
-        return crate::flame::export_svg(c, a, json).await;
+        return export_svg(c, a, json).await;
     }
     let Some(wire) = format.wire() else { unreachable!("drawn by this client") };
     let req = pb::ExportTraceRequest {
@@ -209,6 +209,49 @@ fn format_name(f: Format) -> &'static str {
         Format::Parquet => "parquet",
         Format::Svg => "svg",
     }
+}
+
+/// Writes the flame graph of session `a.session`'s PC samples to `a.output` (`-`: stdout).
+pub async fn export_svg(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
+    let f = &a.filter;
+    if !f.processes.is_empty() || !f.devices.is_empty() || !f.streams.is_empty() || f.from.is_some() || f.to.is_some() {
+        return Err(Usage(
+            "--format svg draws all of a session's PC samples: of the filters it takes --name (a glob on the \
+             function name) only"
+                .into(),
+        )
+        .into());
+    }
+    let started = Instant::now();
+    let r = crate::pc::query(c, a.session, crate::pc::By::Line, f.name.clone(), crate::flame::MAX_ROWS).await?;
+    if r.total_samples == 0 {
+        return Err(WrongState(format!(
+            "session {} has no PC samples{} to draw (was it started with --pc-sampling? see gpuprofctl session show {})",
+            a.session,
+            if f.name.is_some() { " of functions matching --name" } else { "" },
+            a.session
+        ))
+        .into());
+    }
+    let title = format!("gpuprof session {}: {} PC samples", a.session, r.total_samples);
+    let svg = crate::flame::svg(&title, &crate::flame::folded(&r))?;
+    let to_stdout = a.output.as_os_str() == "-";
+    crate::outfile::write_file(&a.output, &svg)?;
+    let secs = started.elapsed().as_secs_f64();
+    let file = if to_stdout { "-".to_string() } else { a.output.display().to_string() };
+    let line = if json {
+        serde_json::json!({"session": a.session, "file": file, "format": "svg", "bytes": svg.len(),
+            "samples": r.total_samples, "seconds": secs})
+        .to_string()
+    } else {
+        format!("wrote {file} ({} PC samples, {}) in {secs:.2} s", r.total_samples, human_bytes(svg.len() as u64))
+    };
+    if to_stdout {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 /// One file of a Parquet export, as written.

@@ -207,6 +207,20 @@ pub fn table_text(header: &[&str], rows: &[Vec<String>]) -> String {
     t.lines().map(|l| l.trim_end().to_string()).collect::<Vec<_>>().join("\n")
 }
 
+/// CUPTI's prefix on every stall reason, left out when showing them.
+const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
+
+/// A stall reason as people read it ("stalled_long_scoreboard").
+pub fn short_stall(s: &str) -> &str {
+    let s = s.strip_prefix(STALL_PREFIX).unwrap_or(s);
+    if s.is_empty() { "unknown" } else { s }
+}
+
+/// A host's clock against the caller's as shown: `+4.000 ms ± 1.5 µs`.
+pub fn clock_text(offset_ns: i64, error_ns: u64) -> String {
+    format!("{:+.3} ms ± {:.1} µs", offset_ns as f64 / 1e6, error_ns as f64 / 1e3)
+}
+
 /// Shortens a long (mangled) name to `max` characters, keeping its start and end.
 pub fn shorten(s: &str, max: usize) -> String {
     let n = s.chars().count();

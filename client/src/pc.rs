@@ -10,17 +10,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use gpuprofctl::pb;
 use serde_json::{Value, json};
 
-use crate::output::{shorten, table, table_text};
-use crate::sessions::Client;
+use gpuprofctl::Client;
 
-/// CUPTI's prefix on every stall reason, left out when showing them.
-const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
-
-/// A stall reason as people read it ("stalled_long_scoreboard").
-pub fn short_stall(s: &str) -> &str {
-    let s = s.strip_prefix(STALL_PREFIX).unwrap_or(s);
-    if s.is_empty() { "unknown" } else { s }
-}
+use crate::output::{short_stall, shorten, table, table_text};
 
 #[derive(Subcommand, Debug)]
 pub enum PcCmd {

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use gpuprofctl::pb;
+use gpuprofctl::{Client, pb};
 
 use crate::output::{print_summary, session_json, session_line, summary_json};
-use crate::sessions::{Client, CollectArgs, TargetArgs};
+use crate::sessions::{CollectArgs, TargetArgs};
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
