@@ -471,3 +471,49 @@ fn every_guide_is_run() {
         assert!(!untagged || run.contains(&name), "{name} has commands to run: add a test that runs it");
     }
 }
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as dashes.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn links_between_the_docs_point_at_files_and_headings() {
+    let mut bad = Vec::new();
+    let mut links = 0;
+    for doc in docs() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            rest = &rest[end..];
+            if target.starts_with("http") || target.contains(' ') {
+                continue;
+            }
+            links += 1;
+            let (file, frag) = target.split_once('#').unwrap_or((target, ""));
+            let path = if file.is_empty() { doc.clone() } else { doc.parent().unwrap().join(file) };
+            let Ok(linked) = std::fs::read_to_string(&path) else {
+                if !path.is_dir() {
+                    bad.push(format!("{}: {target}: no such file", doc.display()));
+                }
+                continue;
+            };
+            let headings: Vec<String> =
+                linked.lines().filter_map(|l| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect();
+            if !frag.is_empty() && !headings.iter().any(|h| h == frag) {
+                bad.push(format!("{}: {target}: no such heading (has {headings:?})", doc.display()));
+            }
+        }
+    }
+    assert!(links > 15, "{links} links");
+    assert!(bad.is_empty(), "{bad:#?}");
+}
