@@ -14,6 +14,9 @@
 //!   command's arguments likewise (`--help` added), each script or program path must exist,
 //!   each `cargo` command must name packages and programs that exist, and any other program
 //!   must be one the tag allows.
+//!
+//! Every ```` ```toml ```` block is a configuration `gpuprofd check-config` accepts, and every
+//! relative link points at a file and heading that exist.
 
 // Helpers outside #[test] functions fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
@@ -516,4 +519,42 @@ fn links_between_the_docs_point_at_files_and_headings() {
     }
     assert!(links > 15, "{links} links");
     assert!(bad.is_empty(), "{bad:#?}");
+}
+
+/// Every ```toml block of the docs is a valid gpuprofd configuration (`gpuprofd check-config`,
+/// which names a bad key), with the files it names under /etc/gpuprof made for it: a server
+/// certificate and key, a token.
+#[test]
+fn toml_blocks_are_configurations_gpuprofd_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let etc = dir.path().join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    let server = rcgen::generate_simple_self_signed(vec!["gpu-node-17".to_string()]).unwrap();
+    std::fs::write(etc.join("server.pem"), server.cert.pem()).unwrap();
+    std::fs::write(etc.join("server.key"), server.signing_key.serialize_pem()).unwrap();
+    std::fs::write(etc.join("collector-ca.pem"), server.cert.pem()).unwrap();
+    std::fs::write(etc.join("token"), "0f3c9a7e51d24b6c8e2a9d4f7b1c6e3a0f3c9a7e51d24b6c8e2a9d4f7b1c6e3a\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for f in ["server.key", "token"] {
+            std::fs::set_permissions(etc.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+    let mut checked = 0;
+    let mut bad = Vec::new();
+    for doc in docs() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for (i, block) in text.split("```toml\n").skip(1).enumerate() {
+            let toml = block.split("```").next().unwrap().replace("/etc/gpuprof/", &format!("{}/", etc.display()));
+            let file = dir.path().join(format!("block-{checked}.toml"));
+            std::fs::write(&file, &toml).unwrap();
+            let o = Command::new(bin_path("gpuprofd")).arg("check-config").arg(&file).output().unwrap();
+            if !o.status.success() {
+                bad.push(format!("{} block {}: {}\n{toml}", doc.display(), i + 1, String::from_utf8_lossy(&o.stderr)));
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "{checked} blocks");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
