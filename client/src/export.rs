@@ -339,10 +339,10 @@ async fn export_parquet(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
         for f in &files {
             println!("wrote {} ({} rows, {})", dir.join(&f.name).display(), f.rows, human_bytes(f.bytes));
         }
-        let none = if events == 0 { " (no records: the file has the columns and no rows)" } else { "" };
+        let none = if events == 0 { "; no records: the file has the columns and no rows" } else { "" };
         let n = files.len();
         println!(
-            "wrote {n} Parquet file{} to {}{none} ({events} events, {}) in {secs:.2} s",
+            "wrote {n} Parquet file{} to {} ({events} events, {}) in {secs:.2} s{none}",
             if n == 1 { "" } else { "s" },
             dir.display(),
             human_bytes(bytes)
