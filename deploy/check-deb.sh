@@ -31,6 +31,8 @@ if command -v nm >/dev/null 2>&1; then
   nm -D --defined-only /usr/lib/gpuprof/libgpuprof_inject.so | grep -qw InitializeInjection
 fi
 test -f /lib/systemd/system/gpuprofd.service
+# The README and the guides it links to.
+test -f /usr/share/doc/gpuprof/README.md && test -f /usr/share/doc/gpuprof/docs/operating.md
 getent group gpuprof >/dev/null
 test "$(stat -c %G /var/lib/gpuprof)" = gpuprof
 # Nothing enabled or started by the installation.

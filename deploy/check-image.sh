@@ -133,5 +133,5 @@ done
 kill -TERM "$gpuprofd"
 wait "$daemon_pid" || fail "gpuprofd exited with status $? on SIGTERM"
 daemon_pid=""
-grep -q "gpuprofd ready" "$work/gpuprofd.log" || fail "gpuprofd never said it was ready"
+grep -q " ready: API on " "$work/gpuprofd.log" || fail "gpuprofd never said it was ready"
 echo "check-image: $image ($size) built in $((t_build - t_tools)) s; check-config, gpuprofd, gpuprofctl status and a session of $records records in it passed; $((SECONDS - t0)) s in all (tools $((t_tools - t0)) s)"

@@ -1,5 +1,6 @@
 //! `gpuprofctl export`: a session to a file, or to stdout, in the format its name or
-//! `--format` asks for; Parquet to one file per record kind in a directory.
+//! `--format` asks for; Parquet to one file per record kind in a directory; the SVG flame graph
+//! of its PC samples, drawn here (`flame`).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -9,11 +10,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use gpuprofctl::pb;
+use gpuprofctl::{Client, pb};
 
-use crate::output::{Usage, human_bytes};
+use crate::outfile::{PartPath, part_file};
+use crate::output::{Usage, WrongState, human_bytes};
 use crate::records::FilterArgs;
-use crate::sessions::Client;
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -109,7 +110,7 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
         return export_parquet(c, a, json).await;
     }
     if format == Format::Svg {
-        return crate::flame::export_svg(c, a, json).await;
+        return export_svg(c, a, json).await;
     }
     let Some(wire) = format.wire() else { unreachable!("drawn by this client") };
     let req = pb::ExportTraceRequest {
@@ -138,10 +139,12 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
     let mut sink = if gzip_here { Sink::gzip(sink, level) } else { Sink::Plain(sink) };
     let progress = (!a.quiet && std::io::stderr().is_terminal()).then(progress_bar);
     let started = Instant::now();
+    let dest = if to_stdout { "stdout".to_string() } else { a.output.display().to_string() };
+    let writing = || format!("writing {dest}");
     let (mut bytes, mut events) = (0u64, 0u64);
     while let Some(m) = stream.message().await? {
         let n = m.data.len() as u64;
-        sink.write(m.data).context("writing the export")?;
+        sink.write(m.data).with_context(writing)?;
         bytes += n;
         events = m.events_written.max(events);
         if let Some(p) = &progress {
@@ -150,16 +153,16 @@ pub async fn export(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
             p.set_message(human_bytes(bytes));
         }
     }
-    sink.finish().context("writing the export")?;
+    sink.finish().with_context(writing)?;
     if let Some(p) = &progress {
         p.finish_and_clear();
     }
     if let (true, Some(part)) = (gzip_here, &part) {
         // The bytes of the file, as when gpuprofd gzips.
-        bytes = std::fs::metadata(&part.0).map(|m| m.len()).unwrap_or(bytes);
+        bytes = std::fs::metadata(part.part()).map(|m| m.len()).unwrap_or(bytes);
     }
-    if let Some(part) = &part {
-        std::fs::rename(&part.0, &a.output).with_context(|| format!("renaming into {}", a.output.display()))?;
+    if let Some(part) = part {
+        part.commit()?;
     }
     let secs = started.elapsed().as_secs_f64();
     let file = if to_stdout { "-".to_string() } else { a.output.display().to_string() };
@@ -206,6 +209,49 @@ fn format_name(f: Format) -> &'static str {
         Format::Parquet => "parquet",
         Format::Svg => "svg",
     }
+}
+
+/// Writes the flame graph of session `a.session`'s PC samples to `a.output` (`-`: stdout).
+pub async fn export_svg(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
+    let f = &a.filter;
+    if !f.processes.is_empty() || !f.devices.is_empty() || !f.streams.is_empty() || f.from.is_some() || f.to.is_some() {
+        return Err(Usage(
+            "--format svg draws all of a session's PC samples: of the filters it takes --name (a glob on the \
+             function name) only"
+                .into(),
+        )
+        .into());
+    }
+    let started = Instant::now();
+    let r = crate::pc::query(c, a.session, crate::pc::By::Line, f.name.clone(), crate::flame::MAX_ROWS).await?;
+    if r.total_samples == 0 {
+        return Err(WrongState(format!(
+            "session {} has no PC samples{} to draw (was it started with --pc-sampling? see gpuprofctl session show {})",
+            a.session,
+            if f.name.is_some() { " of functions matching --name" } else { "" },
+            a.session
+        ))
+        .into());
+    }
+    let title = format!("gpuprof session {}: {} PC samples", a.session, r.total_samples);
+    let svg = crate::flame::svg(&title, &crate::flame::folded(&r))?;
+    let to_stdout = a.output.as_os_str() == "-";
+    crate::outfile::write_file(&a.output, &svg)?;
+    let secs = started.elapsed().as_secs_f64();
+    let file = if to_stdout { "-".to_string() } else { a.output.display().to_string() };
+    let line = if json {
+        serde_json::json!({"session": a.session, "file": file, "format": "svg", "bytes": svg.len(),
+            "samples": r.total_samples, "seconds": secs})
+        .to_string()
+    } else {
+        format!("wrote {file} ({} PC samples, {}) in {secs:.2} s", r.total_samples, human_bytes(svg.len() as u64))
+    };
+    if to_stdout {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 /// One file of a Parquet export, as written.
@@ -259,7 +305,7 @@ async fn export_parquet(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
         let (Some((_, w)), Some(f)) = (current.as_mut(), files.last_mut()) else {
             anyhow::bail!("gpuprofd sent Parquet data before naming its file");
         };
-        w.write_all(&m.data).context("writing the export")?;
+        w.write_all(&m.data).with_context(|| format!("writing {}", dir.join(&f.name).display()))?;
         bytes += m.data.len() as u64;
         f.bytes += m.data.len() as u64;
         events = m.events_written.max(events);
@@ -293,10 +339,11 @@ async fn export_parquet(c: &mut Client, a: ExportArgs, json: bool) -> Result<()>
         for f in &files {
             println!("wrote {} ({} rows, {})", dir.join(&f.name).display(), f.rows, human_bytes(f.bytes));
         }
-        let none = if files.is_empty() { " (the session has no records)" } else { "" };
+        let none = if events == 0 { "; no records: the file has the columns and no rows" } else { "" };
+        let n = files.len();
         println!(
-            "wrote {} Parquet files to {}{none} ({events} events, {}) in {secs:.2} s",
-            files.len(),
+            "wrote {n} Parquet file{} to {} ({events} events, {}) in {secs:.2} s{none}",
+            if n == 1 { "" } else { "s" },
             dir.display(),
             human_bytes(bytes)
         );
@@ -311,10 +358,9 @@ fn finish_part(
     file: Option<&Written>,
 ) -> Result<()> {
     let (Some((part, mut w)), Some(file)) = (current.take(), file) else { return Ok(()) };
-    w.flush().context("writing the export")?;
-    let target = dir.join(&file.name);
-    std::fs::rename(&part.0, &target).with_context(|| format!("renaming into {}", target.display()))?;
-    Ok(())
+    w.flush().with_context(|| format!("writing {}", dir.join(&file.name).display()))?;
+    drop(w);
+    part.commit()
 }
 
 /// A file name from gpuprofd, refused unless it is a plain name (no directories).
@@ -390,24 +436,6 @@ fn progress_bar() -> indicatif::ProgressBar {
         p.set_style(style.progress_chars("#>-"));
     }
     p
-}
-
-/// A new file beside `target`, removed unless renamed into place.
-pub(crate) fn part_file(target: &Path) -> Result<(PartPath, std::io::BufWriter<std::fs::File>)> {
-    let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("export");
-    let path = dir.join(format!(".{name}.{}.part", std::process::id()));
-    let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    Ok((PartPath(path), std::io::BufWriter::with_capacity(1 << 20, f)))
-}
-
-/// Removes the partial file unless it was renamed.
-pub(crate) struct PartPath(pub(crate) PathBuf);
-
-impl Drop for PartPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 #[cfg(test)]

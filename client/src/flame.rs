@@ -1,18 +1,12 @@
-//! `gpuprofctl export SESSION --format svg`: a session's PC samples as a flame graph, drawn
+//! PC samples as a flame graph (`export --format svg`, `pc top --since ... --svg`), drawn
 //! with inferno from the rows `pc top --by line` shows (QueryPcSamples: demangled function,
 //! source line, samples per stall reason). Frames from the bottom: function → source line →
-//! stall reason; a frame's width is its samples.
-
-use std::io::Write;
-use std::time::Instant;
+//! stall reason; a frame's width is its samples. It draws and asks nothing of gpuprofd.
 
 use anyhow::{Context, Result};
 use gpuprofctl::pb;
 
-use crate::export::{ExportArgs, part_file};
-use crate::output::{Usage, human_bytes};
-use crate::pc::{By, short_stall};
-use crate::sessions::Client;
+use crate::output::short_stall;
 
 /// Rows asked for: QueryPcSamples' most (source lines, hottest first); the samples of the lines
 /// beyond them are drawn as one frame.
@@ -75,59 +69,6 @@ pub fn svg(title: &str, folded: &[String]) -> Result<Vec<u8>> {
     inferno::flamegraph::from_lines(&mut o, folded.iter().map(String::as_str), &mut svg)
         .context("drawing the flame graph")?;
     Ok(svg)
-}
-
-/// Writes the flame graph of session `a.session`'s PC samples to `a.output` (`-`: stdout).
-pub async fn export_svg(c: &mut Client, a: ExportArgs, json: bool) -> Result<()> {
-    let f = &a.filter;
-    if !f.processes.is_empty() || !f.devices.is_empty() || !f.streams.is_empty() || f.from.is_some() || f.to.is_some() {
-        return Err(Usage(
-            "--format svg draws all of a session's PC samples: of the filters it takes --name (a glob on the \
-             function name) only"
-                .into(),
-        )
-        .into());
-    }
-    let started = Instant::now();
-    let r = crate::pc::query(c, a.session, By::Line, f.name.clone(), MAX_ROWS).await?;
-    if r.total_samples == 0 {
-        anyhow::bail!(
-            "session {} has no PC samples{} to draw (was it started with --pc-sampling? see gpuprofctl session show {})",
-            a.session,
-            if f.name.is_some() { " of functions matching --name" } else { "" },
-            a.session
-        );
-    }
-    let title = format!("gpuprof session {}: {} PC samples", a.session, r.total_samples);
-    let svg = svg(&title, &folded(&r))?;
-    let to_stdout = a.output.as_os_str() == "-";
-    write(&a.output, &svg)?;
-    let secs = started.elapsed().as_secs_f64();
-    let file = if to_stdout { "-".to_string() } else { a.output.display().to_string() };
-    let line = if json {
-        serde_json::json!({"session": a.session, "file": file, "format": "svg", "bytes": svg.len(),
-            "samples": r.total_samples, "seconds": secs})
-        .to_string()
-    } else {
-        format!("wrote {file} ({} PC samples, {}) in {secs:.2} s", r.total_samples, human_bytes(svg.len() as u64))
-    };
-    if to_stdout {
-        eprintln!("{line}");
-    } else {
-        println!("{line}");
-    }
-    Ok(())
-}
-
-/// Writes a drawn flame graph to `path` (`-`: stdout), through a part file renamed at the end.
-pub fn write(path: &std::path::Path, svg: &[u8]) -> Result<()> {
-    if path.as_os_str() == "-" {
-        return std::io::stdout().write_all(svg).context("writing the flame graph");
-    }
-    let (part, mut file) = part_file(path)?;
-    file.write_all(svg).and_then(|()| file.flush()).context("writing the flame graph")?;
-    drop(file);
-    std::fs::rename(&part.0, path).with_context(|| format!("renaming into {}", path.display()))
 }
 
 #[cfg(test)]

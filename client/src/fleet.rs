@@ -8,7 +8,6 @@
 //! trace says each offset and its error bound (half that round trip).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -16,9 +15,10 @@ use gpuprofctl::pb;
 use serde_json::{Value, json};
 
 use crate::export::Format;
-use crate::fleet_perfetto::merge_perfetto;
-use crate::output::{print_summary, session_json, session_line, summary_json};
-use crate::sessions::Client;
+use gpuprofctl::Client;
+
+use crate::fleet_perfetto::{HostTrace, merge_perfetto};
+use crate::output::{clock_text, print_summary, session_json, session_line, summary_json};
 use crate::trace::TraceArgs;
 
 /// Sessions on hosts that have not said when to start begin this long after the command, so
@@ -53,11 +53,6 @@ pub fn clock_offset(samples: &[(u64, u64, u64)]) -> Option<(i64, u64)> {
             let mid = sent as i128 + (received - sent) as i128 / 2;
             ((now as i128 - mid) as i64, received - sent)
         })
-}
-
-/// A host's clock against the caller's as shown: `+4.000 ms ± 1.5 µs`.
-pub fn clock_text(offset_ns: i64, error_ns: u64) -> String {
-    format!("{:+.3} ms ± {:.1} µs", offset_ns as f64 / 1e6, error_ns as f64 / 1e3)
 }
 
 async fn host_offset(c: &mut Client, host: &str) -> Result<(i64, u64)> {
@@ -210,7 +205,7 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
             gz.write_all(&merged)?;
             merged = gz.finish()?;
         }
-        write_atomically(path, &merged)?;
+        crate::outfile::write_file(path, &merged)?;
         if !json {
             eprintln!("wrote {} ({} hosts, {} bytes)", path.display(), traces.len(), merged.len());
         }
@@ -228,24 +223,6 @@ pub async fn trace(hosts: Vec<(String, Client)>, args: TraceArgs, json: bool) ->
         bail!("failed: {}", failed.join("; "));
     }
     Ok(())
-}
-
-fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
-}
-
-/// One host's export and its clock against the caller's.
-pub struct HostTrace {
-    pub host: String,
-    pub session: u64,
-    /// The host's clock minus the caller's (ns).
-    pub clock_offset_ns: i64,
-    /// How far that offset may be off (ns): half the round trip it was measured over.
-    pub clock_error_ns: u64,
-    /// The export (Chrome JSON or Perfetto protobuf).
-    pub data: Vec<u8>,
 }
 
 /// Chrome trace JSON exports of several hosts as one trace: each export's t0 (its `ts` count

@@ -19,7 +19,19 @@ use gpuprof_proto::perfetto::{
 };
 use prost::Message;
 
-use crate::fleet::HostTrace;
+use crate::output::clock_text;
+
+/// One host's export and its clock against the caller's.
+pub struct HostTrace {
+    pub host: String,
+    pub session: u64,
+    /// The host's clock minus the caller's (ns).
+    pub clock_offset_ns: i64,
+    /// How far that offset may be off (ns): half the round trip it was measured over.
+    pub clock_error_ns: u64,
+    /// The export (Chrome JSON or Perfetto protobuf).
+    pub data: Vec<u8>,
+}
 
 /// Where a host's ids start: pids and tids `i << PID_BITS`, uuids and flows `i << ID_BITS`.
 const PID_BITS: u32 = 22;
@@ -110,11 +122,7 @@ fn clock_alignment(merged: &mut Trace, traces: &[HostTrace]) {
             data: Some(Data::TrackEvent(TrackEvent {
                 r#type: Some(Type::Instant as i32),
                 track_uuid: Some(CLOCK_TRACK),
-                name: Some(format!(
-                    "{}: clock {}",
-                    t.host,
-                    crate::fleet::clock_text(t.clock_offset_ns, t.clock_error_ns)
-                )),
+                name: Some(format!("{}: clock {}", t.host, clock_text(t.clock_offset_ns, t.clock_error_ns))),
                 debug_annotations: vec![
                     arg("host", debug_annotation::Value::StringValue(t.host.clone())),
                     arg("clock_offset_ns", debug_annotation::Value::IntValue(t.clock_offset_ns)),

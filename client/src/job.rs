@@ -3,11 +3,10 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use gpuprofctl::pb;
+use gpuprofctl::{Client, pb};
 use serde_json::{Value, json};
 
 use crate::output::{Usage, human_ns, table};
-use crate::sessions::Client;
 
 #[derive(Subcommand, Debug)]
 pub enum JobCmd {

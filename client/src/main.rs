@@ -6,6 +6,7 @@ mod flame;
 mod fleet;
 mod fleet_perfetto;
 mod job;
+mod outfile;
 mod output;
 mod pc;
 mod profile;
@@ -104,19 +105,19 @@ enum Cmd {
     #[command(after_help = "--json: JSON Lines, one object per record as they stream, each with its \"kind\".")]
     Query(records::QueryArgs),
     /// Write a session to a file: Chrome trace JSON (.json, .json.gz), Perfetto trace
-    /// (.pftrace), SQLite (.sqlite) or its PC samples as pprof (.pb.gz); `-o -` writes to stdout.
-    /// `--format parquet -o DIR` writes one Parquet file per record kind into DIR.
+    /// (.pftrace), SQLite (.sqlite), its PC samples as pprof (.pb.gz) or as a flame graph
+    /// (.svg); `-o -` writes to stdout. `--format parquet -o DIR` writes one Parquet file per
+    /// record kind into DIR.
     #[command(after_help = "--json: one JSON object saying what was written (on stderr with `-o -`).")]
     Export(export::ExportArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
-    /// Write gpuprofctl's man pages (gpuprofctl.1, gpuprofctl-session-start.1, ...) into a
-    /// directory.
-    #[command(hide = true)]
+    /// Man pages: gpuprofctl(1) on stdout (`gpuprofctl man | man -l -`), or with --out-dir every
+    /// page (gpuprofctl.1, gpuprofctl-session-start.1, ...) written into a directory.
     Man {
-        /// Where to write them (created if missing).
-        #[arg(long, default_value = ".")]
-        out_dir: PathBuf,
+        /// Where to write every page (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
     },
 }
 
@@ -129,10 +130,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.cmd {
         Cmd::Completions { shell } => {
-            clap_complete::generate(*shell, &mut Cli::command(), "gpuprofctl", &mut std::io::stdout());
-            return ExitCode::SUCCESS;
+            // Generated into memory first: clap_complete panics when its own write fails, as
+            // it does when `| head` has closed stdout.
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "gpuprofctl", &mut script);
+            return print_generated(&script, "the completion script");
         }
-        Cmd::Man { out_dir } => {
+        Cmd::Man { out_dir: None } => {
+            let mut page = Vec::new();
+            return match clap_mangen::Man::new(Cli::command()).render(&mut page) {
+                Ok(()) => print_generated(&page, "the man page"),
+                Err(e) => {
+                    eprintln!("error: rendering the man page: {e}");
+                    ExitCode::from(EXIT_FAILED)
+                }
+            };
+        }
+        Cmd::Man { out_dir: Some(out_dir) } => {
             let written =
                 std::fs::create_dir_all(out_dir).and_then(|()| clap_mangen::generate_to(Cli::command(), out_dir));
             return match written {
@@ -166,6 +180,21 @@ fn main() -> ExitCode {
                 );
             }
             ExitCode::from(output::exit_code(&e))
+        }
+    }
+}
+
+/// Writes generated text to stdout: exit 0 when the reader has gone (`| head -1`), 1 when the
+/// write failed otherwise.
+fn print_generated(text: &[u8], what: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing {what} to stdout: {e}");
+            ExitCode::from(EXIT_FAILED)
         }
     }
 }
@@ -278,23 +307,58 @@ fn print_status(s: &pb::GetStatusResponse) {
     }
     println!("ingest queue       {} records", s.ingest_queue_depth);
     println!("protocol errors    {}", s.protocol_errors);
-    println!(
-        "GPUs               {}{}",
-        s.gpu_count,
-        if s.gpu_note.is_empty() { String::new() } else { format!(" ({})", s.gpu_note) }
-    );
+    match (s.gpu_count, s.gpu_note.as_str()) {
+        (n, "") => println!("GPUs               {n}"),
+        (0, note) => println!("GPUs               none: {note}"),
+        (n, note) => println!("GPUs               {n} ({note})"),
+    }
     if !s.storage_error.is_empty() {
         println!("STORAGE ERROR      {}", s.storage_error);
     }
     if s.cupti_dropped > 0 {
         println!("CUPTI dropped      {} records (buffers full in traced processes)", s.cupti_dropped);
     }
-    println!();
+    print!("{}", status_records(s));
+}
+
+/// The records table of `status`, after a blank line; a line saying there are none instead of
+/// an empty table.
+fn status_records(s: &pb::GetStatusResponse) -> String {
     let rows: Vec<Vec<String>> = s
         .records
         .iter()
         .filter(|r| r.ingested > 0 || r.dropped > 0)
         .map(|r| vec![r.kind.clone(), r.ingested.to_string(), r.dropped.to_string()])
         .collect();
-    output::table(&["KIND", ">INGESTED", ">DROPPED"], &rows);
+    if rows.is_empty() {
+        return "records            none since gpuprofd started\n".into();
+    }
+    format!("\n{}\n", output::table_text(&["KIND", ">INGESTED", ">DROPPED"], &rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_has_no_empty_table() {
+        let mut s = pb::GetStatusResponse {
+            records: vec![pb::RecordKindCount { kind: "kernel".into(), ingested: 0, dropped: 0 }],
+            ..Default::default()
+        };
+        assert_eq!(status_records(&s), "records            none since gpuprofd started\n");
+        s.records[0].ingested = 12;
+        assert_eq!(status_records(&s), "\nKIND    INGESTED  DROPPED\nkernel        12        0\n");
+    }
+
+    #[test]
+    fn man_is_listed_and_export_names_every_format() {
+        let help = Cli::command().render_help().to_string();
+        assert!(help.lines().any(|l| l.trim_start().starts_with("man ")), "{help}");
+        let export = Cli::command().find_subcommand("export").map(|c| c.get_about().map(|a| a.to_string()));
+        let about = export.flatten().unwrap_or_default();
+        for ending in [".json", ".json.gz", ".pftrace", ".sqlite", ".pb.gz", ".svg", "parquet"] {
+            assert!(about.contains(ending), "{ending} in {about:?}");
+        }
+    }
 }

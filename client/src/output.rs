@@ -37,6 +37,9 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<Usage>().is_some() {
         return EXIT_USAGE;
     }
+    if e.downcast_ref::<WrongState>().is_some() {
+        return EXIT_STATE;
+    }
     EXIT_FAILED
 }
 
@@ -107,6 +110,20 @@ impl std::fmt::Display for Usage {
 }
 
 impl std::error::Error for Usage {}
+
+/// Not possible in the current state, found by gpuprofctl itself (exit code 6, as for
+/// gpuprofd's FAILED_PRECONDITION): e.g. a flame graph of a session without PC samples, which
+/// the pprof export refuses the same way.
+#[derive(Debug)]
+pub struct WrongState(pub String);
+
+impl std::fmt::Display for WrongState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WrongState {}
 
 /// Nanoseconds as a short human duration ("812 ns", "3.25 ms", "1.50 s").
 pub fn human_ns(ns: u64) -> String {
@@ -188,6 +205,20 @@ pub fn table_text(header: &[&str], rows: &[Vec<String>]) -> String {
         }
     }
     t.lines().map(|l| l.trim_end().to_string()).collect::<Vec<_>>().join("\n")
+}
+
+/// CUPTI's prefix on every stall reason, left out when showing them.
+const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
+
+/// A stall reason as people read it ("stalled_long_scoreboard").
+pub fn short_stall(s: &str) -> &str {
+    let s = s.strip_prefix(STALL_PREFIX).unwrap_or(s);
+    if s.is_empty() { "unknown" } else { s }
+}
+
+/// A host's clock against the caller's as shown: `+4.000 ms ± 1.5 µs`.
+pub fn clock_text(offset_ns: i64, error_ns: u64) -> String {
+    format!("{:+.3} ms ± {:.1} µs", offset_ns as f64 / 1e6, error_ns as f64 / 1e3)
 }
 
 /// Shortens a long (mangled) name to `max` characters, keeping its start and end.
@@ -431,6 +462,11 @@ mod tests {
         assert_eq!(exit_code(&e), EXIT_UNREACHABLE);
         let e = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::PermissionDenied)).context("connecting");
         assert_eq!(exit_code(&e), EXIT_DENIED);
+        // The same failure exits the same whether gpuprofd or gpuprofctl found it.
+        let by_daemon = anyhow::Error::new(tonic::Status::failed_precondition("session 7 has no PC samples"));
+        let by_client = anyhow::Error::new(WrongState("session 7 has no PC samples".into())).context("export 7");
+        assert_eq!(exit_code(&by_daemon), EXIT_STATE);
+        assert_eq!(exit_code(&by_client), EXIT_STATE);
     }
 
     #[test]

@@ -10,17 +10,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use gpuprofctl::pb;
 use serde_json::{Value, json};
 
-use crate::output::{shorten, table, table_text};
-use crate::sessions::Client;
+use gpuprofctl::Client;
 
-/// CUPTI's prefix on every stall reason, left out when showing them.
-const STALL_PREFIX: &str = "smsp__pcsamp_warps_issue_";
-
-/// A stall reason as people read it ("stalled_long_scoreboard").
-pub fn short_stall(s: &str) -> &str {
-    let s = s.strip_prefix(STALL_PREFIX).unwrap_or(s);
-    if s.is_empty() { "unknown" } else { s }
-}
+use crate::output::{short_stall, shorten, table, table_text};
 
 #[derive(Subcommand, Debug)]
 pub enum PcCmd {
@@ -276,11 +268,14 @@ async fn node_top(c: &mut Client, a: TopArgs, json: bool) -> Result<()> {
     let what = format!("always-on profile, last {}", humantime::format_duration(since));
     if let Some(path) = &a.svg {
         if r.total_samples == 0 {
-            anyhow::bail!("{what}: no PC samples to draw (is [pc] always_on set in gpuprofd's configuration?)");
+            return Err(crate::output::WrongState(format!(
+                "{what}: no PC samples to draw (is [pc] always_on set in gpuprofd's configuration?)"
+            ))
+            .into());
         }
         let svg =
             crate::flame::svg(&format!("gpuprof {what}: {} PC samples", r.total_samples), &crate::flame::folded(&r))?;
-        crate::flame::write(path, &svg)?;
+        crate::outfile::write_file(path, &svg)?;
         if path.as_os_str() != "-" {
             println!("wrote {} ({} PC samples)", path.display(), r.total_samples);
         }

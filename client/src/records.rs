@@ -4,10 +4,9 @@ use std::io::Write;
 
 use anyhow::Result;
 use clap::Args;
-use gpuprofctl::pb;
+use gpuprofctl::{Client, pb};
 
 use crate::output::{Usage, human_ns, print_summary, shorten, summary_json, wall_us};
-use crate::sessions::Client;
 
 /// Which records of a session.
 #[derive(Args, Debug, Clone, Default)]

@@ -4,13 +4,11 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
-use gpuprofctl::pb;
+use gpuprofctl::{Client, pb};
 
 use crate::output::{
     Usage, human_bytes, human_ns, now_ns, rank_text, session_json, shorten, state_name, table, target_text, wall,
 };
-
-pub use gpuprofctl::Client;
 
 /// Which processes a session covers (at least one).
 #[derive(Args, Debug, Clone, Default)]

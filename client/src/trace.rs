@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use gpuprofctl::pb;
+use gpuprofctl::{Client, pb};
 
 use crate::output::{print_summary, session_json, session_line, summary_json};
-use crate::sessions::{Client, CollectArgs, TargetArgs};
+use crate::sessions::{CollectArgs, TargetArgs};
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
@@ -136,9 +136,7 @@ pub async fn trace(c: &mut Client, args: TraceArgs, json: bool) -> Result<()> {
     }
     if let (Some(path), Some(format)) = (&args.output, out_format) {
         let data = crate::records::export_bytes(c, id, format).await?;
-        let tmp = path.with_extension("partial");
-        std::fs::write(&tmp, &data).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+        crate::outfile::write_file(path, &data)?;
     }
     if pb::SessionState::try_from(final_session.state) == Ok(pb::SessionState::Failed) {
         bail!("session {id} failed: {}", final_session.stop_reason);

@@ -119,13 +119,7 @@ pub async fn run(config: Config, source: reload::Source) -> Result<()> {
     };
     let api_task = tokio::spawn(api::serve(api_listener, api_tcp, d.clone(), shutdown.clone()));
 
-    tracing::info!(
-        database = %db_path.display(),
-        agent_socket = %d.config.agent_socket.display(),
-        api_socket = %d.config.api_socket.display(),
-        version = env!("CARGO_PKG_VERSION"),
-        "gpuprofd ready"
-    );
+    tracing::info!("{}", ready_line(&d.config.api_socket, &d.config.agent_socket, &db_path));
     systemd::ready();
 
     serve_signals(signals, &d, &mut reloader).await;
@@ -219,8 +213,44 @@ async fn start_pm(d: &Arc<Daemon>, shutdown: &CancellationToken) -> Result<Vec<J
         tasks.push(tokio::spawn(otlp::run(exporter, channel, shutdown.clone())));
     }
     let (n, note) = d.gpus.summary(&d.arbiter);
-    tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");
+    // Without GPUs the note repeats why (NVML's warning said it already).
+    if n > 0 {
+        tracing::info!(gpus = n, note = %note, "performance-monitor arbiter ready");
+    } else {
+        tracing::debug!(note = %note, "performance-monitor arbiter ready, no GPU");
+    }
     Ok(tasks)
+}
+
+/// The API socket gpuprofctl uses and the agent socket traced processes connect to when
+/// nothing says otherwise.
+const DEFAULT_API_SOCKET: &str = "/run/gpuprof/api.sock";
+const DEFAULT_AGENT_SOCKET: &str = "/run/gpuprof/agent.sock";
+
+/// The one start-up line: where gpuprofd listens and, where a socket is not the default, the
+/// `export` that points gpuprofctl (GPUPROF_API_SOCKET) and traced processes
+/// (GPUPROF_AGENT_SOCKET) at it, with absolute paths so that it works from any directory.
+pub fn ready_line(api: &std::path::Path, agent: &std::path::Path, db: &std::path::Path) -> String {
+    let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let (api, agent, db) = (abs(api), abs(agent), abs(db));
+    let mut line = format!(
+        "gpuprofd {} ready: API on {}, agents on {}, database {}",
+        env!("CARGO_PKG_VERSION"),
+        api.display(),
+        agent.display(),
+        db.display()
+    );
+    let mut exports = Vec::new();
+    if api != std::path::Path::new(DEFAULT_API_SOCKET) {
+        exports.push(format!("GPUPROF_API_SOCKET={}", api.display()));
+    }
+    if agent != std::path::Path::new(DEFAULT_AGENT_SOCKET) {
+        exports.push(format!("GPUPROF_AGENT_SOCKET={}", agent.display()));
+    }
+    if !exports.is_empty() {
+        line.push_str(&format!("; in another shell: export {}", exports.join(" ")));
+    }
+    line
 }
 
 /// Opens NVML (or its script) for the inventory and the always-on metrics; without it the
@@ -290,5 +320,30 @@ async fn serve_signals(signals: Signals, d: &Daemon, reloader: &mut reload::Relo
                 systemd::ready();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn the_ready_line_says_where_and_how_to_point_clients_there() {
+        let line = super::ready_line(
+            Path::new("/run/gpuprof/api.sock"),
+            Path::new("/run/gpuprof/agent.sock"),
+            Path::new("/var/lib/gpuprof/gpuprof.db"),
+        );
+        assert!(line.starts_with("gpuprofd ") && line.contains(" ready: API on /run/gpuprof/api.sock, "), "{line}");
+        assert!(!line.contains("export"), "the defaults need no export: {line}");
+        let line =
+            super::ready_line(Path::new("state/api.sock"), Path::new("state/agent.sock"), Path::new("state/x.db"));
+        let cwd = std::env::current_dir().unwrap();
+        let want = format!(
+            "; in another shell: export GPUPROF_API_SOCKET={} GPUPROF_AGENT_SOCKET={}",
+            cwd.join("state/api.sock").display(),
+            cwd.join("state/agent.sock").display()
+        );
+        assert!(line.ends_with(&want), "{line}");
     }
 }

@@ -177,9 +177,22 @@ pub fn migrate(conn: &Connection) -> Result<()> {
         tx.execute_batch(sql).with_context(|| format!("applying migration {name}"))?;
         tx.execute_batch(&format!("PRAGMA user_version={version}"))?;
         tx.commit()?;
-        tracing::info!(migration = name, version, "applied schema migration");
+        tracing::debug!(migration = name, version, "applied schema migration");
+    }
+    // One line for all of them (none when the schema is current).
+    if let Some(line) = migrated_line(current, known) {
+        tracing::info!("{line}");
     }
     Ok(())
+}
+
+/// What [`migrate`] says it did, from the schema version it found to the one it left.
+fn migrated_line(from: i64, to: i64) -> Option<String> {
+    match (from, to) {
+        (f, t) if f >= t => None,
+        (0, t) => Some(format!("database schema created (version {t})")),
+        (f, t) => Some(format!("database schema migrated from version {f} to {t}")),
+    }
 }
 
 /// Size of the database and its WAL, in bytes.
@@ -234,6 +247,13 @@ impl Pages {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn migrations_are_one_line_from_version_to_version() {
+        assert_eq!(migrated_line(0, 16).as_deref(), Some("database schema created (version 16)"));
+        assert_eq!(migrated_line(12, 16).as_deref(), Some("database schema migrated from version 12 to 16"));
+        assert_eq!(migrated_line(16, 16), None);
+    }
 
     /// One column of `pragma_table_info` for `table` ("name", "type", ...).
     fn table_info(conn: &Connection, table: &str, what: &str) -> Vec<String> {

@@ -138,7 +138,7 @@ echo "$prom" >"$STATE/metrics.txt"
 grep -E "^gpuprof_gpu_(sm_active_percent|power_usage_watts|sm_clock_hertz)\{" <<<"$prom" | head -3
 grep -qE "^gpuprof_gpu_sm_active_percent\{gpu=\"$GPU\",UUID=\"GPU-[0-9a-f-]+\",pci_bus_id=\"[0-9a-f:.]+\",modelName=\"[^\"]+\",Hostname=" <<<"$prom" \
   && check "Prometheus: GPM SM activity with DCGM exporter labels" PASS || check "Prometheus: GPM SM activity with DCGM exporter labels" FAIL
-# promtool: its only findings may be DCGM exporter's camelCase label names (README, Label names).
+# promtool: its only findings may be DCGM exporter's camelCase label names (docs/operating.md, Label names).
 if command -v promtool >/dev/null; then
   lint=$(promtool check metrics <"$STATE/metrics.txt" 2>&1); rc=$?
   other=$(grep -v " label names should be written in 'snake_case' not 'camelCase'\$" <<<"$lint" | grep -v '^$' || true)

@@ -107,6 +107,16 @@ fn injector_cupti_and_sampler_modules_form_no_cycles() {
     assert_acyclic("sampler", 1);
 }
 
+#[test]
+fn client_modules_form_layers() {
+    let g = assert_acyclic("client", 10);
+    // The bottom layer: what every command uses, using no command.
+    for leaf in ["output", "outfile"] {
+        assert!(g.get(leaf).is_some_and(|u| u.is_empty()), "{leaf} must stay a leaf, uses {:?}", g.get(leaf));
+    }
+    assert_eq!(g["flame"], BTreeSet::from(["output".to_string()]), "flame draws and asks nothing");
+}
+
 /// Inside each module folder of the daemon, the injector, the CUPTI crate, the client and the
 /// protocol crate, the files (and subfolders) use each other in no circle either: a folder's
 /// parts form layers too.

@@ -1,5 +1,6 @@
 //! The Parquet export: one Apache Parquet file per record kind present in the session
-//! (`kernel.parquet`, `memcpy.parquet`, ...), for DuckDB, Spark, ClickHouse or pandas.
+//! (`kernel.parquet`, `memcpy.parquet`, ...), for DuckDB, Spark, ClickHouse or pandas; a
+//! session without records gets `kernel.parquet` with its columns and no rows.
 //!
 //! Columns are plain: the node's host name first (so that files from many nodes can be read
 //! together), ids as integers, times as ns since the Unix epoch (`start_ns`, `end_ns`,
@@ -378,6 +379,7 @@ fn read_rows(
     };
     // The session's tracks, for every kind read from a `_data` table.
     let tracks = super::scan::tracks(c, session)?;
+    let mut files = 0usize;
     for kind in KINDS {
         let cols = all_columns(kind);
         let schema = schema(&cols);
@@ -443,14 +445,26 @@ fn read_rows(
         if !started {
             continue;
         }
+        files += 1;
         written += in_batch as u64;
         let last = if in_batch > 0 { Some(Piece::Batch(batch_of(&schema, &mut builders, tx)?, written)) } else { None };
         if last.into_iter().chain([Piece::End]).any(|p| pieces.send(p).is_err()) {
             return Ok(());
         }
     }
+    if files == 0 {
+        // No records at all (an empty session, or a filter that matches none): the kernel
+        // file with its columns and no rows, so that the export still reads as a table.
+        let cols = all_columns(EMPTY_KIND);
+        let file = Piece::File(format!("{EMPTY_KIND}.parquet"), schema(&cols), Box::new(properties(&cols)), 0);
+        // A send fails only when the writer has ended, whose result is the export's.
+        let _ = [file, Piece::End].into_iter().try_for_each(|p| pieces.send(p));
+    }
     Ok(())
 }
+
+/// The kind whose file (with no rows) an export without any records has.
+pub(super) const EMPTY_KIND: &str = "kernel";
 
 /// Writes the files [`read_rows`] hands over, each to the client as it fills; a file whose
 /// end never comes (the reading failed) is left unfinished.

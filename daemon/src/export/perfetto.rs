@@ -70,8 +70,24 @@ pub(super) fn perfetto(db: &Path, session: u64, f: &pb::RecordFilter, tx: &Tx) -
         w.out.maybe_send()
     })?;
     w.pc_counters(session)?;
+    if w.first {
+        // Nothing was written: a file of no packets is a valid trace to protobuf, but not to
+        // ui.perfetto.dev or trace_processor, which refuse an empty file. One track named for
+        // the session makes it an (empty) trace they open.
+        w.packet(TracePacket {
+            data: Some(trace_packet::Data::TrackDescriptor(TrackDescriptor {
+                uuid: Some(EMPTY_TRACK),
+                name: Some(format!("gpuprof session {session}: no records")),
+                ..Default::default()
+            })),
+            ..Default::default()
+        });
+    }
     w.out.send()
 }
+
+/// The uuid of the one track of a session without records.
+const EMPTY_TRACK: u64 = 1;
 
 /// Kernels per process that get stall-reason counter tracks.
 const PC_COUNTER_KERNELS: usize = 10;

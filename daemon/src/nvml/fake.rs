@@ -18,7 +18,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{DeviceInfo, Inventory, NO_DRIVER, Reading, Source};
+use super::{DeviceInfo, Inventory, Reading, Source};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,7 +100,7 @@ impl Fake {
         let s: Script =
             serde_json::from_str(&text).map_err(|e| format!("metrics.fake_nvml: {}: {e}", path.display()))?;
         if let Some(why) = s.missing {
-            return Err(format!("{NO_DRIVER} (libnvidia-ml.so.1 could not be loaded: {why})"));
+            return Err(super::no_driver_text(&format!("libnvidia-ml.so.1: {why}")));
         }
         let mut devs = BTreeMap::new();
         let mut devices = Vec::new();
@@ -186,6 +186,6 @@ mod tests {
         std::fs::write(&p, r#"{"devices":[{"index":0,"nvml":[{"sm_active_percent":1}]}]}"#).unwrap();
         assert!(Fake::load(&p).err().unwrap().contains("not a nvml metric"));
         std::fs::write(&p, r#"{"missing":"test"}"#).unwrap();
-        assert!(Fake::load(&p).err().unwrap().starts_with(NO_DRIVER));
+        assert!(Fake::load(&p).err().unwrap().starts_with(crate::nvml::NO_DRIVER));
     }
 }

@@ -16,6 +16,15 @@ use crate::config::MetricsConfig;
 /// The start of every "no driver" message: GPU-only commands fail with it.
 pub const NO_DRIVER: &str = "no NVIDIA driver found";
 
+/// The one sentence the log and `gpuprofctl status` give when NVML cannot be loaded: `why` is
+/// the loader's message (it names the library).
+pub fn no_driver_text(why: &str) -> String {
+    format!(
+        "{NO_DRIVER} ({why}), so device metrics and GPU commands are off: install the NVIDIA driver, \
+         or set metrics.nvml_library to its libnvidia-ml.so.1"
+    )
+}
+
 /// One GPU as NVML describes it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

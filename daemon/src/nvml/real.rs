@@ -7,7 +7,7 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, EventSet, GpmSample, Nvml as Lib};
 
-use super::{DeviceInfo, Inventory, NO_DRIVER, Reading, Source};
+use super::{DeviceInfo, Inventory, Reading, Source};
 
 const MIB: f64 = 1_048_576.0;
 
@@ -39,12 +39,16 @@ pub struct Real {
     xid: HashMap<String, (u64, u64)>,
 }
 
+/// One sentence: what is missing, why (the loader's own words, which name the library), what
+/// is off, and what to do.
 fn no_driver(library: &str, e: &NvmlError) -> String {
     let lib = if library.is_empty() { "libnvidia-ml.so.1" } else { library };
-    format!(
-        "{NO_DRIVER} ({lib} could not be loaded or initialized: {e}); device metrics and GPU commands are off — \
-         install the NVIDIA driver, or set metrics.nvml_library"
-    )
+    let why = match e {
+        // dlopen's message starts with the library's name.
+        NvmlError::LibloadingError(l) => l.to_string(),
+        e => format!("{lib}: {e}"),
+    };
+    super::no_driver_text(&why)
 }
 
 impl Real {
@@ -188,5 +192,18 @@ impl super::Nvml for Real {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_one_sentence_in_the_loaders_words() {
+        let Err(e) = Real::open("/nonexistent/libnvidia-ml.so.1", false) else { panic!("opened a missing library") };
+        assert!(e.starts_with("no NVIDIA driver found (/nonexistent/libnvidia-ml.so.1: "), "{e}");
+        assert!(e.contains("cannot open shared object file") && e.contains("metrics.nvml_library"), "{e}");
+        assert!(!e.contains("libloading"), "{e}");
     }
 }

@@ -131,7 +131,7 @@ pub async fn run(d: Retention) {
     {
         tracing::info!(
             "this database was created without incremental auto-vacuum: space freed by retention is reused \
-             for new records but the file does not shrink (VACUUM it offline to change that, see README)"
+             for new records but the file does not shrink (VACUUM it offline to change that, see docs/operating.md)"
         );
     }
     // The size limit's state between passes; "over the limit" is said once (until the

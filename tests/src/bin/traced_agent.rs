@@ -1,7 +1,7 @@
 //! `gpuprof-traced-agent`: one fake injector in its own process that obeys StartTrace and
 //! StopTrace (see `gpuprof_testkit::traced_agent`). Prints `process_id N` once connected,
 //! then `started S` and `stopped S RECORDS` as sessions come and go; says goodbye and
-//! exits when its stdin closes.
+//! exits when its stdin closes, or after `--seconds`.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -13,8 +13,13 @@ use gpuprof_testkit::traced_agent::{Event, TracedAgent, TracedConfig};
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
+    /// gpuprofd's agent socket.
+    #[arg(long, env = "GPUPROF_AGENT_SOCKET", default_value = "/run/gpuprof/agent.sock")]
     socket: PathBuf,
+    /// Run this many seconds, then say goodbye and exit, whatever stdin does (without it: until
+    /// stdin closes).
+    #[arg(long)]
+    seconds: Option<f64>,
     #[arg(long, default_value = "/usr/bin/python3")]
     exe: String,
     #[arg(long, default_value = "/kubepods/pod-1234/abcdef")]
@@ -85,13 +90,16 @@ fn main() -> Result<()> {
     let agent = TracedAgent::start(&a.socket, cfg)?;
     println!("process_id {}", agent.process_id);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut sink);
-        let _ = tx.send(());
-    });
+    let deadline = a.seconds.map(|s| std::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    if deadline.is_none() {
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+            let _ = tx.send(());
+        });
+    }
     loop {
-        if rx.try_recv().is_ok() {
+        if rx.try_recv().is_ok() || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             break;
         }
         match agent.events.recv_timeout(Duration::from_millis(20)) {
