@@ -71,7 +71,7 @@ pub fn draw(title: &str, count_name: &str, a: &[String], b: &[String], normalize
     // inferno's merge writes in hash order: sorted, the same sides draw the same picture.
     lines.sort_unstable();
     let mut svg = Vec::new();
-    inferno::flamegraph::from_lines(&mut o, lines.into_iter(), &mut svg).context("drawing the flame graph")?;
+    inferno::flamegraph::from_lines(&mut o, lines, &mut svg).context("drawing the flame graph")?;
     Ok(svg)
 }
 

@@ -193,7 +193,14 @@ impl PcAgent {
 
     /// Sends one batch covering the millisecond before `end_ns` (ns since the Unix epoch; the
     /// always-on profile rolls it up into that minute).
-    pub fn batch_ending(&mut self, session: u64, device: u32, samples: &[FakePc], dropped: u64, end_ns: u64) -> Result<()> {
+    pub fn batch_ending(
+        &mut self,
+        session: u64,
+        device: u32,
+        samples: &[FakePc],
+        dropped: u64,
+        end_ns: u64,
+    ) -> Result<()> {
         let mut v = Vec::new();
         for s in samples {
             v.push(wire::PcSample {

@@ -73,7 +73,12 @@ fn script(strings: &[&str], records: RecordBatch, job: Option<(u32, &str)>) -> S
 }
 
 fn ok_json(o: &Output) -> Value {
-    assert!(o.status.success(), "gpuprofctl failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "gpuprofctl failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
@@ -139,12 +144,14 @@ fn diff_names_the_slowed_added_and_removed_kernels_and_calls_the_noisy_one_uncha
     let alternate = |lo: u64, hi: u64| (0..100).map(|i| if i % 2 == 0 { lo } else { hi } * US).collect::<Vec<_>>();
     let near = |mean: u64| (0..100).map(|i| (mean + i % 3) * US).collect::<Vec<_>>();
     let a_records = kernels(t0, &[(1, near(100)), (2, vec![50 * US; 40]), (3, alternate(20, 180))], 100 * US);
-    let agent_a = ScriptedAgent::start(&d.agent_socket, script(&["gemm", "old_kernel", "noisy"], a_records, None)).unwrap();
+    let agent_a =
+        ScriptedAgent::start(&d.agent_socket, script(&["gemm", "old_kernel", "noisy"], a_records, None)).unwrap();
     let a = session(&d, &[&agent_a], false);
     // b: gemm twice as slow, old gone, new 50 × 100 µs, noisy 100 × 40 or 180 µs (mean 110 µs:
     // +1 ms in all, well within its spread); copies twice as slow.
     let b_records = kernels(t0, &[(1, near(200)), (2, vec![100 * US; 50]), (3, alternate(40, 180))], 200 * US);
-    let agent_b = ScriptedAgent::start(&d.agent_socket, script(&["gemm", "new_kernel", "noisy"], b_records, None)).unwrap();
+    let agent_b =
+        ScriptedAgent::start(&d.agent_socket, script(&["gemm", "new_kernel", "noisy"], b_records, None)).unwrap();
     let b = session(&d, &[&agent_b], true);
     let (sa, sb) = (a.to_string(), b.to_string());
 
@@ -165,7 +172,10 @@ fn diff_names_the_slowed_added_and_removed_kernels_and_calls_the_noisy_one_uncha
         ],
         "{v:#}"
     );
-    assert_eq!((&v["a"], &v["b"], &v["findings"]), (&format!("session {a}").into(), &format!("session {b}").into(), &3.into()));
+    assert_eq!(
+        (&v["a"], &v["b"], &v["findings"]),
+        (&format!("session {a}").into(), &format!("session {b}").into(), &3.into())
+    );
     assert!(v["notes"].as_array().unwrap().is_empty(), "{v:#}");
     let k = &v["kernels"];
     assert_eq!((&k[0]["count_a"], &k[0]["count_b"]), (&100.into(), &100.into()));
@@ -188,7 +198,10 @@ fn diff_names_the_slowed_added_and_removed_kernels_and_calls_the_noisy_one_uncha
     // As text, and as a differential flame graph.
     let text = String::from_utf8(d.ctl(&["diff", &sa, &sb]).stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines[2].starts_with("kernels: ") && lines[2].contains("3 of 4 kernels changed beyond their noise"), "{text}");
+    assert!(
+        lines[2].starts_with("kernels: ") && lines[2].contains("3 of 4 kernels changed beyond their noise"),
+        "{text}"
+    );
     let row = lines.iter().position(|l| l.starts_with("slower")).expect(&text);
     assert!(lines[row].ends_with("gemm") && lines[row + 3].starts_with("unchanged"), "{text}");
     let svg = dir.path().join("diff.svg");
@@ -201,8 +214,16 @@ fn diff_names_the_slowed_added_and_removed_kernels_and_calls_the_noisy_one_uncha
     assert!(help.contains("standard deviation") && help.contains("3 standard errors"), "{help}");
 
     // Two ranks of one job session: rank 1's gemm is twice as slow.
-    let r0 = ScriptedAgent::start(&d.agent_socket, script(&["gemm"], kernels(t0, &[(1, near(100))], 100 * US), Some((0, "job-7")))).unwrap();
-    let r1 = ScriptedAgent::start(&d.agent_socket, script(&["gemm"], kernels(t0, &[(1, near(200))], 100 * US), Some((1, "job-7")))).unwrap();
+    let r0 = ScriptedAgent::start(
+        &d.agent_socket,
+        script(&["gemm"], kernels(t0, &[(1, near(100))], 100 * US), Some((0, "job-7"))),
+    )
+    .unwrap();
+    let r1 = ScriptedAgent::start(
+        &d.agent_socket,
+        script(&["gemm"], kernels(t0, &[(1, near(200))], 100 * US), Some((1, "job-7"))),
+    )
+    .unwrap();
     let j = session(&d, &[&r0, &r1], false).to_string();
     let v = diff_when(&d, &[&j, "--rank-a", "0", "--rank-b", "1"], 200);
     assert_eq!(changes(&v, "kernels", "name"), [("gemm".to_string(), "slower".to_string())]);
@@ -276,7 +297,12 @@ fn pc_diff_when(d: &TestDaemon, args: &[&str], a: u64, b: u64) -> Value {
                 return v;
             }
         }
-        assert!(t.elapsed() < Duration::from_secs(10), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
