@@ -403,3 +403,87 @@ fn unsafe_geteuid() -> u32 {
     // Safety: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A gpuprofd serving TLS with a token on `port` (another node), with its certificate, key and
+/// token in `dir`.
+fn tls_node(dir: &std::path::Path, port: u16) -> TestDaemon {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), cert.signing_key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("token"), "5b0e1c9a7d3f42e8a6c1b9d0e7f3a2c4\n").unwrap();
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[sampler]\nspawn = false\n[api]\ntcp_listen = \"127.0.0.1:{port}\"\ntls_cert_file = \"{0}/server.pem\"\n\
+             tls_key_file = \"{0}/server.key\"\ntoken_file = \"{0}/token\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    TestDaemon::start_with(&dir.join("node"), &["--config", cfg.to_str().unwrap()]).unwrap()
+}
+
+#[test]
+fn diff_across_two_nodes_reads_the_other_side_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let here = TestDaemon::start(&dir.path().join("here")).unwrap();
+    let port = free_port();
+    let there = tls_node(dir.path(), port);
+    let t0 = now_ns() - 10_000_000_000;
+    let near = |mean: u64| (0..100).map(|i| (mean + i % 3) * US).collect::<Vec<_>>();
+    let a = ScriptedAgent::start(&here.agent_socket, script(&["gemm"], kernels(t0, &[(1, near(100))], 100 * US), None))
+        .unwrap();
+    let b_records = kernels(t0, &[(1, near(200)), (2, vec![10 * US; 5])], 100 * US);
+    let b = ScriptedAgent::start(&there.agent_socket, script(&["gemm", "only_there"], b_records, None)).unwrap();
+    let sa = session(&here, &[&a], false);
+    let sb = session(&there, &[&b], false);
+    let host = format!("127.0.0.1:{port}");
+    let (sa, sb) = (sa.to_string(), sb.to_string());
+    let ca = dir.path().join("server.pem");
+    let token = dir.path().join("token");
+    let args = [
+        "--ca",
+        ca.to_str().unwrap(),
+        "--token-file",
+        token.to_str().unwrap(),
+        "--json",
+        "diff",
+        &sa,
+        &sb,
+        "--host-b",
+        &host,
+    ];
+    let t = Instant::now();
+    let v = loop {
+        let v = ok_json(&here.ctl(&args));
+        if v["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["count_a"].as_u64().unwrap() + k["count_b"].as_u64().unwrap())
+            .sum::<u64>()
+            == 205
+        {
+            break v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{v:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(v["b"], format!("{host} session {sb}"));
+    assert_eq!(
+        changes(&v, "kernels", "name"),
+        [("gemm".to_string(), "slower".to_string()), ("only_there".into(), "added".into())],
+        "{v:#}"
+    );
+    // A side that is not there says where it looked.
+    let mut bad = args;
+    bad[7] = "4242";
+    fails(&here.ctl(&bad), 4, &format!("reading {host} session 4242"));
+    a.finish().unwrap();
+    b.finish().unwrap();
+}
