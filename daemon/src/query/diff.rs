@@ -463,6 +463,60 @@ mod tests {
     }
 
     #[test]
+    fn devices_copies_and_collectives_where_both_have_them() {
+        let coll =
+            |name: &str, count, total_ns| pb::CollectiveStat { name: name.into(), count, bytes: count * 8, total_ns };
+        let a = pb::GetSummaryResponse {
+            device_busy: vec![pb::DeviceBusy { device_id: 0, busy_ns: 100, span_ns: 200 }],
+            copies: vec![pb::CopyStat {
+                direction: "HtoD".into(),
+                count: 2,
+                bytes: 10,
+                total_ns: 5,
+                bandwidth_gbps: 2.0,
+            }],
+            collectives: vec![coll("AllReduce", 10, 1000), coll("Broadcast", 1, 50)],
+            ..Default::default()
+        };
+        let b = pb::GetSummaryResponse {
+            device_busy: vec![
+                pb::DeviceBusy { device_id: 0, busy_ns: 150, span_ns: 200 },
+                pb::DeviceBusy { device_id: 1, busy_ns: 7, span_ns: 9 },
+            ],
+            copies: vec![pb::CopyStat {
+                direction: "DtoH".into(),
+                count: 1,
+                bytes: 99,
+                total_ns: 9,
+                bandwidth_gbps: 11.0,
+            }],
+            collectives: vec![coll("AllReduce", 10, 3000), coll("AllGather", 4, 10)],
+            ..Default::default()
+        };
+        let mut notes = Vec::new();
+        let d = compare(&a, &b, usize::MAX, &mut notes);
+        let devs: Vec<(u32, u64, u64, i64)> =
+            d.devices.iter().map(|x| (x.device_id, x.busy_ns_a, x.busy_ns_b, x.delta_busy_ns)).collect();
+        assert_eq!(devs, [(0, 100, 150, 50), (1, 0, 7, 7)]);
+        let copies: Vec<(&str, u64, u64)> =
+            d.copies.iter().map(|c| (c.direction.as_str(), c.bytes_a, c.bytes_b)).collect();
+        assert_eq!(copies, [("DtoH", 0, 99), ("HtoD", 10, 0)]);
+        assert_eq!(d.collectives.len(), 1);
+        let c = &d.collectives[0];
+        assert_eq!(
+            (c.name.as_str(), c.count_a, c.count_b, c.total_ns_a, c.total_ns_b),
+            ("AllReduce", 10, 10, 1000, 3000)
+        );
+        assert_eq!(
+            notes,
+            [
+                "NCCL collectives only in a, not compared: Broadcast ×1",
+                "NCCL collectives only in b, not compared: AllGather ×4"
+            ]
+        );
+    }
+
+    #[test]
     fn few_launches_need_a_tenth() {
         let x = Stat { n: 1, total: 1000, m2: 0.0 };
         assert_eq!(kernel_diff("k", "", Some(x), Some(Stat { n: 1, total: 1050, m2: 0.0 })).change, "unchanged");
