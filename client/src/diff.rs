@@ -160,9 +160,13 @@ impl Sides {
 pub struct DiffArgs {
     #[command(flatten)]
     pub sides: Sides,
-    /// Kernel rows shown at most, findings first (0: all).
+    /// Kernel rows shown at most, findings first (0: all; --json has them all).
     #[arg(long, default_value_t = 30)]
     pub limit: u32,
+    /// Match kernels by name and launch shape (grid and block) instead of by name alone (both
+    /// sides on the gpuprofd asked).
+    #[arg(long)]
+    pub by_shape: bool,
     /// Draw the kernels' GPU time as a differential flame graph into this SVG file (red: more time
     /// in b, blue: less; `-`: stdout).
     #[arg(short, long, value_name = "FILE.svg")]
@@ -215,6 +219,7 @@ pub async fn diff(c: &mut Client, template: &Remote, a: DiffArgs, json: bool) ->
         a: Some(summary_side(template, &sa).await?),
         b: Some(summary_side(template, &sb).await?),
         limit: 0,
+        by_shape: a.by_shape,
     };
     let r = c.diff_summary(req).await?.into_inner();
     if let Some(path) = &a.output {

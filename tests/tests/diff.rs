@@ -39,6 +39,12 @@ fn kernels(t0: u64, launches: &[(u32, Vec<u64>)], copy_ns: u64) -> RecordBatch {
                 stream_id: 7,
                 correlation_id: corr,
                 name_id: *name_id,
+                grid_x: 4,
+                grid_y: 1,
+                grid_z: 1,
+                block_x: 128,
+                block_y: 1,
+                block_z: 1,
                 ..Default::default()
             });
             t += d + US;
@@ -210,6 +216,13 @@ fn diff_names_the_slowed_added_and_removed_kernels_and_calls_the_noisy_one_uncha
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<?xml") && svg.contains("new_kernel") && svg.contains("gemm"), "{svg}");
     assert!(!svg.contains(">old_kernel<"), "a kernel b does not have has no width in b's picture");
+    // By launch shape: the same verdicts, the shape in the name.
+    let v = diff_when(&d, &[&sa, &sb, "--by-shape"], 490);
+    assert_eq!(v["kernels"][0]["name"], "gemm [grid 4×1×1, block 128×1×1]", "{v:#}");
+    assert_eq!(
+        changes(&v, "kernels", "change").iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
+        ["slower", "added", "removed", "unchanged"]
+    );
     let help = String::from_utf8(d.ctl(&["diff", "--help"]).stdout).unwrap();
     assert!(help.contains("standard deviation") && help.contains("3 standard errors"), "{help}");
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpuprof_proto::api as pb;
 use rusqlite::{Connection, OptionalExtension};
 
-use super::{Reads, summary};
+use super::{Reads, kernels_by_shape, summary};
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
 
@@ -169,6 +169,12 @@ pub async fn diff_summary(
                  a GetSummary answer",
             ));
         }
+        if req.by_shape && s.summary.is_some() {
+            return Err(ApiError::invalid(
+                "by_shape",
+                "launch shapes are read from the rows: both sides must be sessions of this gpuprofd",
+            ));
+        }
         if s.summary.is_none() {
             let d = if which == Which::A { &da } else { &db };
             authorize(d, caller, s, which).await?;
@@ -193,7 +199,11 @@ pub async fn diff_summary(
                             .then_some(pb::TimeRange { start_ns: s.since_ns, end_ns: s.until_ns }),
                         ..Default::default()
                     };
-                    summary(&c, s.session_id, &f, ALL)?
+                    let mut sum = summary(&c, s.session_id, &f, ALL)?;
+                    if req.by_shape {
+                        sum.top_kernels = kernels_by_shape(&c, s.session_id, &f)?;
+                    }
+                    sum
                 }
             };
             sides.push((l, sum));

@@ -36,7 +36,7 @@ pub use names::{NAME_GLOB, Strings, copy_kind_name, names, string, sync_type_nam
 pub use pc::query_pc_samples;
 pub use pc_diff::diff_pc_samples;
 use records::stream_records;
-pub use summary::summary;
+pub use summary::{kernels_by_shape, summary};
 
 /// What the calls that read a session use: the database, the rollup they bring up to date
 /// first, the writer (flushed before reading what it writes itself), and who owns the session

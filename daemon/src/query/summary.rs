@@ -56,6 +56,27 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
     Ok(out)
 }
 
+/// Kernels per name and launch shape, from the rows: each a KernelStat named
+/// "NAME [grid X×Y×Z, block X×Y×Z]", with the exact standard deviation; longest total first.
+pub fn kernels_by_shape(c: &Connection, session: u64, f: &pb::RecordFilter) -> ApiResult<Vec<pb::KernelStat>> {
+    let w = where_for(c, "kernel", session, f)?;
+    let mut per: HashMap<(i64, [i64; 6]), NameStats> = HashMap::new();
+    let mut stmt =
+        c.prepare(&format!("SELECT t.name, t.dur, t.gx, t.gy, t.gz, t.bx, t.by, t.bz FROM kernel t WHERE {}", w.sql))?;
+    let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
+    while let Some(r) = rows.next()? {
+        let shape = [r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?];
+        per.entry((r.get(0)?, shape)).or_default().add(r.get::<_, i64>(1)?.max(0));
+    }
+    let mut out = Vec::with_capacity(per.len());
+    for ((name, [gx, gy, gz, bx, by, bz]), st) in per {
+        let (n, m) = names(c, name)?;
+        out.push(st.into_stat((format!("{n} [grid {gx}×{gy}×{gz}, block {bx}×{by}×{bz}]"), m)));
+    }
+    out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.name.cmp(&b.name)));
+    Ok(out)
+}
+
 fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::CopyStat>> {
     let w = where_for(c, "memcpy", session, f)?;
     let mut stmt = c.prepare(&format!(

@@ -178,6 +178,7 @@ class Client:
         since_b_ns: int = 0,
         until_b_ns: int = 0,
         limit: int = 0,
+        by_shape: bool = False,
     ) -> pb.DiffSummaryResponse:
         """What changed between session ``a`` and session ``b`` (0: ``a`` again, for two ranks or
         time ranges of one session): per kernel, device busy time, copies, NCCL collectives.
@@ -185,12 +186,14 @@ class Client:
         Kernels come findings first (``significant``), by the absolute change in GPU time; a
         kernel whose mean moved within the spread of its own durations is "unchanged" (the
         response's ``noise_rule`` says how that is judged). ``rank_a``/``rank_b`` pick one rank of
-        the session's job; ``since_*_ns``/``until_*_ns`` a time range (ns since the Unix epoch).
+        the session's job; ``since_*_ns``/``until_*_ns`` a time range (ns since the Unix epoch);
+        ``by_shape`` matches kernels by name and launch shape (grid, block).
         """
         req = pb.DiffSummaryRequest(
             a=_side(a, rank_a, since_a_ns, until_a_ns),
             b=_side(b or a, rank_b, since_b_ns, until_b_ns),
             limit=limit,
+            by_shape=by_shape,
         )
         return self.stub.DiffSummary(req, timeout=self.timeout)
 

@@ -1027,14 +1027,16 @@ class DiffSide(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., process_ids: _Optional[_Iterable[int]] = ..., rank: _Optional[int] = ..., since_ns: _Optional[int] = ..., until_ns: _Optional[int] = ..., pod: _Optional[str] = ..., exe: _Optional[str] = ..., summary: _Optional[_Union[GetSummaryResponse, _Mapping]] = ..., pc: _Optional[_Union[QueryPcSamplesResponse, _Mapping]] = ..., label: _Optional[str] = ...) -> None: ...
 
 class DiffSummaryRequest(_message.Message):
-    __slots__ = ("a", "b", "limit")
+    __slots__ = ("a", "b", "limit", "by_shape")
     A_FIELD_NUMBER: _ClassVar[int]
     B_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BY_SHAPE_FIELD_NUMBER: _ClassVar[int]
     a: DiffSide
     b: DiffSide
     limit: int
-    def __init__(self, a: _Optional[_Union[DiffSide, _Mapping]] = ..., b: _Optional[_Union[DiffSide, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+    by_shape: bool
+    def __init__(self, a: _Optional[_Union[DiffSide, _Mapping]] = ..., b: _Optional[_Union[DiffSide, _Mapping]] = ..., limit: _Optional[int] = ..., by_shape: _Optional[bool] = ...) -> None: ...
 
 class KernelDiff(_message.Message):
     __slots__ = ("name", "mangled_name", "change", "significant", "count_a", "count_b", "total_ns_a", "total_ns_b", "mean_ns_a", "mean_ns_b", "stddev_ns_a", "stddev_ns_b", "delta_total_ns", "delta_mean_ns", "noise_ns")
