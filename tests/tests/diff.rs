@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use gpuprof_proto::agent::{KernelRecord, MemcpyRecord, PcSamplingStatus, RecordBatch};
+use gpuprof_proto::agent::{CollectiveRecord, KernelRecord, MemcpyRecord, PcSamplingStatus, RecordBatch};
 use gpuprof_testkit::fake_agent::torchrun_job;
 use gpuprof_testkit::pc_agent::{FakePc, PcAgent, PcCommand, start_daemon, start_daemon_config, start_session};
 use gpuprof_testkit::rank_agent::{Script, ScriptedAgent};
@@ -24,8 +24,14 @@ fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
 }
 
-/// Kernels one after another from `t0`: for each (name id, durations), one launch per duration.
+/// Kernels one after another from `t0`: for each (name id, durations), one launch per duration;
+/// then ten 1 MiB copies of `copy_ns` each.
 fn kernels(t0: u64, launches: &[(u32, Vec<u64>)], copy_ns: u64) -> RecordBatch {
+    with_collectives(t0, launches, copy_ns, &[])
+}
+
+/// [`kernels`], then NCCL collectives: for each (name id, how many, time in the kernel).
+fn with_collectives(t0: u64, launches: &[(u32, Vec<u64>)], copy_ns: u64, colls: &[(u32, u64, u64)]) -> RecordBatch {
     let mut b = RecordBatch::default();
     let mut t = t0;
     let mut corr = 1;
@@ -65,6 +71,27 @@ fn kernels(t0: u64, launches: &[(u32, Vec<u64>)], copy_ns: u64) -> RecordBatch {
         });
         t += copy_ns + US;
         corr += 1;
+    }
+    for &(name_id, n, gpu_ns) in colls {
+        for seq in 0..n {
+            b.collectives.push(CollectiveRecord {
+                start_ns: t,
+                end_ns: t + US,
+                gpu_start_ns: t + 2 * US,
+                gpu_end_ns: t + 2 * US + gpu_ns,
+                name_id,
+                seq,
+                comm_hash: 7,
+                count: 256,
+                bytes: 1024,
+                root: -1,
+                nranks: 2,
+                channels: 1,
+                thread_id: 1,
+                ..Default::default()
+            });
+            t += gpu_ns + 3 * US;
+        }
     }
     b
 }
@@ -149,15 +176,19 @@ fn diff_names_the_slowed_added_and_removed_kernels_and_calls_the_noisy_one_uncha
     // a: gemm 100 × ~100 µs, old 40 × 50 µs, noisy 100 × 20 or 180 µs (mean 100 µs, sd 80 µs).
     let alternate = |lo: u64, hi: u64| (0..100).map(|i| if i % 2 == 0 { lo } else { hi } * US).collect::<Vec<_>>();
     let near = |mean: u64| (0..100).map(|i| (mean + i % 3) * US).collect::<Vec<_>>();
-    let a_records = kernels(t0, &[(1, near(100)), (2, vec![50 * US; 40]), (3, alternate(20, 180))], 100 * US);
-    let agent_a =
-        ScriptedAgent::start(&d.agent_socket, script(&["gemm", "old_kernel", "noisy"], a_records, None)).unwrap();
+    // NCCL: 5 all-reduces of 100 µs and 2 broadcasts.
+    let launches = [(1, near(100)), (2, vec![50 * US; 40]), (3, alternate(20, 180))];
+    let a_records = with_collectives(t0, &launches, 100 * US, &[(4, 5, 100 * US), (5, 2, 10 * US)]);
+    let names = ["gemm", "old_kernel", "noisy", "AllReduce", "Broadcast"];
+    let agent_a = ScriptedAgent::start(&d.agent_socket, script(&names, a_records, None)).unwrap();
     let a = session(&d, &[&agent_a], false);
     // b: gemm twice as slow, old gone, new 50 × 100 µs, noisy 100 × 40 or 180 µs (mean 110 µs:
     // +1 ms in all, well within its spread); copies twice as slow.
-    let b_records = kernels(t0, &[(1, near(200)), (2, vec![100 * US; 50]), (3, alternate(40, 180))], 200 * US);
-    let agent_b =
-        ScriptedAgent::start(&d.agent_socket, script(&["gemm", "new_kernel", "noisy"], b_records, None)).unwrap();
+    // b's all-reduces take 300 µs; no broadcasts.
+    let launches = [(1, near(200)), (2, vec![100 * US; 50]), (3, alternate(40, 180))];
+    let b_records = with_collectives(t0, &launches, 200 * US, &[(4, 5, 300 * US)]);
+    let names = ["gemm", "new_kernel", "noisy", "AllReduce"];
+    let agent_b = ScriptedAgent::start(&d.agent_socket, script(&names, b_records, None)).unwrap();
     let b = session(&d, &[&agent_b], true);
     let (sa, sb) = (a.to_string(), b.to_string());
 
@@ -182,7 +213,13 @@ fn diff_names_the_slowed_added_and_removed_kernels_and_calls_the_noisy_one_uncha
         (&v["a"], &v["b"], &v["findings"]),
         (&format!("session {a}").into(), &format!("session {b}").into(), &3.into())
     );
-    assert!(v["notes"].as_array().unwrap().is_empty(), "{v:#}");
+    assert_eq!(v["notes"], serde_json::json!(["NCCL collectives only in a, not compared: Broadcast ×2"]), "{v:#}");
+    let c = &v["collectives"];
+    assert_eq!(c.as_array().unwrap().len(), 1, "{v:#}");
+    assert_eq!(
+        (&c[0]["name"], &c[0]["count_a"], &c[0]["count_b"], &c[0]["total_ns_a"], &c[0]["total_ns_b"]),
+        (&"AllReduce".into(), &5.into(), &5.into(), &(500 * US).into(), &(1500 * US).into())
+    );
     let k = &v["kernels"];
     assert_eq!((&k[0]["count_a"], &k[0]["count_b"]), (&100.into(), &100.into()));
     assert_eq!(k[0]["delta_total_ns"], 100 * 100 * US as i64);
