@@ -230,7 +230,11 @@ pub async fn diff(c: &mut Client, template: &Remote, a: DiffArgs, json: bool) ->
         }
     }
     let limit = if a.limit == 0 { usize::MAX } else { a.limit as usize };
-    if json {
+    let to_stdout = a.output.as_ref().is_some_and(|p| p.as_os_str() == "-");
+    if json && to_stdout {
+        // The SVG went to stdout.
+        eprintln!("{}", serde_json::to_string_pretty(&diff_json(&r))?);
+    } else if json {
         println!("{}", serde_json::to_string_pretty(&diff_json(&r))?);
     } else if a.output.as_ref().is_none_or(|p| p.as_os_str() != "-") {
         print!("{}", diff_text(&r, limit));

@@ -129,7 +129,11 @@ pub async fn diff(c: &mut Client, template: &Remote, a: PcDiffArgs, json: bool) 
             println!("wrote {} ({} → {})", path.display(), r.label_a, r.label_b);
         }
     }
-    if json {
+    let to_stdout = a.output.as_ref().is_some_and(|p| p.as_os_str() == "-");
+    if json && to_stdout {
+        // The SVG went to stdout.
+        eprintln!("{}", serde_json::to_string_pretty(&diff_json(&r))?);
+    } else if json {
         println!("{}", serde_json::to_string_pretty(&diff_json(&r))?);
     } else if a.output.as_ref().is_none_or(|p| p.as_os_str() != "-") {
         print!("{}", diff_text(&r, a.by, a.limit as usize));
