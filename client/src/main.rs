@@ -1,6 +1,8 @@
 //! `gpuprofctl`: command-line client of gpuprofd.
 #![forbid(unsafe_code)]
 
+mod diff;
+mod diff_flame;
 mod export;
 mod flame;
 mod fleet;
@@ -9,6 +11,7 @@ mod job;
 mod outfile;
 mod output;
 mod pc;
+mod pc_diff;
 mod profile;
 mod records;
 mod sessions;
@@ -104,6 +107,11 @@ enum Cmd {
     /// A session's records, filtered.
     #[command(after_help = "--json: JSON Lines, one object per record as they stream, each with its \"kind\".")]
     Query(records::QueryArgs),
+    /// What changed between two sessions, two ranks of one, or two time ranges of one: per
+    /// kernel (changes within a kernel's own noise marked so), device busy time, copies, NCCL
+    /// collectives; `-o diff.svg` draws a differential flame graph.
+    #[command(after_help = diff::AFTER_HELP)]
+    Diff(Box<diff::DiffArgs>),
     /// Write a session to a file: Chrome trace JSON (.json, .json.gz), Perfetto trace
     /// (.pftrace), SQLite (.sqlite), its PC samples as pprof (.pb.gz) or as a flame graph
     /// (.svg); `-o -` writes to stdout. `--format parquet -o DIR` writes one Parquet file per
@@ -258,7 +266,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Profile(a) => profile::profile(&mut client, a, cli.json).await?,
         Cmd::Pm(c) => profile::pm(&mut client, c, cli.json).await?,
-        Cmd::Pc(c) => pc::pc(&mut client, c, cli.json).await?,
+        Cmd::Pc(c) => pc::pc(&mut client, c, cli.json, &remote(String::new())).await?,
         Cmd::Devices => sessions::devices(&mut client, cli.json).await?,
         Cmd::Procs(a) => sessions::procs(&mut client, a, cli.json).await?,
         Cmd::Session(c) => sessions::session(&mut client, c, cli.json).await?,
@@ -267,6 +275,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Top(a) => records::top(&mut client, a, cli.json).await?,
         Cmd::Query(a) => records::query(&mut client, a, cli.json).await?,
         Cmd::Export(a) => export::export(&mut client, a, cli.json).await?,
+        Cmd::Diff(a) => diff::diff(&mut client, &remote(String::new()), *a, cli.json).await?,
         Cmd::Completions { .. } | Cmd::Man { .. } => {}
     }
     Ok(())

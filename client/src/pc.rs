@@ -26,6 +26,10 @@ gpuprofd's configuration), kept per minute: e.g. `gpuprofctl pc top --since 1h -
     /// every second on a terminal, a table a second otherwise).
     #[command(after_help = "--json: JSON Lines, one object per batch received (its rows, period and drops).")]
     Watch(WatchArgs),
+    /// What changed in the PC samples of two sessions, two ranks of one, or two time ranges of
+    /// the always-on profile, per function, line or stall reason, as shares of each side's samples.
+    #[command(after_help = crate::pc_diff::AFTER_HELP)]
+    Diff(Box<crate::pc_diff::PcDiffArgs>),
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,10 +81,12 @@ pub struct WatchArgs {
     pub limit: usize,
 }
 
-pub async fn pc(c: &mut Client, cmd: PcCmd, json: bool) -> Result<()> {
+/// `remote`: the TLS settings and credentials for the other gpuprofds a `pc diff` side names.
+pub async fn pc(c: &mut Client, cmd: PcCmd, json: bool, remote: &gpuprofctl::Remote) -> Result<()> {
     match cmd {
         PcCmd::Top(a) => top(c, a, json).await,
         PcCmd::Watch(a) => watch(c, a, json).await,
+        PcCmd::Diff(a) => crate::pc_diff::diff(c, remote, *a, json).await,
     }
 }
 

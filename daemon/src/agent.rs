@@ -575,9 +575,8 @@ mod activity_tests {
     #[test]
     fn a_device_is_worked_on_with_synchronizations_or_launches_and_a_context() {
         let u = |device_id, context, syncs, launches| DeviceUse { device_id, context, syncs, launches };
-        let a = DeviceActivity {
-            devices: vec![u(0, true, 3, 0), u(1, true, 0, 40), u(2, true, 0, 0), u(3, false, 5, 5)],
-        };
+        let a =
+            DeviceActivity { devices: vec![u(0, true, 3, 0), u(1, true, 0, 40), u(2, true, 0, 0), u(3, false, 5, 5)] };
         assert_eq!(super::working_devices(&a).collect::<Vec<_>>(), [0, 1]);
     }
 }

@@ -239,6 +239,11 @@ impl Api {
     }
 }
 
+/// The session a side of a diff reads (0: none).
+fn side_session(s: &Option<pb::DiffSide>) -> u64 {
+    s.as_ref().map_or(0, |s| s.session_id)
+}
+
 type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -391,6 +396,26 @@ impl Gpuprof for Api {
         let caller = self.caller(&req);
         let req = req.into_inner();
         Ok(Response::new(crate::query::query_pc_samples(self.d.reads(req.session_id), &caller, req).await?))
+    }
+
+    async fn diff_summary(
+        &self,
+        req: Request<pb::DiffSummaryRequest>,
+    ) -> Result<Response<pb::DiffSummaryResponse>, Status> {
+        let caller = self.caller(&req);
+        let req = req.into_inner();
+        let (a, b) = (side_session(&req.a), side_session(&req.b));
+        Ok(Response::new(crate::query::diff_summary(self.d.reads(a), self.d.reads(b), &caller, req).await?))
+    }
+
+    async fn diff_pc_samples(
+        &self,
+        req: Request<pb::DiffPcSamplesRequest>,
+    ) -> Result<Response<pb::DiffPcSamplesResponse>, Status> {
+        let caller = self.caller(&req);
+        let req = req.into_inner();
+        let (a, b) = (side_session(&req.a), side_session(&req.b));
+        Ok(Response::new(crate::query::diff_pc_samples(self.d.reads(a), self.d.reads(b), &caller, req).await?))
     }
 
     async fn pause(&self, req: Request<pb::PauseRequest>) -> Result<Response<pb::PauseResponse>, Status> {

@@ -59,6 +59,22 @@ class ClientTest(unittest.TestCase):
             self.assertEqual((top.total_samples, list(top.rows)), (0, []))
             with self.assertRaises(ValueError):
                 c.pc_top(p.id, group_by="bogus")
+            # The two sessions compared, kernel by kernel, every kernel of each side accounted for.
+            d = c.diff(s.id, p.id)
+            self.assertIsInstance(d, gpuprof.pb.DiffSummaryResponse)
+            self.assertEqual((d.label_a, d.label_b), (f"session {s.id}", f"session {p.id}"))
+            self.assertTrue(d.kernels)
+            self.assertEqual(sum(k.count_a for k in d.kernels), c.summary(s.id).kernel_count)
+            self.assertEqual(sum(k.count_b for k in d.kernels), c.summary(p.id).kernel_count)
+            self.assertEqual(d.findings, sum(1 for k in d.kernels if k.significant))
+            self.assertIn("standard deviation", d.noise_rule)
+            # Neither has PC samples: nothing to compare.
+            with self.assertRaises(grpc.RpcError) as e:
+                c.pc_diff(s.id, p.id)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+            with self.assertRaises(grpc.RpcError) as e:
+                c.diff(s.id, 987654)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
             with self.assertRaises(grpc.RpcError) as e:
                 c.start_session(all_processes=True, preset="pc")
             self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)

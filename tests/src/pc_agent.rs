@@ -139,8 +139,10 @@ impl PcAgent {
             while !closed3.load(Ordering::Relaxed) {
                 let devs = working3.lock().unwrap().clone();
                 if !devs.is_empty() {
-                    let devices =
-                        devs.iter().map(|&d| wire::DeviceUse { device_id: d, context: true, syncs: 3, launches: 0 }).collect();
+                    let devices = devs
+                        .iter()
+                        .map(|&d| wire::DeviceUse { device_id: d, context: true, syncs: 3, launches: 0 })
+                        .collect();
                     if send(&out3, Msg::DeviceActivity(wire::DeviceActivity { devices })).is_err() {
                         break;
                     }
@@ -185,8 +187,22 @@ impl PcAgent {
         self.commands.recv_timeout(timeout).ok()
     }
 
-    /// Sends one batch covering [start_ns, end_ns) with `dropped` samples lost.
+    /// Sends one batch covering the last millisecond with `dropped` samples lost.
     pub fn batch(&mut self, session: u64, device: u32, samples: &[FakePc], dropped: u64) -> Result<()> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+        self.batch_ending(session, device, samples, dropped, now)
+    }
+
+    /// Sends one batch covering the millisecond before `end_ns` (ns since the Unix epoch; the
+    /// always-on profile rolls it up into that minute).
+    pub fn batch_ending(
+        &mut self,
+        session: u64,
+        device: u32,
+        samples: &[FakePc],
+        dropped: u64,
+        end_ns: u64,
+    ) -> Result<()> {
         let mut v = Vec::new();
         for s in samples {
             v.push(wire::PcSample {
@@ -200,7 +216,7 @@ impl PcAgent {
             });
         }
         let counted: u64 = samples.iter().map(|s| s.count).sum();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+        let now = end_ns;
         send(
             &self.out,
             Msg::PcSamples(wire::PcSampleBatch {

@@ -17,22 +17,26 @@ use crate::ingest::WriterHandle;
 use crate::rollup::Rollup;
 
 mod collectives;
+mod diff;
 mod filter;
 mod inventory;
 mod job;
 mod names;
 pub mod pc;
+mod pc_diff;
 mod records;
 pub mod rollups;
 mod summary;
 
+pub use diff::diff_summary;
 pub use filter::{Cols, Where, check_filter, cols, where_for};
 pub use inventory::{list_devices, list_processes};
 pub use job::get_job_summary;
 pub use names::{NAME_GLOB, Strings, copy_kind_name, names, string, sync_type_name};
 pub use pc::query_pc_samples;
+pub use pc_diff::diff_pc_samples;
 use records::stream_records;
-pub use summary::summary;
+pub use summary::{kernels_by_shape, summary};
 
 /// What the calls that read a session use: the database, the rollup they bring up to date
 /// first, the writer (flushed before reading what it writes itself), and who owns the session

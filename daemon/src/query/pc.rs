@@ -34,16 +34,27 @@ pub struct PcRow {
 /// The PC sample rows of `session` whose function matches `kernel` (a glob on the demangled
 /// or the reported name; empty: all), summed over processes.
 pub fn pc_rows(c: &Connection, session: u64, kernel: &str) -> rusqlite::Result<Vec<PcRow>> {
-    let mut stmt = c.prepare_cached(
+    pc_rows_of(c, session, &[], kernel)
+}
+
+/// Like [`pc_rows`], of the processes `procs` only (empty: all of the session's).
+pub fn pc_rows_of(c: &Connection, session: u64, procs: &[u64], kernel: &str) -> rusqlite::Result<Vec<PcRow>> {
+    let only = if procs.is_empty() {
+        String::new()
+    } else {
+        let ids: Vec<String> = procs.iter().map(u64::to_string).collect();
+        format!(" AND p.proc IN ({})", ids.join(","))
+    };
+    let mut stmt = c.prepare_cached(&format!(
         "SELECT p.function, COALESCE(f.demangled, f.value, ''), COALESCE(f.value, ''), p.pc,
                 COALESCE(s.value, ''), sum(p.count), COALESCE(fl.value, ''), max(p.line)
          FROM pc_sample p
          LEFT JOIN strings f ON f.id = p.function
          LEFT JOIN strings s ON s.id = p.stall
          LEFT JOIN strings fl ON fl.id = p.file
-         WHERE p.session = ?1
-         GROUP BY p.function, p.pc, p.stall",
-    )?;
+         WHERE p.session = ?1{only}
+         GROUP BY p.function, p.pc, p.stall"
+    ))?;
     let rows = stmt.query_map([session as i64], |r| {
         Ok(PcRow {
             function: r.get(0)?,
@@ -77,7 +88,7 @@ impl PcRow {
 }
 
 /// A glob argument of QueryPcSamples (`field`), checked unless empty.
-fn check_glob(field: &'static str, g: &str) -> ApiResult<()> {
+pub fn check_glob(field: &'static str, g: &str) -> ApiResult<()> {
     match gpuprof_proto::glob::check(g) {
         Err(e) if !g.is_empty() => Err(ApiError::invalid(field, format!("{g:?}: {e}"))),
         _ => Ok(()),
@@ -113,14 +124,25 @@ impl NodeFilter {
 /// reason); PC offsets are not kept there (0). Also returns the samples those processes lost
 /// (while PC-sampled, in any session).
 pub fn node_rows(c: &Connection, since_s: i64, f: &NodeFilter, kernel: &str) -> rusqlite::Result<(Vec<PcRow>, u64)> {
+    node_rows_until(c, since_s, i64::MAX, f, kernel)
+}
+
+/// Like [`node_rows`], of the minutes before `until_s` only.
+pub fn node_rows_until(
+    c: &Connection,
+    since_s: i64,
+    until_s: i64,
+    f: &NodeFilter,
+    kernel: &str,
+) -> rusqlite::Result<(Vec<PcRow>, u64)> {
     // The processes first (few), then their rollups.
     let mut procs = Vec::new();
     {
         let mut stmt = c.prepare_cached(
             "SELECT DISTINCT p.id, p.uid, p.exe, p.pod_name, p.pod_namespace, p.pod_uid
-             FROM processes p WHERE p.id IN (SELECT DISTINCT proc FROM pc_rollup WHERE minute >= ?1)",
+             FROM processes p WHERE p.id IN (SELECT DISTINCT proc FROM pc_rollup WHERE minute >= ?1 AND minute < ?2)",
         )?;
-        let rows = stmt.query_map([since_s], |r| {
+        let rows = stmt.query_map([since_s, until_s], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, i64>(1)? as u32,
@@ -144,12 +166,12 @@ pub fn node_rows(c: &Connection, since_s: i64, f: &NodeFilter, kernel: &str) -> 
          LEFT JOIN strings f ON f.id = p.function
          LEFT JOIN strings s ON s.id = p.stall
          LEFT JOIN strings fl ON fl.id = p.file
-         WHERE p.minute >= ?1 AND p.proc = ?2
+         WHERE p.minute >= ?1 AND p.minute < ?3 AND p.proc = ?2
          GROUP BY p.function, p.file, p.line, p.stall",
     )?;
     let mut sums: HashMap<(i64, String, u32, String), PcRow> = HashMap::new();
     for proc in &procs {
-        let rows = stmt.query_map([since_s, *proc], |r| {
+        let rows = stmt.query_map([since_s, *proc, until_s], |r| {
             Ok(PcRow {
                 function: r.get(0)?,
                 name: r.get(1)?,

@@ -86,13 +86,13 @@ pub fn top_kernels(
     f: &pb::RecordFilter,
     top: usize,
 ) -> rusqlite::Result<(u64, u64, Vec<pb::KernelStat>)> {
-    /// One name's sums: count, total, min, max, and (count, min, max) per bucket.
+    /// One name's sums: count, total, min, max, and (count, min, max, total) per bucket.
     struct Agg {
         n: i64,
         total: i64,
         min: i64,
         max: i64,
-        hist: BTreeMap<i64, (i64, i64, i64)>,
+        hist: BTreeMap<i64, (i64, i64, i64, i64)>,
     }
     let (w, p) = rollup_where(session, f, true, true, true);
     // Without process, device or stream filters the per-name rollup has the same sums in far
@@ -117,17 +117,19 @@ pub fn top_kernels(
         a.total += total;
         a.min = a.min.min(min);
         a.max = a.max.max(max);
-        let h = a.hist.entry(bucket).or_insert((0, i64::MAX, i64::MIN));
+        let h = a.hist.entry(bucket).or_insert((0, i64::MAX, i64::MIN, 0));
         h.0 += n;
         h.1 = h.1.min(min);
         h.2 = h.2.max(max);
+        h.3 += total;
     }
     let mut heads: Vec<(i64, Agg)> = per.into_iter().collect();
     heads.sort_by(|a, b| b.1.total.cmp(&a.1.total).then(a.0.cmp(&b.0)));
     heads.truncate(top);
     let mut out = Vec::with_capacity(heads.len());
     for (name, a) in heads {
-        let hist: Vec<(i64, i64, i64)> = a.hist.into_values().collect();
+        let buckets: Vec<(i64, i64, i64, i64)> = a.hist.into_values().collect();
+        let hist: Vec<(i64, i64, i64)> = buckets.iter().map(|&(n, min, max, _)| (n, min, max)).collect();
         let n = a.n.max(0) as u64;
         let total = a.total.max(0) as u64;
         let (name, mangled_name) = names(c, name)?;
@@ -141,6 +143,7 @@ pub fn top_kernels(
             p95_ns: quantile(&hist, n, 0.95),
             max_ns: a.max.max(0) as u64,
             min_ns: a.min.max(0) as u64,
+            stddev_ns: bucket_stddev(&buckets),
         });
     }
     Ok((count.max(0) as u64, sum.max(0) as u64, out))
@@ -164,6 +167,34 @@ pub fn quantile(hist: &[(i64, i64, i64)], n: u64, q: f64) -> u64 {
         seen += cnt;
     }
     hist.last().map(|h| h.2.max(0) as u64).unwrap_or(0)
+}
+
+/// The standard deviation of durations kept as (count, min, max, total) buckets: the spread
+/// of the buckets' means around the overall mean exactly, plus the spread inside each bucket
+/// (at most 1/32 of a power of two wide): none for one value, exact for two, uniform between
+/// its extremes for more.
+pub fn bucket_stddev(buckets: &[(i64, i64, i64, i64)]) -> f64 {
+    let n: f64 = buckets.iter().map(|b| b.0 as f64).sum();
+    if n < 2.0 {
+        return 0.0;
+    }
+    let mean = buckets.iter().map(|b| b.3 as f64).sum::<f64>() / n;
+    let mut sq = 0.0;
+    for &(cnt, min, max, total) in buckets {
+        if cnt <= 0 {
+            continue;
+        }
+        let (cnt_f, width) = (cnt as f64, (max - min).max(0) as f64);
+        let m = total as f64 / cnt_f;
+        let inside = match cnt {
+            1 => 0.0,
+            2 => width * width / 4.0,
+            _ => width * width / 12.0,
+        };
+        sq += cnt_f * ((m - mean) * (m - mean) + inside);
+    }
+    // The sample standard deviation (n - 1), as for the rows.
+    (sq / (n - 1.0)).sqrt()
 }
 
 /// Copy totals per direction, from the rollup.
@@ -226,6 +257,17 @@ pub fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqli
 #[cfg(test)]
 mod tests {
     use super::quantile;
+
+    #[test]
+    fn stddev_from_buckets() {
+        use super::bucket_stddev;
+        // Single-value buckets: exact (values 10 and 30: sample sd sqrt(200)).
+        assert!((bucket_stddev(&[(1, 10, 10, 10), (1, 30, 30, 30)]) - 200f64.sqrt()).abs() < 1e-9);
+        // Two values in one bucket: exact too.
+        assert!((bucket_stddev(&[(2, 10, 30, 40)]) - 200f64.sqrt()).abs() < 1e-9);
+        assert_eq!(bucket_stddev(&[(5, 7, 7, 35)]), 0.0);
+        assert_eq!(bucket_stddev(&[(1, 7, 7, 7)]), 0.0);
+    }
 
     #[test]
     fn quantiles_from_buckets() {

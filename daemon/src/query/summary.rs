@@ -9,7 +9,7 @@ use rusqlite::{Connection, params_from_iter};
 use crate::error::ApiResult;
 
 use super::filter::needs_scan;
-use super::{copy_kind_name, names, rollups, where_for};
+use super::{copy_kind_name, names, rollups, string, where_for};
 
 /// GetSummary's body, on a read connection.
 pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> ApiResult<pb::GetSummaryResponse> {
@@ -39,6 +39,7 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
         out.kernel_total_ns = total;
         out.top_kernels = stats;
     }
+    out.collectives = collectives(c, session, f)?;
     if needs_scan(f) {
         out.copies = copies(c, session, f)?;
         out.api_calls = api_calls(c, session, f, top)?;
@@ -52,6 +53,27 @@ pub fn summary(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -
     } else {
         out.device_busy = rollups::device_busy(c, session, f)?;
     }
+    Ok(out)
+}
+
+/// Kernels per name and launch shape, from the rows: each a KernelStat named
+/// "NAME [grid X×Y×Z, block X×Y×Z]", with the exact standard deviation; longest total first.
+pub fn kernels_by_shape(c: &Connection, session: u64, f: &pb::RecordFilter) -> ApiResult<Vec<pb::KernelStat>> {
+    let w = where_for(c, "kernel", session, f)?;
+    let mut per: HashMap<(i64, [i64; 6]), NameStats> = HashMap::new();
+    let mut stmt =
+        c.prepare(&format!("SELECT t.name, t.dur, t.gx, t.gy, t.gz, t.bx, t.by, t.bz FROM kernel t WHERE {}", w.sql))?;
+    let mut rows = stmt.query(params_from_iter(w.params.iter()))?;
+    while let Some(r) = rows.next()? {
+        let shape = [r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?];
+        per.entry((r.get(0)?, shape)).or_default().add(r.get::<_, i64>(1)?.max(0));
+    }
+    let mut out = Vec::with_capacity(per.len());
+    for ((name, [gx, gy, gz, bx, by, bz]), st) in per {
+        let (n, m) = names(c, name)?;
+        out.push(st.into_stat((format!("{n} [grid {gx}×{gy}×{gz}, block {bx}×{by}×{bz}]"), m)));
+    }
+    out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.name.cmp(&b.name)));
     Ok(out)
 }
 
@@ -73,6 +95,30 @@ fn copies(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Resul
         })
     })?;
     rows.collect()
+}
+
+/// NCCL collectives per name, most time in the kernel first (the session's rows, read by
+/// rowid range: one per collective and rank).
+fn collectives(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::Result<Vec<pb::CollectiveStat>> {
+    let w = where_for(c, "collective", session, f)?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT t.name, count(*), sum(t.bytes), sum(max(t.gpu_dur, 0)) FROM collective t WHERE {}
+         GROUP BY t.name ORDER BY sum(max(t.gpu_dur, 0)) DESC, count(*) DESC",
+        w.sql
+    ))?;
+    let rows: Vec<(i64, i64, i64, i64)> = stmt
+        .query_map(params_from_iter(w.params.iter()), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    rows.into_iter()
+        .map(|(name, n, bytes, total)| {
+            Ok(pb::CollectiveStat {
+                name: string(c, name)?,
+                count: n.max(0) as u64,
+                bytes: bytes.max(0) as u64,
+                total_ns: total.max(0) as u64,
+            })
+        })
+        .collect()
 }
 
 fn api_calls(c: &Connection, session: u64, f: &pb::RecordFilter, top: usize) -> rusqlite::Result<Vec<pb::ApiStat>> {
@@ -126,6 +172,8 @@ fn device_busy(c: &Connection, session: u64, f: &pb::RecordFilter) -> rusqlite::
 struct NameStats {
     n: u64,
     total: u64,
+    /// Sum of the squared durations, for the standard deviation.
+    sq: f64,
     min: u64,
     max: u64,
     /// bucket → (count, min, max).
@@ -134,7 +182,7 @@ struct NameStats {
 
 impl Default for NameStats {
     fn default() -> Self {
-        NameStats { n: 0, total: 0, min: u64::MAX, max: 0, hist: BTreeMap::new() }
+        NameStats { n: 0, total: 0, sq: 0.0, min: u64::MAX, max: 0, hist: BTreeMap::new() }
     }
 }
 
@@ -142,6 +190,7 @@ impl NameStats {
     fn add(&mut self, d: i64) {
         self.n += 1;
         self.total += d as u64;
+        self.sq += (d as f64) * (d as f64);
         self.min = self.min.min(d as u64);
         self.max = self.max.max(d as u64);
         let h = self.hist.entry(crate::rollup::bucket(d)).or_insert((0, i64::MAX, i64::MIN));
@@ -151,6 +200,12 @@ impl NameStats {
     }
 
     fn into_stat(self, (name, mangled_name): (String, String)) -> pb::KernelStat {
+        let stddev_ns = if self.n < 2 {
+            0.0
+        } else {
+            let (n, sum) = (self.n as f64, self.total as f64);
+            ((self.sq - sum * sum / n).max(0.0) / (n - 1.0)).sqrt()
+        };
         let hist: Vec<(i64, i64, i64)> = self.hist.into_values().collect();
         pb::KernelStat {
             name,
@@ -162,6 +217,7 @@ impl NameStats {
             p95_ns: rollups::quantile(&hist, self.n, 0.95),
             max_ns: self.max,
             min_ns: if self.n == 0 { 0 } else { self.min },
+            stddev_ns,
         }
     }
 }
@@ -234,5 +290,7 @@ mod tests {
         }
         let k = st.into_stat(("k".into(), String::new()));
         assert_eq!((k.count, k.total_ns, k.min_ns, k.max_ns, k.p50_ns, k.p95_ns), (100, 5050, 1, 100, 50, 95));
+        // 1..=100: sample standard deviation sqrt(841.67).
+        assert!((k.stddev_ns - 29.011_491).abs() < 1e-5, "{}", k.stddev_ns);
     }
 }

@@ -74,7 +74,11 @@ impl PcBackend for FakeBackend {
     fn device_activity(&mut self, devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
         // Works on its first device only (synchronizing), launches on its second without
         // synchronizing; a context on every one.
-        devices.iter().enumerate().map(|(i, &d)| (d, true, if i == 0 { 5 } else { 0 }, if i == 1 { 9 } else { 0 })).collect()
+        devices
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| (d, true, if i == 0 { 5 } else { 0 }, if i == 1 { 9 } else { 0 }))
+            .collect()
     }
     fn pc_cubin_answer(&mut self, answer: CubinAnswer) {
         self.cubin_answer = Some(answer);

@@ -166,6 +166,75 @@ class Client:
         req = pb.QueryPcSamplesRequest(session_id=session_id, group_by=groups[group_by], kernel=kernel, limit=limit)
         return self.stub.QueryPcSamples(req, timeout=self.timeout)
 
+    def diff(
+        self,
+        a: int,
+        b: int = 0,
+        *,
+        rank_a: Optional[int] = None,
+        rank_b: Optional[int] = None,
+        since_a_ns: int = 0,
+        until_a_ns: int = 0,
+        since_b_ns: int = 0,
+        until_b_ns: int = 0,
+        limit: int = 0,
+        by_shape: bool = False,
+    ) -> pb.DiffSummaryResponse:
+        """What changed between session ``a`` and session ``b`` (0: ``a`` again, for two ranks or
+        time ranges of one session): per kernel, device busy time, copies, NCCL collectives.
+
+        Kernels come findings first (``significant``), by the absolute change in GPU time; a
+        kernel whose mean moved within the spread of its own durations is "unchanged" (the
+        response's ``noise_rule`` says how that is judged). ``rank_a``/``rank_b`` pick one rank of
+        the session's job; ``since_*_ns``/``until_*_ns`` a time range (ns since the Unix epoch);
+        ``by_shape`` matches kernels by name and launch shape (grid, block).
+        """
+        req = pb.DiffSummaryRequest(
+            a=_side(a, rank_a, since_a_ns, until_a_ns),
+            b=_side(b or a, rank_b, since_b_ns, until_b_ns),
+            limit=limit,
+            by_shape=by_shape,
+        )
+        return self.stub.DiffSummary(req, timeout=self.timeout)
+
+    def pc_diff(
+        self,
+        a: int = 0,
+        b: int = 0,
+        *,
+        group_by: str = "function",
+        kernel: str = "",
+        rank_a: Optional[int] = None,
+        rank_b: Optional[int] = None,
+        since_a_ns: int = 0,
+        until_a_ns: int = 0,
+        since_b_ns: int = 0,
+        until_b_ns: int = 0,
+        pod: str = "",
+        exe: str = "",
+        limit: int = 20,
+    ) -> pb.DiffPcSamplesResponse:
+        """What changed in the PC samples of two sides, per "function", "line" or "stall", as
+        shares of each side's samples (a row counts only beyond its sampling noise: see the
+        response's ``noise_rule``).
+
+        A side is a session (``a``, ``b``; ``b`` 0: ``a`` again, with ranks), or with session 0 the
+        node's always-on profile from ``since_*_ns`` to ``until_*_ns``, of the processes ``pod`` and
+        ``exe`` (globs) match.
+        """
+        groups = {"function": pb.PC_GROUP_BY_FUNCTION, "line": pb.PC_GROUP_BY_LINE, "stall": pb.PC_GROUP_BY_STALL}
+        if group_by not in groups:
+            raise ValueError(f"group_by {group_by!r}: use one of {', '.join(groups)}")
+        sb = b or (a if not since_b_ns else 0)
+        req = pb.DiffPcSamplesRequest(
+            a=_side(a, rank_a, since_a_ns, until_a_ns, pod, exe),
+            b=_side(sb, rank_b, since_b_ns, until_b_ns, pod, exe),
+            group_by=groups[group_by],
+            kernel=kernel,
+            limit=limit,
+        )
+        return self.stub.DiffPcSamples(req, timeout=self.timeout)
+
     def query(
         self,
         session_id: int,
@@ -187,3 +256,15 @@ class Client:
             yield from chunk.api_calls
             yield from chunk.syncs
             yield from chunk.markers
+
+
+def _side(
+    session_id: int, rank: Optional[int], since_ns: int, until_ns: int, pod: str = "", exe: str = ""
+) -> pb.DiffSide:
+    """One side of a diff; pod and exe apply to the always-on profile (session 0) only."""
+    side = pb.DiffSide(session_id=session_id, since_ns=since_ns, until_ns=until_ns)
+    if rank is not None:
+        side.rank = rank
+    if session_id == 0:
+        side.pod, side.exe = pod, exe
+    return side

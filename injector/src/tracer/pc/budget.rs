@@ -143,7 +143,9 @@ mod tests {
         for t in 0..secs {
             let expected = avg.unwrap_or(cost);
             let paced = last_open.is_none_or(|o| Duration::from_secs(t - o) >= pace(expected, budget));
-            if paced && may_open(l.spent_at(t, HORIZON), expected + if n == 0 { setup } else { 0 * MS }, budget, HORIZON) {
+            if paced
+                && may_open(l.spent_at(t, HORIZON), expected + if n == 0 { setup } else { 0 * MS }, budget, HORIZON)
+            {
                 l.spend_at(t, cost + if n == 0 { setup } else { 0 * MS });
                 last_open = Some(t);
                 avg = Some(expect(avg, cost));

@@ -167,15 +167,8 @@ pub(super) struct Win {
 impl Win {
     /// A window opened by the enable that just ran.
     pub(super) fn opened(cfg: WinCfg, app_before: u64) -> Win {
-        let mut w = Win {
-            cfg,
-            opened: None,
-            next_open: Instant::now(),
-            app_mark: 0,
-            launch_mark: 0,
-            watch: None,
-            base: None,
-        };
+        let mut w =
+            Win { cfg, opened: None, next_open: Instant::now(), app_mark: 0, launch_mark: 0, watch: None, base: None };
         w.open_now(app_before);
         w
     }
@@ -292,15 +285,24 @@ pub(super) fn window(
                     open.as_secs_f64() * 1e3,
                     t_close.as_secs_f64() * 1e3,
                     l.totals.0 - before,
-                    at_disable.map(|(pcs, n)| format!(" ({n} of them in {pcs} PCs at the disable)")).unwrap_or_default(),
-                    failure.as_ref().map(|f: &(gpuprof_cupti::CuptiError, bool)| format!(", failed: {}", f.0)).unwrap_or_default(),
+                    at_disable
+                        .map(|(pcs, n)| format!(" ({n} of them in {pcs} PCs at the disable)"))
+                        .unwrap_or_default(),
+                    failure
+                        .as_ref()
+                        .map(|f: &(gpuprof_cupti::CuptiError, bool)| format!(", failed: {}", f.0))
+                        .unwrap_or_default(),
                     cost.as_secs_f64() * 1e3,
                     calls.as_secs_f64() * 1e3,
                     times.first.as_secs_f64() * 1e3,
                     launches,
                     times.rest_mean.as_secs_f64() * 1e6,
                     w.base.map_or("none timed".to_string(), |b| format!("{:.1} us", b.as_secs_f64() * 1e6)),
-                    if setup.is_zero() { String::new() } else { format!(", CUPTI's set-up {:.1} ms", setup.as_secs_f64() * 1e3) },
+                    if setup.is_zero() {
+                        String::new()
+                    } else {
+                        format!(", CUPTI's set-up {:.1} ms", setup.as_secs_f64() * 1e3)
+                    },
                     budget::spent().as_secs_f64() * 1e3,
                     HORIZON.as_secs(),
                     w.next_open.saturating_duration_since(Instant::now()).as_secs_f64()

@@ -635,7 +635,7 @@ class GetSummaryRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ..., top: _Optional[int] = ...) -> None: ...
 
 class KernelStat(_message.Message):
-    __slots__ = ("name", "mangled_name", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns", "max_ns", "min_ns")
+    __slots__ = ("name", "mangled_name", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns", "max_ns", "min_ns", "stddev_ns")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MANGLED_NAME_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -645,6 +645,7 @@ class KernelStat(_message.Message):
     P95_NS_FIELD_NUMBER: _ClassVar[int]
     MAX_NS_FIELD_NUMBER: _ClassVar[int]
     MIN_NS_FIELD_NUMBER: _ClassVar[int]
+    STDDEV_NS_FIELD_NUMBER: _ClassVar[int]
     name: str
     mangled_name: str
     count: int
@@ -654,7 +655,8 @@ class KernelStat(_message.Message):
     p95_ns: int
     max_ns: int
     min_ns: int
-    def __init__(self, name: _Optional[str] = ..., mangled_name: _Optional[str] = ..., count: _Optional[int] = ..., total_ns: _Optional[int] = ..., mean_ns: _Optional[int] = ..., p50_ns: _Optional[int] = ..., p95_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., min_ns: _Optional[int] = ...) -> None: ...
+    stddev_ns: float
+    def __init__(self, name: _Optional[str] = ..., mangled_name: _Optional[str] = ..., count: _Optional[int] = ..., total_ns: _Optional[int] = ..., mean_ns: _Optional[int] = ..., p50_ns: _Optional[int] = ..., p95_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., min_ns: _Optional[int] = ..., stddev_ns: _Optional[float] = ...) -> None: ...
 
 class DeviceBusy(_message.Message):
     __slots__ = ("device_id", "busy_ns", "span_ns")
@@ -695,20 +697,34 @@ class ApiStat(_message.Message):
     def __init__(self, name: _Optional[str] = ..., domain: _Optional[str] = ..., count: _Optional[int] = ..., total_ns: _Optional[int] = ..., max_ns: _Optional[int] = ...) -> None: ...
 
 class GetSummaryResponse(_message.Message):
-    __slots__ = ("top_kernels", "device_busy", "copies", "api_calls", "kernel_count", "kernel_total_ns")
+    __slots__ = ("top_kernels", "device_busy", "copies", "api_calls", "kernel_count", "kernel_total_ns", "collectives")
     TOP_KERNELS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BUSY_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     API_CALLS_FIELD_NUMBER: _ClassVar[int]
     KERNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
     KERNEL_TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     top_kernels: _containers.RepeatedCompositeFieldContainer[KernelStat]
     device_busy: _containers.RepeatedCompositeFieldContainer[DeviceBusy]
     copies: _containers.RepeatedCompositeFieldContainer[CopyStat]
     api_calls: _containers.RepeatedCompositeFieldContainer[ApiStat]
     kernel_count: int
     kernel_total_ns: int
-    def __init__(self, top_kernels: _Optional[_Iterable[_Union[KernelStat, _Mapping]]] = ..., device_busy: _Optional[_Iterable[_Union[DeviceBusy, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[CopyStat, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiStat, _Mapping]]] = ..., kernel_count: _Optional[int] = ..., kernel_total_ns: _Optional[int] = ...) -> None: ...
+    collectives: _containers.RepeatedCompositeFieldContainer[CollectiveStat]
+    def __init__(self, top_kernels: _Optional[_Iterable[_Union[KernelStat, _Mapping]]] = ..., device_busy: _Optional[_Iterable[_Union[DeviceBusy, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[CopyStat, _Mapping]]] = ..., api_calls: _Optional[_Iterable[_Union[ApiStat, _Mapping]]] = ..., kernel_count: _Optional[int] = ..., kernel_total_ns: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveStat, _Mapping]]] = ...) -> None: ...
+
+class CollectiveStat(_message.Message):
+    __slots__ = ("name", "count", "bytes", "total_ns")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    bytes: int
+    total_ns: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., bytes: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
 
 class GetJobSummaryRequest(_message.Message):
     __slots__ = ("session_id", "job_id")
@@ -985,6 +1001,224 @@ class QueryPcSamplesResponse(_message.Message):
     dropped_samples: int
     total_rows: int
     def __init__(self, rows: _Optional[_Iterable[_Union[PcProfileRow, _Mapping]]] = ..., total_samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., total_rows: _Optional[int] = ...) -> None: ...
+
+class DiffSide(_message.Message):
+    __slots__ = ("session_id", "process_ids", "rank", "since_ns", "until_ns", "pod", "exe", "summary", "pc", "label")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_IDS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    EXE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    PC_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    process_ids: _containers.RepeatedScalarFieldContainer[int]
+    rank: int
+    since_ns: int
+    until_ns: int
+    pod: str
+    exe: str
+    summary: GetSummaryResponse
+    pc: QueryPcSamplesResponse
+    label: str
+    def __init__(self, session_id: _Optional[int] = ..., process_ids: _Optional[_Iterable[int]] = ..., rank: _Optional[int] = ..., since_ns: _Optional[int] = ..., until_ns: _Optional[int] = ..., pod: _Optional[str] = ..., exe: _Optional[str] = ..., summary: _Optional[_Union[GetSummaryResponse, _Mapping]] = ..., pc: _Optional[_Union[QueryPcSamplesResponse, _Mapping]] = ..., label: _Optional[str] = ...) -> None: ...
+
+class DiffSummaryRequest(_message.Message):
+    __slots__ = ("a", "b", "limit", "by_shape")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BY_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    a: DiffSide
+    b: DiffSide
+    limit: int
+    by_shape: bool
+    def __init__(self, a: _Optional[_Union[DiffSide, _Mapping]] = ..., b: _Optional[_Union[DiffSide, _Mapping]] = ..., limit: _Optional[int] = ..., by_shape: _Optional[bool] = ...) -> None: ...
+
+class KernelDiff(_message.Message):
+    __slots__ = ("name", "mangled_name", "change", "significant", "count_a", "count_b", "total_ns_a", "total_ns_b", "mean_ns_a", "mean_ns_b", "stddev_ns_a", "stddev_ns_b", "delta_total_ns", "delta_mean_ns", "noise_ns")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MANGLED_NAME_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    SIGNIFICANT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_A_FIELD_NUMBER: _ClassVar[int]
+    COUNT_B_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_A_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_B_FIELD_NUMBER: _ClassVar[int]
+    MEAN_NS_A_FIELD_NUMBER: _ClassVar[int]
+    MEAN_NS_B_FIELD_NUMBER: _ClassVar[int]
+    STDDEV_NS_A_FIELD_NUMBER: _ClassVar[int]
+    STDDEV_NS_B_FIELD_NUMBER: _ClassVar[int]
+    DELTA_TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_MEAN_NS_FIELD_NUMBER: _ClassVar[int]
+    NOISE_NS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mangled_name: str
+    change: str
+    significant: bool
+    count_a: int
+    count_b: int
+    total_ns_a: int
+    total_ns_b: int
+    mean_ns_a: float
+    mean_ns_b: float
+    stddev_ns_a: float
+    stddev_ns_b: float
+    delta_total_ns: int
+    delta_mean_ns: float
+    noise_ns: float
+    def __init__(self, name: _Optional[str] = ..., mangled_name: _Optional[str] = ..., change: _Optional[str] = ..., significant: _Optional[bool] = ..., count_a: _Optional[int] = ..., count_b: _Optional[int] = ..., total_ns_a: _Optional[int] = ..., total_ns_b: _Optional[int] = ..., mean_ns_a: _Optional[float] = ..., mean_ns_b: _Optional[float] = ..., stddev_ns_a: _Optional[float] = ..., stddev_ns_b: _Optional[float] = ..., delta_total_ns: _Optional[int] = ..., delta_mean_ns: _Optional[float] = ..., noise_ns: _Optional[float] = ...) -> None: ...
+
+class DeviceBusyDiff(_message.Message):
+    __slots__ = ("device_id", "busy_ns_a", "busy_ns_b", "span_ns_a", "span_ns_b", "delta_busy_ns")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_A_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_B_FIELD_NUMBER: _ClassVar[int]
+    SPAN_NS_A_FIELD_NUMBER: _ClassVar[int]
+    SPAN_NS_B_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    device_id: int
+    busy_ns_a: int
+    busy_ns_b: int
+    span_ns_a: int
+    span_ns_b: int
+    delta_busy_ns: int
+    def __init__(self, device_id: _Optional[int] = ..., busy_ns_a: _Optional[int] = ..., busy_ns_b: _Optional[int] = ..., span_ns_a: _Optional[int] = ..., span_ns_b: _Optional[int] = ..., delta_busy_ns: _Optional[int] = ...) -> None: ...
+
+class CopyDiff(_message.Message):
+    __slots__ = ("direction", "count_a", "count_b", "bytes_a", "bytes_b", "bandwidth_gbps_a", "bandwidth_gbps_b", "total_ns_a", "total_ns_b")
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_A_FIELD_NUMBER: _ClassVar[int]
+    COUNT_B_FIELD_NUMBER: _ClassVar[int]
+    BYTES_A_FIELD_NUMBER: _ClassVar[int]
+    BYTES_B_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_GBPS_A_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_GBPS_B_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_A_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_B_FIELD_NUMBER: _ClassVar[int]
+    direction: str
+    count_a: int
+    count_b: int
+    bytes_a: int
+    bytes_b: int
+    bandwidth_gbps_a: float
+    bandwidth_gbps_b: float
+    total_ns_a: int
+    total_ns_b: int
+    def __init__(self, direction: _Optional[str] = ..., count_a: _Optional[int] = ..., count_b: _Optional[int] = ..., bytes_a: _Optional[int] = ..., bytes_b: _Optional[int] = ..., bandwidth_gbps_a: _Optional[float] = ..., bandwidth_gbps_b: _Optional[float] = ..., total_ns_a: _Optional[int] = ..., total_ns_b: _Optional[int] = ...) -> None: ...
+
+class CollectiveDiff(_message.Message):
+    __slots__ = ("name", "count_a", "count_b", "bytes_a", "bytes_b", "total_ns_a", "total_ns_b")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_A_FIELD_NUMBER: _ClassVar[int]
+    COUNT_B_FIELD_NUMBER: _ClassVar[int]
+    BYTES_A_FIELD_NUMBER: _ClassVar[int]
+    BYTES_B_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_A_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_B_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count_a: int
+    count_b: int
+    bytes_a: int
+    bytes_b: int
+    total_ns_a: int
+    total_ns_b: int
+    def __init__(self, name: _Optional[str] = ..., count_a: _Optional[int] = ..., count_b: _Optional[int] = ..., bytes_a: _Optional[int] = ..., bytes_b: _Optional[int] = ..., total_ns_a: _Optional[int] = ..., total_ns_b: _Optional[int] = ...) -> None: ...
+
+class DiffSummaryResponse(_message.Message):
+    __slots__ = ("label_a", "label_b", "kernels", "total_kernels", "findings", "kernel_total_ns_a", "kernel_total_ns_b", "devices", "copies", "collectives", "notes", "noise_rule")
+    LABEL_A_FIELD_NUMBER: _ClassVar[int]
+    LABEL_B_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_KERNELS_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TOTAL_NS_A_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TOTAL_NS_B_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    NOISE_RULE_FIELD_NUMBER: _ClassVar[int]
+    label_a: str
+    label_b: str
+    kernels: _containers.RepeatedCompositeFieldContainer[KernelDiff]
+    total_kernels: int
+    findings: int
+    kernel_total_ns_a: int
+    kernel_total_ns_b: int
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceBusyDiff]
+    copies: _containers.RepeatedCompositeFieldContainer[CopyDiff]
+    collectives: _containers.RepeatedCompositeFieldContainer[CollectiveDiff]
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    noise_rule: str
+    def __init__(self, label_a: _Optional[str] = ..., label_b: _Optional[str] = ..., kernels: _Optional[_Iterable[_Union[KernelDiff, _Mapping]]] = ..., total_kernels: _Optional[int] = ..., findings: _Optional[int] = ..., kernel_total_ns_a: _Optional[int] = ..., kernel_total_ns_b: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceBusyDiff, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[CopyDiff, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveDiff, _Mapping]]] = ..., notes: _Optional[_Iterable[str]] = ..., noise_rule: _Optional[str] = ...) -> None: ...
+
+class DiffPcSamplesRequest(_message.Message):
+    __slots__ = ("a", "b", "group_by", "kernel", "limit")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    a: DiffSide
+    b: DiffSide
+    group_by: PcGroupBy
+    kernel: str
+    limit: int
+    def __init__(self, a: _Optional[_Union[DiffSide, _Mapping]] = ..., b: _Optional[_Union[DiffSide, _Mapping]] = ..., group_by: _Optional[_Union[PcGroupBy, str]] = ..., kernel: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class PcRowDiff(_message.Message):
+    __slots__ = ("function_name", "file", "line", "stall_reason", "samples_a", "samples_b", "share_a", "share_b", "delta_share", "noise_share", "change", "significant")
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    STALL_REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_A_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_B_FIELD_NUMBER: _ClassVar[int]
+    SHARE_A_FIELD_NUMBER: _ClassVar[int]
+    SHARE_B_FIELD_NUMBER: _ClassVar[int]
+    DELTA_SHARE_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    SIGNIFICANT_FIELD_NUMBER: _ClassVar[int]
+    function_name: str
+    file: str
+    line: int
+    stall_reason: str
+    samples_a: int
+    samples_b: int
+    share_a: float
+    share_b: float
+    delta_share: float
+    noise_share: float
+    change: str
+    significant: bool
+    def __init__(self, function_name: _Optional[str] = ..., file: _Optional[str] = ..., line: _Optional[int] = ..., stall_reason: _Optional[str] = ..., samples_a: _Optional[int] = ..., samples_b: _Optional[int] = ..., share_a: _Optional[float] = ..., share_b: _Optional[float] = ..., delta_share: _Optional[float] = ..., noise_share: _Optional[float] = ..., change: _Optional[str] = ..., significant: _Optional[bool] = ...) -> None: ...
+
+class DiffPcSamplesResponse(_message.Message):
+    __slots__ = ("label_a", "label_b", "total_samples_a", "total_samples_b", "rows", "total_rows", "findings", "notes", "noise_rule")
+    LABEL_A_FIELD_NUMBER: _ClassVar[int]
+    LABEL_B_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SAMPLES_A_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SAMPLES_B_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ROWS_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    NOISE_RULE_FIELD_NUMBER: _ClassVar[int]
+    label_a: str
+    label_b: str
+    total_samples_a: int
+    total_samples_b: int
+    rows: _containers.RepeatedCompositeFieldContainer[PcRowDiff]
+    total_rows: int
+    findings: int
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    noise_rule: str
+    def __init__(self, label_a: _Optional[str] = ..., label_b: _Optional[str] = ..., total_samples_a: _Optional[int] = ..., total_samples_b: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PcRowDiff, _Mapping]]] = ..., total_rows: _Optional[int] = ..., findings: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., noise_rule: _Optional[str] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ("devices", "all", "duration_seconds", "reason")

@@ -104,6 +104,16 @@ class GpuprofStub:
                 request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesRequest.SerializeToString,
                 response_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesResponse.FromString,
                 _registered_method=True)
+        self.DiffSummary = channel.unary_unary(
+                '/gpuprof.v1.Gpuprof/DiffSummary',
+                request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffSummaryRequest.SerializeToString,
+                response_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffSummaryResponse.FromString,
+                _registered_method=True)
+        self.DiffPcSamples = channel.unary_unary(
+                '/gpuprof.v1.Gpuprof/DiffPcSamples',
+                request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffPcSamplesRequest.SerializeToString,
+                response_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffPcSamplesResponse.FromString,
+                _registered_method=True)
         self.Pause = channel.unary_unary(
                 '/gpuprof.v1.Gpuprof/Pause',
                 request_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.PauseRequest.SerializeToString,
@@ -223,6 +233,24 @@ class GpuprofServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DiffSummary(self, request, context):
+        """What changed between two sides (sessions, ranks of one session, time ranges of a session, or
+        a side another gpuprofd answered): per kernel, device busy time, copies and NCCL collectives,
+        each kernel's change judged against the spread of its own durations.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiffPcSamples(self, request, context):
+        """What changed in the PC samples of two sides (sessions, ranks, time ranges of the node's
+        always-on profile, or a side another gpuprofd answered), per function, source line or stall
+        reason, as shares of each side's samples.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Pause(self, request, context):
         """Releases the performance monitor of GPUs for outside tools (Nsight Compute, DCGM), like
         `dcgmi profile --pause`, with an owner, a reason and an expiry.
@@ -317,6 +345,16 @@ def add_GpuprofServicer_to_server(servicer, server):
                     servicer.QueryPcSamples,
                     request_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesRequest.FromString,
                     response_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesResponse.SerializeToString,
+            ),
+            'DiffSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiffSummary,
+                    request_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffSummaryRequest.FromString,
+                    response_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffSummaryResponse.SerializeToString,
+            ),
+            'DiffPcSamples': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiffPcSamples,
+                    request_deserializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffPcSamplesRequest.FromString,
+                    response_serializer=gpuprof_dot_v1_dot_gpuprof__pb2.DiffPcSamplesResponse.SerializeToString,
             ),
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
@@ -712,6 +750,60 @@ class Gpuprof:
             '/gpuprof.v1.Gpuprof/QueryPcSamples',
             gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesRequest.SerializeToString,
             gpuprof_dot_v1_dot_gpuprof__pb2.QueryPcSamplesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuprof.v1.Gpuprof/DiffSummary',
+            gpuprof_dot_v1_dot_gpuprof__pb2.DiffSummaryRequest.SerializeToString,
+            gpuprof_dot_v1_dot_gpuprof__pb2.DiffSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffPcSamples(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuprof.v1.Gpuprof/DiffPcSamples',
+            gpuprof_dot_v1_dot_gpuprof__pb2.DiffPcSamplesRequest.SerializeToString,
+            gpuprof_dot_v1_dot_gpuprof__pb2.DiffPcSamplesResponse.FromString,
             options,
             channel_credentials,
             insecure,
