@@ -118,7 +118,7 @@ mod tests {
         assert_eq!(l.spent_at(10, HORIZON), 125 * MS);
         assert_eq!(l.spent_at(29, HORIZON), 125 * MS, "second 0 is still inside 0..=29");
         assert_eq!(l.spent_at(30, HORIZON), 25 * MS, "second 0 left the horizon");
-        assert_eq!(l.spent_at(40, HORIZON), 0 * MS);
+        assert_eq!(l.spent_at(40, HORIZON), Duration::ZERO);
         // A second that comes back to a slot forgets what the slot held.
         l.spend_at(SLOTS as u64, 7 * MS);
         assert_eq!(l.spent_at(SLOTS as u64, HORIZON), 7 * MS);
@@ -128,7 +128,7 @@ mod tests {
     fn a_window_opens_when_it_fits_the_allowance_or_nothing_was_spent() {
         let (budget, h) = (0.005, HORIZON);
         // 0.5 % of 30 s: 150 ms.
-        assert!(may_open(0 * MS, 400 * MS, budget, h), "nothing spent: even a costly window opens");
+        assert!(may_open(Duration::ZERO, 400 * MS, budget, h), "nothing spent: even a costly window opens");
         assert!(may_open(50 * MS, 100 * MS, budget, h));
         assert!(!may_open(51 * MS, 100 * MS, budget, h));
         assert_eq!(pace(100 * MS, budget), Duration::from_secs(20));
@@ -144,9 +144,14 @@ mod tests {
             let expected = avg.unwrap_or(cost);
             let paced = last_open.is_none_or(|o| Duration::from_secs(t - o) >= pace(expected, budget));
             if paced
-                && may_open(l.spent_at(t, HORIZON), expected + if n == 0 { setup } else { 0 * MS }, budget, HORIZON)
+                && may_open(
+                    l.spent_at(t, HORIZON),
+                    expected + if n == 0 { setup } else { Duration::ZERO },
+                    budget,
+                    HORIZON,
+                )
             {
-                l.spend_at(t, cost + if n == 0 { setup } else { 0 * MS });
+                l.spend_at(t, cost + if n == 0 { setup } else { Duration::ZERO });
                 last_open = Some(t);
                 avg = Some(expect(avg, cost));
                 n += 1;
@@ -170,7 +175,7 @@ mod tests {
         let (mut last_open, mut n) = (None::<u64>, 0);
         for t in 0..600u64 {
             let paced = last_open.is_none_or(|o| Duration::from_secs(t - o) >= pace(cost, budget));
-            let extra = if n == 0 { setup } else { 0 * MS };
+            let extra = if n == 0 { setup } else { Duration::ZERO };
             if paced && may_open(l.spent_at(t, HORIZON), cost + extra, budget, HORIZON) {
                 l.spend_at(t, cost + extra);
                 last_open = Some(t);
