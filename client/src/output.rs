@@ -475,3 +475,12 @@ mod tests {
         assert_eq!(table_text(&[">COUNT", "NAME"], &rows), "COUNT  NAME\n    1  kernel_a\n 1234  b");
     }
 }
+
+/// What PC-sample rows are grouped by (`pc top --by`, `pc diff --by`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    Function,
+    Line,
+    Stall,
+    Pc,
+}

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use gpuprofctl::pb;
 use serde_json::{Value, json};
 
@@ -32,13 +32,7 @@ gpuprofd's configuration), kept per minute: e.g. `gpuprofctl pc top --since 1h -
     Diff(Box<crate::pc_diff::PcDiffArgs>),
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum By {
-    Function,
-    Line,
-    Stall,
-    Pc,
-}
+pub use crate::output::By;
 
 #[derive(Args, Debug)]
 pub struct TopArgs {

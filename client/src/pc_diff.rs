@@ -9,9 +9,8 @@ use gpuprofctl::{Remote, pb};
 use serde_json::{Value, json};
 
 use crate::diff::{Side, Sides, connect_host, rank_processes};
-use crate::output::short_stall;
+use crate::output::{By, short_stall};
 use crate::output::{Usage, shorten, table_text};
-use crate::pc::By;
 use gpuprofctl::Client;
 
 pub const AFTER_HELP: &str = "Rows are compared as shares of each side's samples, so runs of different length \

@@ -15,59 +15,20 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use gpuprof_cupti::ids;
-use gpuprof_cupti::pcsampling::{PcConfig, StallReasons};
+use gpuprof_cupti::pcsampling::PcConfig;
 use gpuprof_cupti::{Callback, Context, Cupti, CuptiError, LiveContext};
 
 use super::context::{Agg, Live as Sampled, disable_into, drain_into, enable, stop_range};
+pub use super::context::{Done, Op};
 use super::cubins;
 use super::meter::{add_extra, at_entry, charge, count_sync, outside_syncs, own_thread, read_gap, set_detached, timed};
 pub use super::meter::{app_cost, app_cost_extra};
-use super::window::{DETACHED, Win, WinCfg, allowed, ask_detach, take_detach, window};
+use super::window::{DETACHED, Win, allowed, ask_detach, take_detach, window};
 use crate::tracer::hooks;
 
 /// A context being sampled, with its windows' state (windows mode).
 type Live = Sampled<(Win, PcConfig, Vec<String>)>;
 use crate::tracer::PcEventKind;
-
-/// Operations for the next synchronization on the device's context.
-pub enum Op {
-    Enable {
-        device: u32,
-        ctx: Context,
-        cfg: PcConfig,
-        wanted: Vec<String>,
-        /// Windows mode (None: continuous).
-        win: Option<WinCfg>,
-    },
-    /// Disable; then report `kind` (`Healed` means enable again).
-    Disable { device: u32, kind: PcEventKind, reason: String },
-}
-
-/// Results for the background thread.
-pub enum Done {
-    Enabled {
-        device: u32,
-        reasons: StallReasons,
-        unknown: Vec<String>,
-    },
-    EnableFailed {
-        device: u32,
-        error: CuptiError,
-    },
-    Disabled {
-        device: u32,
-        kind: PcEventKind,
-        reason: String,
-        agg: Agg,
-        totals: (u64, u64),
-    },
-    /// The context was being destroyed: read, disabled, and the device waits for a new one.
-    ContextGone {
-        device: u32,
-        agg: Agg,
-        totals: (u64, u64),
-    },
-}
 
 #[derive(Default)]
 struct State {
@@ -218,41 +179,9 @@ fn sync_before_finalize() -> bool {
     *ON.get_or_init(|| std::env::var("GPUPROF_PC_SYNC_FINALIZE").map(|v| v.trim() != "0").unwrap_or(true))
 }
 
-/// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
-/// cubins are kept from here on, through the subscriber's module-load callback, so that modules
-/// loaded before the lease comes (JIT-compiled from PTX, or from memory, at the first launch)
-/// have source lines. CUPTI calls only; the driver API is not usable yet.
-/// Ends at the trace's stop when no device is sampled then ([`release_from_start`]), and at the
-/// first lease's end.
-pub fn capture_from_start(cupti: &Arc<Cupti>) -> Result<(), CuptiError> {
-    init(cupti);
-    register_hooks();
-    hooks::acquire(cupti, hooks::User::Pc)?;
-    cubins::capture_on(cupti, true);
-    FROM_START.store(true, Ordering::SeqCst);
-    Ok(())
-}
-
-/// The subscriber and cubin capture were taken at `cuInit` ([`capture_from_start`]) and no
-/// lease has ended them yet.
-static FROM_START: AtomicBool = AtomicBool::new(false);
-
-/// A trace stops: what [`capture_from_start`] took is given back unless a device is sampled or
-/// an operation waits (then the lease's end gives it back).
-pub fn release_from_start(cupti: &Arc<Cupti>) {
-    if !FROM_START.load(Ordering::SeqCst) || pending() || !state().live.is_empty() {
-        return;
-    }
-    FROM_START.store(false, Ordering::SeqCst);
-    cubins::capture_on(cupti, false);
-    if hooks::held_by(hooks::User::Pc) {
-        hooks::release(cupti, hooks::User::Pc);
-    }
-}
-
-/// The first lease's end gives back what [`capture_from_start`] took.
-pub fn forget_from_start() {
-    FROM_START.store(false, Ordering::SeqCst);
+/// Whether any context is sampled.
+pub fn sampling() -> bool {
+    !state().live.is_empty()
 }
 
 /// Arms an operation for the next synchronization on its context. A disable of a context
@@ -534,14 +463,9 @@ fn run(s: &mut State, cur: LiveContext<'_>) {
                         let _ = drain_into(cupti, cur, &mut on, &mut l.agg, &mut l.totals);
                     }
                     // A windowed context stopped (its turn over, the session's end) leaves CUPTI
-                    // as a window's close does: finalized at this synchronization's outermost
-                    // exit. Otherwise the subscriber is let go without a finalize and made again
-                    // at the next lease while the application launches (the one crash seen under
-                    // the always-on profile on the H200 came in the first window after that; a
-                    // subscriber made while kernels launch is what `hooks` avoids), and CUPTI's
-                    // per-launch cost after an enable stays on between turns.
-                    // Asked of any thread (this one's exit comes first): gpuprof's thread keeps
-                    // the subscriber until then.
+                    // as a window's close does: finalized at the next outermost exit of any
+                    // thread, gpuprof's thread keeping the subscriber until then (one made again
+                    // while the application launches is what `hooks` avoids).
                     if disable_into(cupti, cur, on, &mut l.agg, &mut l.totals).is_ok()
                         && l.win.is_some()
                         && super::window::detach_between()

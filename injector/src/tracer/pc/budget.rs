@@ -19,6 +19,14 @@ use std::time::{Duration, Instant};
 /// CUPTI's set-up) opens only once nothing was spent for a whole horizon.
 pub const HORIZON: Duration = Duration::from_secs(30);
 
+/// Windows mode's settings for a context.
+#[derive(Debug, Clone, Copy)]
+pub struct WinCfg {
+    pub window: Duration,
+    /// Cost budget as a fraction of the time (0.005: 0.5 %).
+    pub budget: f64,
+}
+
 /// Seconds kept (at least the horizon's, plus the one under way).
 const SLOTS: usize = 64;
 

@@ -10,6 +10,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gpuprof_cupti::pcsampling::{FunctionName, PcBuffer, PcConfig, StallReasons};
+
+use super::budget::WinCfg;
+use crate::tracer::PcEventKind;
 use gpuprof_cupti::{Context, Cupti, CuptiError, LiveContext, PcSampling};
 
 use super::meter::WINDOWS;
@@ -82,7 +85,7 @@ pub(super) fn enable(
     // The process's first enable carries CUPTI's one-time set-up.
     static ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !ONCE.swap(true, Ordering::Relaxed) {
-        super::window::SETUP_NS.store(t_enable.as_nanos() as u64, Ordering::Relaxed);
+        super::meter::SETUP_NS.store(t_enable.as_nanos() as u64, Ordering::Relaxed);
     }
     let reasons = match sampling.stall_reasons(cupti, c) {
         Ok(r) => r,
@@ -172,4 +175,44 @@ pub(super) fn merge(into: &mut Agg, into_totals: &mut (u64, u64), agg: Agg, tota
     }
     into_totals.0 += totals.0;
     into_totals.1 += totals.1;
+}
+
+/// Operations for the next launch or synchronization on the device's context ([`super::app`]).
+pub enum Op {
+    Enable {
+        device: u32,
+        ctx: Context,
+        cfg: PcConfig,
+        wanted: Vec<String>,
+        /// Windows mode (None: continuous).
+        win: Option<WinCfg>,
+    },
+    /// Disable; then report `kind` (`Healed` means enable again).
+    Disable { device: u32, kind: PcEventKind, reason: String },
+}
+
+/// Results of [`Op`]s for the background thread.
+pub enum Done {
+    Enabled {
+        device: u32,
+        reasons: StallReasons,
+        unknown: Vec<String>,
+    },
+    EnableFailed {
+        device: u32,
+        error: CuptiError,
+    },
+    Disabled {
+        device: u32,
+        kind: PcEventKind,
+        reason: String,
+        agg: Agg,
+        totals: (u64, u64),
+    },
+    /// The context was being destroyed: read, disabled, and the device waits for a new one.
+    ContextGone {
+        device: u32,
+        agg: Agg,
+        totals: (u64, u64),
+    },
 }

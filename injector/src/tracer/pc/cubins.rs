@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crate::tracer::hooks;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use gpuprof_cupti::Cupti;
@@ -147,6 +149,41 @@ impl Cubins {
         self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
         self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(crc, Arc::new(bytes));
     }
+}
+
+/// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
+/// cubins are kept from here on, through the subscriber's module-load callback, so that modules
+/// loaded before the lease comes (JIT-compiled from PTX, or from memory, at the first launch)
+/// have source lines. CUPTI calls only; the driver API is not usable yet.
+/// Ends at the trace's stop when no device is sampled then ([`release_from_start`]), and at the
+/// first lease's end.
+pub fn capture_from_start(cupti: &Arc<Cupti>) -> Result<(), gpuprof_cupti::CuptiError> {
+    hooks::acquire(cupti, hooks::User::Pc)?;
+    capture_on(cupti, true);
+    FROM_START.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// The subscriber and cubin capture were taken at `cuInit` ([`capture_from_start`]) and no
+/// lease has ended them yet.
+static FROM_START: AtomicBool = AtomicBool::new(false);
+
+/// A trace stops: what [`capture_from_start`] took is given back unless PC sampling is `busy`
+/// (a device sampled or an operation waiting: then the lease's end gives it back).
+pub fn release_from_start(cupti: &Arc<Cupti>, busy: bool) {
+    if !FROM_START.load(Ordering::SeqCst) || busy {
+        return;
+    }
+    FROM_START.store(false, Ordering::SeqCst);
+    capture_on(cupti, false);
+    if hooks::held_by(hooks::User::Pc) {
+        hooks::release(cupti, hooks::User::Pc);
+    }
+}
+
+/// The first lease's end gives back what [`capture_from_start`] took.
+pub fn forget_from_start() {
+    FROM_START.store(false, Ordering::SeqCst);
 }
 
 /// Looks asked of the look-up thread and not done yet.

@@ -1,6 +1,6 @@
 //! What PC sampling costs the application and where the application works, measured on its
 //! own threads: the synchronizations and launches per context (for the daemon's scheduler,
-//! [`device_activity`]), the time PC-sampling calls take ([`charge`], which goes to the
+//! `device_activity`), the time PC-sampling calls take ([`charge`], which goes to the
 //! budget's ledger) and what they add to the synchronizations they run in ([`timed`]), and the
 //! settings read from the environment for measurements.
 
@@ -236,41 +236,14 @@ pub(super) fn set_detached(ctxs: Vec<usize>) {
 pub(super) static PROBING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 pub(super) const PROBE_LAUNCHES: u64 = 8;
 
-/// Per device of `devices`: whether the process has an active primary context there, and the
-/// CUDA synchronizations and kernel launches counted on that context since the last call (by
-/// the subscriber's callbacks, which exist while a session traces the process). When it saw
-/// none, the launch callbacks are switched on for a few launches ([`PROBING`]), so that a
-/// process that launches without ever synchronizing is seen working at the next call.
-pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
-    if super::DRIVER.get().is_none()
-        && let Some(d) = gpuprof_cupti::device::Driver::already_loaded()
-    {
-        let _ = super::DRIVER.set(d);
-    }
-    let Some(driver) = super::DRIVER.get() else { return Vec::new() };
-    let syncs = SYNCS.take();
-    let launches = LAUNCHES_BY_CTX.take();
-    let detached: Vec<usize> = DETACHED_CTX.iter().map(|c| c.load(Ordering::SeqCst)).filter(|&c| c != 0).collect();
-    let on = |of: &[(usize, u64)], ctx: usize| of.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum::<u64>();
-    let out: Vec<(u32, bool, u64, u64)> = devices
-        .iter()
-        .filter_map(|&dev| {
-            let ctx = driver.active_primary_context(dev)?.context().id();
-            let (n, l) = (on(&syncs, ctx), on(&launches, ctx));
-            // Between windows with CUPTI finalized no call is seen: the context counts as
-            // working as it did in its last window (the next window looks again).
-            Some((dev, true, if n == 0 && l == 0 && detached.contains(&ctx) { 1 } else { n }, l))
-        })
-        .collect();
-    crate::log::log!(Debug, "synchronizations by context {syncs:x?}, launches {launches:x?}; by device {out:?}");
-    if syncs.is_empty() && !out.is_empty() && hooks::held() && !super::app::launches_wanted(Duration::ZERO) {
-        PROBING.store(true, Ordering::SeqCst);
-        if let Some(cupti) = super::app::cupti() {
-            hooks::set_launches(cupti, true);
-        }
-    }
-    out
+/// The contexts between windows with CUPTI finalized.
+pub(super) fn detached_contexts() -> Vec<usize> {
+    DETACHED_CTX.iter().map(|c| c.load(Ordering::SeqCst)).filter(|&c| c != 0).collect()
 }
+
+/// CUPTI's one-time set-up (the process's first enable), ns: counted in the ledger when paid,
+/// but not in what later windows are expected to cost.
+pub(super) static SETUP_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 thread_local! {
     /// Set on the injector's own threads: their synchronizations run nothing here.

@@ -1,18 +1,10 @@
 //! PC sampling through CUPTI on the daemon's lease, per device's primary context, in windows
 //! under a cost budget ([`window`], [`budget`]) or continuously: enabled, read and disabled on
 //! the application's threads at its kernel launches and synchronizations ([`app`]); aggregated
-//! per (function, PC, stall reason) and resolved to source lines from the cubins captured at
-//! module load ([`cubins`]) on the background thread ([`resolve`]), which also heals a hardware
-//! buffer stuck full (disable, enable again) and stands down on HARDWARE_BUSY.
-//!
-//! While any device is leased the library holds the process's CUPTI subscriber (one per process
-//! on CUDA 13.0), with the module-load and synchronization callbacks on, and the launch
-//! callbacks while work may be due at launches; it is given up when the last lease ends,
-//! before a trace's detach. Without it (another CUPTI client holds it) PC
-//! sampling is refused. When a PC-sampling session awaits the process (the new-process hint)
-//! it is held from `cuInit` on, so that modules loaded before the lease have cubins; else
-//! modules loaded before the lease are looked for in the mapped ELF files, and those in no file
-//! (JIT-compiled, loaded from memory) carry no line.
+//! per (function, PC, stall reason) and resolved to source lines from the cubins ([`cubins`]) on
+//! the background thread ([`resolve`]), which also heals a hardware buffer stuck full and stands
+//! down on HARDWARE_BUSY. While any device is leased the library holds the process's one CUPTI
+//! subscriber ([`hooks`]); PC sampling is refused when another CUPTI client holds it.
 
 mod app;
 mod budget;
@@ -21,11 +13,10 @@ mod cubins;
 mod launches;
 mod meter;
 mod resolve;
-pub use meter::device_activity;
 mod stalls;
 mod window;
 
-pub use app::{capture_from_start, register_hooks, release_from_start};
+pub use app::register_hooks;
 pub use stalls::{STALL_PREFIX, select_stalls};
 pub use window::set_detach_mode;
 
@@ -185,7 +176,7 @@ impl PcSampler {
         // is not let go before (and made again at the next lease while the application runs).
         if self.devs.is_empty() && !app::pending() && !window::detach_asked() {
             cubins::capture_on(&self.cupti, false);
-            app::forget_from_start();
+            cubins::forget_from_start();
             if hooks::held_by(User::Pc) {
                 hooks::release(&self.cupti, User::Pc);
             }
@@ -272,7 +263,7 @@ impl PcSampler {
             worker_sleep_ms: meter::worker_ms(if d.req.continuous { 0 } else { WINDOW_WORKER_MS }),
             start_stop: false,
         };
-        let win = (!d.req.continuous).then(|| window::WinCfg {
+        let win = (!d.req.continuous).then(|| budget::WinCfg {
             window: meter::window_len(d.req.window_ms),
             budget: f64::from(if d.req.cost_budget_ppm == 0 { 5000 } else { d.req.cost_budget_ppm }) / 1e6,
         });
@@ -548,9 +539,58 @@ impl PcSampler {
     }
 }
 
+/// A PC-sampling session awaits this process (the new-process hint, read inside `cuInit`):
+/// PC sampling's callbacks registered, and [`cubins::capture_from_start`].
+pub fn capture_from_start(cupti: &Arc<Cupti>) -> Result<(), gpuprof_cupti::CuptiError> {
+    app::init(cupti);
+    app::register_hooks();
+    cubins::capture_from_start(cupti)
+}
+
+/// A trace stops: [`cubins::release_from_start`], unless a device is sampled or waits.
+pub fn release_from_start(cupti: &Arc<Cupti>) {
+    cubins::release_from_start(cupti, app::pending() || app::sampling());
+}
+
 /// Called on the exiting thread by the `atexit` handler: reads and disables every context
 /// still sampled (see [`app::stop_all`]; `live` vouches for them); [`PcSampler::collect_at_exit`]
 /// then sends it.
 pub fn stop_at_exit(live: &dyn Fn(Context) -> Option<LiveContext<'static>>) {
     app::stop_all("process exit", live);
+}
+
+/// Per device of `devices`: whether the process has an active primary context there, and the
+/// CUDA synchronizations and kernel launches counted on that context since the last call (by
+/// the subscriber's callbacks, which exist while a session traces the process). When it saw
+/// none, the launch callbacks are switched on for a few launches ([`meter::PROBING`]), so that a
+/// process that launches without ever synchronizing is seen working at the next call.
+pub fn device_activity(devices: &[u32]) -> Vec<(u32, bool, u64, u64)> {
+    if DRIVER.get().is_none()
+        && let Some(d) = gpuprof_cupti::device::Driver::already_loaded()
+    {
+        let _ = DRIVER.set(d);
+    }
+    let Some(driver) = DRIVER.get() else { return Vec::new() };
+    let syncs = meter::SYNCS.take();
+    let launches = meter::LAUNCHES_BY_CTX.take();
+    let detached = meter::detached_contexts();
+    let on = |of: &[(usize, u64)], ctx: usize| of.iter().filter(|(c, _)| *c == ctx).map(|(_, n)| n).sum::<u64>();
+    let out: Vec<(u32, bool, u64, u64)> = devices
+        .iter()
+        .filter_map(|&dev| {
+            let ctx = driver.active_primary_context(dev)?.context().id();
+            let (n, l) = (on(&syncs, ctx), on(&launches, ctx));
+            // Between windows with CUPTI finalized no call is seen: the context counts as
+            // working as it did in its last window (the next window looks again).
+            Some((dev, true, if n == 0 && l == 0 && detached.contains(&ctx) { 1 } else { n }, l))
+        })
+        .collect();
+    crate::log::log!(Debug, "synchronizations by context {syncs:x?}, launches {launches:x?}; by device {out:?}");
+    if syncs.is_empty() && !out.is_empty() && hooks::held() && !app::launches_wanted(Duration::ZERO) {
+        meter::PROBING.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(cupti) = app::cupti() {
+            hooks::set_launches(cupti, true);
+        }
+    }
+    out
 }

@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use gpuprof_cupti::pcsampling::PcConfig;
 use gpuprof_cupti::{Cupti, LiveContext};
 
-use super::budget::{self, HORIZON};
+use super::budget::{self, HORIZON, WinCfg};
 use super::context::{Live as Sampled, disable_into, enable};
 use super::launches::{LAUNCHES, SLOW_LAUNCH, Watch, take_base};
-use super::meter::{APP_NS, WINDOWS, charge};
+use super::meter::{APP_NS, SETUP_NS, WINDOWS, charge};
 
 /// A context sampled in windows.
 type Live = Sampled<(Win, PcConfig, Vec<String>)>;
@@ -116,21 +116,10 @@ pub fn detach_between() -> bool {
     })
 }
 
-/// Windows mode's settings for a context.
-#[derive(Debug, Clone, Copy)]
-pub struct WinCfg {
-    pub window: Duration,
-    /// Cost budget as a fraction of the time (0.005: 0.5 %).
-    pub budget: f64,
-}
-
 /// The process's windows, whatever their lease: when the last opened (ms since the ledger's
 /// epoch + 1; 0: none yet), and what a window costs (a moving average, ns; 0: not known).
 static LAST_OPEN_MS: AtomicU64 = AtomicU64::new(0);
 static EXPECTED_NS: AtomicU64 = AtomicU64::new(0);
-/// CUPTI's one-time set-up (the process's first enable), ns: counted in the ledger when paid,
-/// but not in what later windows are expected to cost.
-pub(super) static SETUP_NS: AtomicU64 = AtomicU64::new(0);
 
 fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
