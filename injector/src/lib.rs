@@ -26,7 +26,6 @@ pub mod log;
 pub mod nccl;
 pub mod pool;
 pub mod records;
-pub mod sched;
 pub mod socket_fd;
+pub mod sys;
 pub mod tracer;
-pub mod wake;

@@ -1,8 +1,5 @@
 //! Process-wide lifecycle: one initialisation per process (uninitialised → running → exited,
 //! or disabled in a forked child), the background thread, `atexit` and `pthread_atfork`.
-// Safety: registration of atexit/atfork handlers and closing an inherited descriptor in the
-// fork child (close is async-signal-safe).
-#![allow(unsafe_code)]
 
 use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -12,8 +9,8 @@ use std::time::Duration;
 use crate::agent::{Agent, Control, Identity};
 use crate::config::Config;
 use crate::log::log;
+use crate::sys::Wake;
 use crate::tracer::{Backend, CuptiBackend, Shared, StartOutcome};
-use crate::wake::Wake;
 
 const UNINIT: u8 = 0;
 const RUNNING: u8 = 1;
@@ -53,11 +50,7 @@ pub fn initialize() {
         wake: Arc::new(wake),
         exit_timeout: cfg.exit_timeout,
     });
-    // Safety: registering plain `extern "C"` functions of this library, which stays loaded.
-    unsafe {
-        libc::atexit(at_exit);
-        libc::pthread_atfork(None, None, Some(in_fork_child));
-    }
+    crate::sys::on_exit_and_fork(at_exit, in_fork_child);
     early_api(&cfg);
     let control = global.control.clone();
     let wake = global.wake.clone();
@@ -98,8 +91,7 @@ fn early_api(cfg: &Config) {
     let me = || {
         me.get_or_init(|| {
             let id = Identity::of_this_process(Vec::new());
-            // Safety: getuid has no preconditions.
-            let uid = unsafe { libc::getuid() };
+            let uid = crate::sys::getuid();
             gpuprof_proto::hint::Me { pid: id.pid, uid, exe: id.exe, cmdline: id.cmdline, cgroup: id.cgroup }
         })
     };
@@ -272,8 +264,8 @@ extern "C" fn at_exit() {
         crate::tracer::detach::disarm();
         // PC sampling is read and disabled here, on an application thread, while its contexts
         // are still there (one destroyed earlier was closed by its destroy callback).
-        // Safety: so every context PC sampling still has is alive until this call returns.
-        crate::tracer::pc_stop_at_exit(&|ctx| unsafe { gpuprof_cupti::LiveContext::assume(ctx) });
+        // Every context PC sampling still has is alive until this call returns.
+        crate::tracer::pc_stop_at_exit(&crate::tracer::vouch_at_exit);
         // Flush on this thread, as a plain CUPTI client would in its exit handler: the buffers
         // come back through buffer_completed into the queue. No activity kind is disabled here:
         // with a static CUDA runtime its own exit handler may already have torn CUDA down.
@@ -294,8 +286,8 @@ extern "C" fn in_fork_child() {
     crate::tracer::detach::disarm();
     let fd = crate::socket_fd::take();
     if fd >= 0 {
-        // Safety: the child's copy of the parent's socket; closing it affects only the child.
-        unsafe { libc::close(fd) };
+        // The child's copy of the parent's socket: closing it affects only the child.
+        crate::sys::close_fd(fd);
     }
 }
 

@@ -171,12 +171,10 @@ fn only_the_cupti_crate_names_its_raw_bindings() {
 /// calls take a callback's `LiveContext`).
 const INJECTOR_UNSAFE: &[&str] = &[
     "injector/src/exports.rs",
-    "injector/src/lifecycle.rs",
     "injector/src/pool.rs",
-    "injector/src/sched.rs",
+    "injector/src/sys.rs",
     "injector/src/tracer/callbacks.rs",
     "injector/src/tracer/hooks.rs",
-    "injector/src/wake.rs",
 ];
 
 #[test]

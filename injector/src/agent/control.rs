@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::wake::Wake;
+use crate::sys::Wake;
 
 /// Exit handshake between the `atexit` handler and the background thread.
 #[derive(Default)]

@@ -16,11 +16,11 @@ use super::api_watch::API_WATCH_ATTEMPTS;
 use super::{Agent, Control, Identity};
 use crate::config::Config;
 use crate::records::tests::kernel_bytes;
+use crate::sys::Wake;
 use crate::tracer::{
     Backend, Completed, CubinAnswer, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow,
     RecordSource, StartOutcome,
 };
-use crate::wake::Wake;
 
 struct FakeBuffer(Vec<Vec<u8>>);
 impl RecordSource for FakeBuffer {

@@ -40,8 +40,8 @@ pub use pc::STILL_STOPPING;
 use crate::config::Config;
 use crate::convert::Converter;
 use crate::log::log;
+use crate::sys::{Wake, poll_readable};
 use crate::tracer::{Backend, Completed};
-use crate::wake::{Wake, poll_readable};
 
 /// While a detach left pending at the stop waits for the application: how often it is looked at.
 const DETACH_POLL: Duration = Duration::from_millis(100);

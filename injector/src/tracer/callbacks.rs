@@ -15,7 +15,7 @@ use super::backend::{Completed, RecordSource};
 use crate::convert::kind_of_activity;
 use crate::pool::{Buf, Pool};
 use crate::records;
-use crate::wake::Wake;
+use crate::sys::Wake;
 use gpuprof_cupti::ids;
 use gpuprof_cupti::{Context, Cupti};
 
@@ -166,4 +166,12 @@ impl Drop for CuptiBuffer {
             self.shared.pool.recycle(b);
         }
     }
+}
+
+/// At process exit (for the `atexit` handler only, on the exiting thread): vouches that a
+/// context PC sampling still has is alive, for the reads and disables before CUDA tears down.
+pub(crate) fn vouch_at_exit(ctx: Context) -> Option<gpuprof_cupti::LiveContext<'static>> {
+    // Safety: called only from the `atexit` handler before CUDA's own teardown; a context
+    // destroyed earlier was closed by its destroy callback and is no longer PC sampling's.
+    unsafe { gpuprof_cupti::LiveContext::assume(ctx) }
 }

@@ -23,6 +23,7 @@ pub use backend::{
     Backend, Completed, CubinAnswer, PcBackend, PcBatch, PcEvent, PcEventKind, PcOutput, PcRequest, PcRow,
     RecordSource, STILL_STOPPING, StartOutcome,
 };
+pub(crate) use callbacks::vouch_at_exit;
 pub use callbacks::{Shared, TRACING, install, now_ms};
 pub use cupti_backend::{CuptiBackend, Tuning, hook_runtime};
 pub(crate) use pc::capture_from_start as pc_capture_from_start;

@@ -207,7 +207,7 @@ pub fn request_late(wanted: Vec<(u64, String)>, sm: u32) {
             super::meter::mark_own_thread();
             // Seconds of CPU in a PyTorch process (6-9 s on the H200 machines): never taken from
             // the application's threads.
-            if let Err(e) = crate::sched::idle_priority() {
+            if let Err(e) = crate::sys::idle_priority() {
                 crate::log::log!(Debug, "PC sampling: the cubin look-up thread keeps its priority: {e}");
             }
             while let Ok((wanted, sm)) = rx.recv() {
