@@ -81,11 +81,21 @@ fn set_due(s: &State) {
 /// sampled continuously or has a window open, or a window is due.
 pub fn launches_wanted(ahead: Duration) -> bool {
     let s = state();
-    !s.pending.is_empty()
+    ops_due(&s, ahead)
         || s.live.values().any(|l| match &l.win {
             None => l.on.is_some(),
             Some((w, _, _)) => w.is_open() || w.due_within(ahead),
         })
+}
+
+/// Whether an armed operation may run within `ahead` (not an enable the budget put off past it).
+fn ops_due(s: &State, ahead: Duration) -> bool {
+    !s.pending.is_empty() && s.deferred_until.is_none_or(|t| t <= Instant::now() + ahead)
+}
+
+/// Whether an armed operation may run within `ahead`.
+pub fn pending_within(ahead: Duration) -> bool {
+    ops_due(&state(), ahead)
 }
 
 /// Counts the time `l` has been enabled since it was last counted, for `device`.

@@ -144,8 +144,10 @@ impl PcSampler {
         if !window::DETACHED.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        let waiting = app::pending();
-        if !app::windowed() && !waiting {
+        // An enable the budget put off is no reason to attach CUPTI (and pay its per-launch cost)
+        // before it may run.
+        let waiting = app::pending_within(REATTACH_AHEAD);
+        if !app::windowed() && !app::pending() {
             window::DETACHED.store(false, std::sync::atomic::Ordering::SeqCst);
             meter::set_detached(Vec::new());
             return;
