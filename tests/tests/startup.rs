@@ -8,6 +8,19 @@
 
 use gpuprof_testkit::TestDaemon;
 
+/// The daemon's log once it holds the ready line (the API answers a moment before the line is
+/// written), waiting up to 30 s.
+fn log_when_ready(d: &TestDaemon) -> String {
+    let t0 = std::time::Instant::now();
+    loop {
+        let log = log_when_ready(&d);
+        if log.contains(" ready: ") || t0.elapsed() > std::time::Duration::from_secs(30) {
+            return log;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The log's lines up to and including the ready line (shutdown's come after it).
 fn start_lines(log: &str) -> Vec<String> {
     let lines: Vec<String> = log.lines().map(str::to_string).collect();
@@ -24,7 +37,7 @@ fn start_up_says_three_things_once_each() {
     std::fs::write(&config, "[metrics]\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\n").unwrap();
     let args = ["--config", config.to_str().unwrap()];
     let d = TestDaemon::start_logged(&state, &args, &[], &dir.path().join("first.log")).unwrap();
-    let log = d.log_text();
+    let log = log_when_ready(&d);
     let lines = start_lines(&log);
     let migrations = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations")).unwrap().count();
     assert!(migrations >= 16);
@@ -59,7 +72,7 @@ fn start_up_says_three_things_once_each() {
 
     // Again on the same database: its schema is current, nothing to say about it.
     let d = TestDaemon::start_logged(&state, &args, &[], &dir.path().join("second.log")).unwrap();
-    let log = d.log_text();
+    let log = log_when_ready(&d);
     let lines = start_lines(&log);
     assert!(!lines.iter().any(|l| l.contains("schema")), "{log}");
     assert_eq!(lines.len(), 2, "driver, ready:\n{log}");
