@@ -13,7 +13,7 @@ use gpuprof_testkit::TestDaemon;
 fn log_when_ready(d: &TestDaemon) -> String {
     let t0 = std::time::Instant::now();
     loop {
-        let log = log_when_ready(&d);
+        let log = d.log_text();
         if log.contains(" ready: ") || t0.elapsed() > std::time::Duration::from_secs(30) {
             return log;
         }
