@@ -3,7 +3,7 @@
 // required there) with arguments whose validity is stated next to it.
 #![allow(unsafe_code)]
 
-use crate::callback::Context;
+use crate::callback::{Callback, Context};
 use crate::error::{CuptiError, check};
 use crate::loader::Cupti;
 use crate::sys::cupti as sys;
@@ -125,6 +125,17 @@ impl Cupti {
         Ok(Subscriber(handle))
     }
 
+    /// `cuptiSubscribe` with a callback written in safe Rust: CUPTI's arguments reach `handler`
+    /// wrapped in a [`Callback`] (valid for the call only), and a panic in it stops there.
+    pub fn subscribe_handler(&self, handler: Handler) -> Result<Subscriber, CuptiError> {
+        let mut handle: sys::CUpti_SubscriberHandle = std::ptr::null_mut();
+        // Safety: `trampoline` has CUPTI's callback signature and is a static of this crate;
+        // the user data is `handler`, a function pointer that lives as long as the process, cast
+        // back in `trampoline`; `handle` is a valid out pointer.
+        check(unsafe { self.raw.cuptiSubscribe(&mut handle, Some(trampoline), handler as *mut std::ffi::c_void) })?;
+        Ok(Subscriber(handle))
+    }
+
     /// `cuptiUnsubscribe(handle)`. Not needed after [`Cupti::finalize`], which ends every
     /// subscriber.
     pub fn unsubscribe(&self, s: Subscriber) -> Result<(), CuptiError> {
@@ -185,3 +196,53 @@ pub struct Subscriber(sys::CUpti_SubscriberHandle);
 
 // Safety: a subscriber handle is an opaque token CUPTI accepts from any thread.
 unsafe impl Send for Subscriber {}
+
+/// A subscriber's callback in safe Rust ([`Cupti::subscribe_handler`]).
+pub type Handler = fn(&Callback<'_>);
+
+/// CUPTI's callback for [`Cupti::subscribe_handler`]: the user data is the handler.
+extern "C" fn trampoline(
+    userdata: *mut std::ffi::c_void,
+    domain: sys::CUpti_CallbackDomain,
+    cbid: sys::CUpti_CallbackId,
+    cbdata: *const std::ffi::c_void,
+) {
+    if userdata.is_null() {
+        return;
+    }
+    // Safety: `userdata` is the `Handler` that `subscribe_handler` cast to a pointer, of the
+    // same size, cast back unchanged.
+    let handler = unsafe { std::mem::transmute::<*mut std::ffi::c_void, Handler>(userdata) };
+    // Safety: CUPTI's arguments to the running subscriber callback, used only until it returns.
+    let cb = unsafe { Callback::from_raw(domain, cbid, cbdata) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&cb)));
+}
+
+#[cfg(test)]
+mod trampoline_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    static SEEN: AtomicU32 = AtomicU32::new(0);
+
+    fn handler(cb: &Callback<'_>) {
+        SEEN.store(cb.domain() * 1000 + cb.cbid(), Ordering::SeqCst);
+    }
+
+    fn panics(_: &Callback<'_>) {
+        panic!("a handler's panic stays in the trampoline");
+    }
+
+    #[test]
+    fn the_trampoline_hands_cuptis_arguments_to_the_handler_it_was_given() {
+        // Safety: CUpti_CallbackData is plain C data (integers and pointers); all zeros is a
+        // valid value, standing for CUPTI's.
+        let data: sys::CUpti_CallbackData = unsafe { std::mem::zeroed() };
+        let p = (&data as *const sys::CUpti_CallbackData).cast();
+        trampoline(handler as Handler as *mut std::ffi::c_void, sys::CUPTI_CB_DOMAIN_DRIVER_API, 17, p);
+        assert_eq!(SEEN.load(Ordering::SeqCst), sys::CUPTI_CB_DOMAIN_DRIVER_API * 1000 + 17);
+        trampoline(std::ptr::null_mut(), sys::CUPTI_CB_DOMAIN_RUNTIME_API, 3, p);
+        assert_eq!(SEEN.load(Ordering::SeqCst), sys::CUPTI_CB_DOMAIN_DRIVER_API * 1000 + 17, "no handler: nothing");
+        trampoline(panics as Handler as *mut std::ffi::c_void, sys::CUPTI_CB_DOMAIN_RUNTIME_API, 3, p);
+    }
+}

@@ -9,11 +9,7 @@
 //! finalized or its last user lets go. It is never made when a trace stops: on the H100 a
 //! subscriber made at the stop of a trace whose process was launching kernels, and finalizing
 //! in its first callback, crashed the process in 4 of 4 runs; one made at attach, in none.
-// Safety: the `extern "C"` callback wraps CUPTI's arguments in a typed `Callback` (its one
-// unsafe block) for the registered handlers.
-#![allow(unsafe_code)]
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -109,7 +105,7 @@ pub fn register(user: User, callback: Handler, launch: Option<Handler>) {
 pub fn acquire(cupti: &Cupti, user: User) -> Result<(), CuptiError> {
     let mut h = hooks();
     if h.sub.is_none() {
-        let s = cupti.subscribe(Some(on_callback))?;
+        let s = cupti.subscribe_handler(on_callback)?;
         let res = [ids::CUPTI_CBID_RESOURCE_MODULE_LOADED, ids::CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING]
             .map(|cbid| (ids::CUPTI_CB_DOMAIN_RESOURCE, cbid));
         for (domain, cbid) in res.into_iter().chain(SYNC_CALLS) {
@@ -317,29 +313,24 @@ pub fn activity() -> bool {
     ACTIVITY.load(Ordering::SeqCst)
 }
 
-extern "C" fn on_callback(
-    _userdata: *mut c_void,
-    domain: ids::CUpti_CallbackDomain,
-    cbid: ids::CUpti_CallbackId,
-    cbdata: *const c_void,
-) {
-    // Safety: CUPTI's arguments to this subscriber callback, used only until it returns.
-    let cb = unsafe { Callback::from_raw(domain, cbid, cbdata) };
+/// The subscriber's callback: CUPTI's arguments, for the registered handlers.
+fn on_callback(cb: &Callback<'_>) {
+    let (domain, cbid) = (cb.domain(), cb.cbid());
     if is_launch(domain, cbid) {
         // PC sampling's only: a trace's detach never happens under a launch.
         if let Some(f) = PC_LAUNCH.get() {
-            f(&cb);
+            f(cb);
         }
         return;
     }
     // PC sampling's work at a synchronization's exit comes before a finalize at the same exit.
     if let Some(f) = PC_CALLBACK.get() {
-        f(&cb);
+        f(cb);
     }
     if (domain == ids::CUPTI_CB_DOMAIN_RUNTIME_API || domain == ids::CUPTI_CB_DOMAIN_DRIVER_API)
         && let Some(f) = DETACH_API.get()
     {
-        f(&cb);
+        f(cb);
     }
 }
 

@@ -1,12 +1,9 @@
-//! What runs on the application's threads, inside CUPTI's callbacks at the entries of kernel
-//! launches and of CUDA synchronizations: enabling and configuring PC sampling on a context,
-//! reading it (`GetData`, at most every [`super::meter::READ_GAP`]), disabling it, and in windows
-//! mode the windows' steps ([`super::window`]). A launch does this work only when some is due
-//! ([`DUE_AT`], one atomic load per launch), so that a loop that never synchronizes is sampled
-//! too. The background thread only arms operations and takes their results: CUPTI calls on a
-//! context from another thread while the application launched kernels hung or aborted PyTorch.
-//! Every CUPTI call here takes the callback's [`LiveContext`] (at exit, the one `lifecycle`
-//! vouches for).
+//! What runs on the application's threads inside CUPTI's callbacks, at the entries of kernel
+//! launches (only when work is due: [`DUE_AT`], one atomic load) and of CUDA synchronizations:
+//! enabling, reading (`GetData`) and disabling PC sampling, and the windows' steps
+//! ([`super::window`]). The background thread only arms operations and takes their results
+//! (CUPTI calls on a context from another thread hung PyTorch); every call here takes the
+//! callback's [`LiveContext`].
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -92,8 +89,6 @@ pub fn launches_wanted(ahead: Duration) -> bool {
 fn ops_due(s: &State, ahead: Duration) -> bool {
     !s.pending.is_empty() && s.deferred_until.is_none_or(|t| t <= Instant::now() + ahead)
 }
-
-/// Whether an armed operation may run within `ahead`.
 pub fn pending_within(ahead: Duration) -> bool {
     ops_due(&state(), ahead)
 }
