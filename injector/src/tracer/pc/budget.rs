@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::launches::{LaunchTimes, SLOW_LAUNCH};
+
 /// The stretch over which a process's PC-sampling cost stays within its budget. At the default
 /// 0.5 % that allows 150 ms in any 30 s: one window with its enable, first-launch wait, disable
 /// and finalize (~100-150 ms), so windows come every ~30 s through a job's life; and a run of
@@ -102,6 +104,36 @@ pub(super) fn pace(cost: Duration, budget: f64) -> Duration {
     if budget <= 0.0 { HORIZON } else { cost.div_f64(budget).min(HORIZON) }
 }
 
+/// What CUPTI adds to a kernel launch while PC sampling is enabled at least (1.5 µs measured on
+/// the H100's small-kernel loop; rounded up): charged per launch inside a window when the
+/// launches outside it were not timed, or took as long.
+const ENABLED_COST_PER_LAUNCH: Duration = Duration::from_micros(2);
+/// A window stays open past its length until it has seen this many launches (a process in
+/// its start-up launches little), for at most [`MAX_OPEN`].
+const MIN_LAUNCHES: u64 = 32;
+const MAX_OPEN: Duration = Duration::from_secs(2);
+/// What being enabled costs the GPU's own work, as a fraction of the window's time (CUPTI's
+/// continuous sampler cost a bf16 matmul loop 0.3-0.9 % on the H200): charged per window.
+const ENABLED_GPU_SHARE: f64 = 0.01;
+
+/// Whether a window open for `open` closes now: it has lasted its `len` from its first launch's
+/// return (`first`, which waits for CUPTI) and seen [`MIN_LAUNCHES`] launches (`seen`), or has
+/// been open [`MAX_OPEN`] (or its length, if longer).
+pub(super) fn closes(open: Duration, len: Duration, first: Duration, seen: u64) -> bool {
+    open >= len + first && (seen >= MIN_LAUNCHES || open >= MAX_OPEN.max(len))
+}
+
+/// What a window open for `open` is charged beyond its calls: the first launch's wait past a
+/// plain launch's ([`SLOW_LAUNCH`]), and what its other launches took beyond a launch before it
+/// (`base`; at least [`ENABLED_COST_PER_LAUNCH`] each) plus the GPU's share while enabled.
+pub(super) fn charge(times: &LaunchTimes, base: Option<Duration>, open: Duration) -> (Duration, Duration) {
+    let stall = times.first.saturating_sub(SLOW_LAUNCH);
+    let added = base.map_or(ENABLED_COST_PER_LAUNCH, |b| times.rest_mean.saturating_sub(b));
+    let per_launch = added.max(ENABLED_COST_PER_LAUNCH) * times.rest.min(u64::from(u32::MAX)) as u32
+        + open.mul_f64(ENABLED_GPU_SHARE);
+    (stall, per_launch)
+}
+
 /// A new window's expected cost after one that cost `last`: a moving average of the windows'
 /// costs (`avg`, None before the first).
 pub(super) fn expect(avg: Option<Duration>, last: Duration) -> Duration {
@@ -130,6 +162,37 @@ mod tests {
         // A second that comes back to a slot forgets what the slot held.
         l.spend_at(SLOTS as u64, 7 * MS);
         assert_eq!(l.spent_at(SLOTS as u64, HORIZON), 7 * MS);
+    }
+
+    #[test]
+    fn a_window_closes_after_its_length_from_its_first_launch_once_it_saw_32_launches_or_2_s() {
+        let (len, first) = (200 * MS, 70 * MS);
+        assert!(!closes(200 * MS, len, first, 500), "the first launch's wait does not count");
+        assert!(closes(270 * MS, len, first, 500));
+        assert!(!closes(900 * MS, len, first, 31), "a process in its start-up launches little");
+        assert!(closes(900 * MS, len, first, 32));
+        assert!(closes(2000 * MS, len, first, 0), "2 s at most");
+        assert!(!closes(2500 * MS, 3000 * MS, Duration::ZERO, 0), "a longer window lasts its length");
+    }
+
+    #[test]
+    fn a_window_is_charged_its_first_launch_wait_and_what_its_launches_took_beyond_the_base() {
+        let times = LaunchTimes {
+            first: 75 * MS,
+            rest_mean: Duration::from_micros(14),
+            rest: 10_000,
+            ..LaunchTimes::default()
+        };
+        let open = 300 * MS;
+        let gpu = open.mul_f64(ENABLED_GPU_SHARE);
+        let (stall, launches) = charge(&times, Some(Duration::from_micros(4)), open);
+        assert_eq!(stall, 74 * MS, "past a plain launch's 1 ms");
+        assert_eq!(launches, 100 * MS + gpu, "10 us beyond the base, 10k times");
+        let (_, unknown) = charge(&times, None, open);
+        assert_eq!(unknown, 20 * MS + gpu, "no base: the least per-launch cost");
+        let queue_bound = LaunchTimes { rest_mean: 1600 * Duration::from_micros(1), rest: 100, ..times };
+        let (_, blocked) = charge(&queue_bound, Some(1590 * Duration::from_micros(1)), open);
+        assert_eq!(blocked, Duration::from_micros(1000) + gpu, "launches that wait for the queue anyway cost little");
     }
 
     #[test]

@@ -25,25 +25,14 @@ use gpuprof_cupti::{Cupti, LiveContext};
 
 use super::budget::{self, HORIZON, WinCfg};
 use super::context::{Live as Sampled, disable_into, enable};
-use super::launches::{LAUNCHES, SLOW_LAUNCH, Watch, take_base};
+use super::launches::{LAUNCHES, Watch, take_base};
 use super::meter::{APP_NS, SETUP_NS, WINDOWS, charge};
 
 /// A context sampled in windows.
 type Live = Sampled<(Win, PcConfig, Vec<String>)>;
 
-/// What CUPTI adds to a kernel launch while PC sampling is enabled at least (1.5 µs measured on
-/// the H100's small-kernel loop; rounded up): charged per launch inside a window when the
-/// launches outside it were not timed, or took as long.
-const ENABLED_COST_PER_LAUNCH: Duration = Duration::from_micros(2);
 /// How long a window that the budget does not allow yet waits before asking again.
 const RETRY: Duration = Duration::from_secs(1);
-/// A window stays open past its length until it has seen this many launches (a process in
-/// its start-up launches little), for at most [`MAX_OPEN`].
-const MIN_LAUNCHES: u64 = 32;
-const MAX_OPEN: Duration = Duration::from_secs(2);
-/// What being enabled costs the GPU's own work, as a fraction of the window's time (CUPTI's
-/// continuous sampler cost a bf16 matmul loop 0.3-0.9 % on the H200): charged per window.
-const ENABLED_GPU_SHARE: f64 = 0.01;
 
 thread_local! {
     /// The close of a window that disabled asks for `cuptiFinalize` at the outermost exit of
@@ -213,10 +202,7 @@ pub(super) fn window(
     let first = w.watch.as_ref().map_or(Duration::ZERO, Watch::first);
     let seen = LAUNCHES.load(Ordering::Relaxed).saturating_sub(w.launch_mark);
     match w.opened {
-        Some(at)
-            if now.duration_since(at) >= w.cfg.window + first
-                && (seen >= MIN_LAUNCHES || now.duration_since(at) >= MAX_OPEN.max(w.cfg.window)) =>
-        {
+        Some(at) if budget::closes(now.duration_since(at), w.cfg.window, first, seen) => {
             let open = now.duration_since(at);
             let times = w.watch.take().map(Watch::take).unwrap_or_default();
             let launches = LAUNCHES.load(Ordering::Relaxed).saturating_sub(w.launch_mark);
@@ -243,10 +229,7 @@ pub(super) fn window(
             // The first launch after the enable waits for CUPTI to start the hardware; the
             // others each paid what being enabled added to them (their mean time against a
             // launch's before the window).
-            let stall = times.first.saturating_sub(SLOW_LAUNCH);
-            let added = w.base.map_or(ENABLED_COST_PER_LAUNCH, |b| times.rest_mean.saturating_sub(b));
-            let per_launch = added.max(ENABLED_COST_PER_LAUNCH) * times.rest.min(u64::from(u32::MAX)) as u32
-                + open.mul_f64(ENABLED_GPU_SHARE);
+            let (stall, per_launch) = budget::charge(&times, w.base, open);
             budget::spend(stall + per_launch);
             let app_now = APP_NS.load(Ordering::Relaxed);
             let calls = Duration::from_nanos(app_now.saturating_sub(w.app_mark));
