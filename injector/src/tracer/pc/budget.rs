@@ -1,6 +1,6 @@
 //! What PC sampling may cost a process: a ledger of what it cost, by second, over a sliding
-//! horizon ([`HORIZON`]), and the pure rules that open windows from it ([`may_open`],
-//! [`pace`]). Every cost lands in the ledger when it is paid (the calls on the application's
+//! horizon ([`HORIZON`]), and the pure rules of the windows: when one opens ([`may_open`],
+//! [`pace`]), when it closes ([`closes`]) and what it is charged ([`charge`]). Every cost lands in the ledger when it is paid (the calls on the application's
 //! threads, the first launch's wait after an enable, CUPTI's per-launch cost while enabled);
 //! CUPTI's one-time set-up at a process's first enable counts like any other cost.
 //!
