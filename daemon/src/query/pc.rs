@@ -286,19 +286,22 @@ pub fn group(rows: &[PcRow], by: pb::PcGroupBy, limit: usize) -> (Vec<pb::PcProf
     (out, total_rows)
 }
 
+/// A request's row limit (0: 20), at most [`MAX_PC_ROWS`].
+pub(crate) fn row_limit(limit: u32) -> ApiResult<usize> {
+    match limit {
+        0 => Ok(20),
+        n if n > MAX_PC_ROWS => Err(ApiError::invalid("limit", format!("{n} is above the maximum of {MAX_PC_ROWS}"))),
+        n => Ok(n as usize),
+    }
+}
+
 /// QueryPcSamples.
 pub async fn query_pc_samples(
     d: Reads<'_>,
     caller: &Caller,
     req: pb::QueryPcSamplesRequest,
 ) -> ApiResult<pb::QueryPcSamplesResponse> {
-    let limit = match req.limit {
-        0 => 20,
-        n if n > MAX_PC_ROWS => {
-            return Err(ApiError::invalid("limit", format!("{n} is above the maximum of {MAX_PC_ROWS}")));
-        }
-        n => n,
-    } as usize;
+    let limit = row_limit(req.limit)?;
     let by = pb::PcGroupBy::try_from(req.group_by).map_err(|_| {
         ApiError::invalid("group_by", format!("{} is not a grouping (function, line, stall, pc)", req.group_by))
     })?;

@@ -10,7 +10,7 @@ use gpuprof_proto::api as pb;
 
 use super::Reads;
 use super::diff::{Which, authorize, check_side, label, running_note, side_processes};
-use super::pc::{MAX_PC_ROWS, NodeFilter, check_glob, group, node_rows_until, pc_rows_of};
+use super::pc::{NodeFilter, check_glob, group, node_rows_until, pc_rows_of};
 use crate::access::Caller;
 use crate::error::{ApiError, ApiResult};
 
@@ -38,13 +38,7 @@ pub async fn diff_pc_samples(
     caller: &Caller,
     req: pb::DiffPcSamplesRequest,
 ) -> ApiResult<pb::DiffPcSamplesResponse> {
-    let limit = match req.limit {
-        0 => 20,
-        n if n > MAX_PC_ROWS => {
-            return Err(ApiError::invalid("limit", format!("{n} is above the maximum of {MAX_PC_ROWS}")));
-        }
-        n => n,
-    } as usize;
+    let limit = super::pc::row_limit(req.limit)?;
     let by = match pb::PcGroupBy::try_from(req.group_by) {
         Ok(pb::PcGroupBy::Unspecified | pb::PcGroupBy::Function) => pb::PcGroupBy::Function,
         Ok(b @ (pb::PcGroupBy::Line | pb::PcGroupBy::Stall)) => b,
