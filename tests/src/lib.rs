@@ -12,6 +12,7 @@ pub mod pc_agent;
 pub mod python;
 pub mod rank_agent;
 pub mod records;
+pub mod tls_node;
 pub mod traced_agent;
 
 pub use daemon::{TestDaemon, bin_path};

@@ -454,36 +454,13 @@ fn unsafe_geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A gpuprofd serving TLS with a token on `port` (another node), with its certificate, key and
-/// token in `dir`.
-fn tls_node(dir: &std::path::Path, port: u16) -> TestDaemon {
-    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
-    std::fs::write(dir.join("server.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.join("server.key"), cert.signing_key.serialize_pem()).unwrap();
-    std::fs::write(dir.join("token"), "5b0e1c9a7d3f42e8a6c1b9d0e7f3a2c4\n").unwrap();
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[sampler]\nspawn = false\n[api]\ntcp_listen = \"127.0.0.1:{port}\"\ntls_cert_file = \"{0}/server.pem\"\n\
-             tls_key_file = \"{0}/server.key\"\ntoken_file = \"{0}/token\"\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    TestDaemon::start_with(&dir.join("node"), &["--config", cfg.to_str().unwrap()]).unwrap()
-}
-
 #[test]
 fn diff_across_two_nodes_reads_the_other_side_there() {
     let dir = tempfile::tempdir().unwrap();
     let here = TestDaemon::start(&dir.path().join("here")).unwrap();
-    let port = free_port();
-    let there = tls_node(dir.path(), port);
+    let port = gpuprof_testkit::tls_node::free_port().unwrap();
+    gpuprof_testkit::tls_node::write_tls_and_token(dir.path()).unwrap();
+    let there = gpuprof_testkit::tls_node::start_node(dir.path(), "node", port).unwrap();
     let t0 = now_ns() - 10_000_000_000;
     let near = |mean: u64| (0..100).map(|i| (mean + i % 3) * US).collect::<Vec<_>>();
     let a = ScriptedAgent::start(&here.agent_socket, script(&["gemm"], kernels(t0, &[(1, near(100))], 100 * US), None))

@@ -13,29 +13,16 @@ use gpuprof_testkit::{TestDaemon, bin_path};
 use serde_json::Value;
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    gpuprof_testkit::tls_node::free_port().unwrap()
 }
 
 fn node(dir: &Path, name: &str, port: u16) -> TestDaemon {
-    let cfg = dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "[sampler]\nspawn = false\n[api]\ntcp_listen = \"127.0.0.1:{port}\"\ntls_cert_file = \"{0}/server.pem\"\n\
-             tls_key_file = \"{0}/server.key\"\ntoken_file = \"{0}/token\"\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    TestDaemon::start_with(&dir.join(name), &["--config", cfg.to_str().unwrap()]).unwrap()
+    gpuprof_testkit::tls_node::start_node(dir, name, port).unwrap()
 }
 
 /// The server certificate and key (for 127.0.0.1) and the token the nodes share, in `dir`.
 fn tls_and_token(dir: &Path) {
-    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    std::fs::write(dir.join("server.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.join("server.key"), cert.signing_key.serialize_pem()).unwrap();
-    std::fs::write(dir.join("token"), "5b0e1c9a7d3f42e8a6c1b9d0e7f3a2c4\n").unwrap();
+    gpuprof_testkit::tls_node::write_tls_and_token(dir).unwrap()
 }
 
 #[test]
